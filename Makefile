@@ -1,0 +1,90 @@
+# broker-failover: targets in the kubebuilder tradition. `make help` lists them.
+# Every target installs what it needs itself: a virtualenv under .venv (ignored
+# by git) and, for the Kubernetes tests, the Go-built control plane (make tools).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+VENV_STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/pytest
+
+# Fragments owned by the parts (Go tool builds, local cluster, ...). They may add
+# to TEST_PREREQS, so they are read before the test targets below.
+TEST_PREREQS :=
+-include $(wildcard mk/*.mk)
+
+##@ General
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+$(VENV_STAMP): pyproject.toml
+	@echo ">> creating $(VENV) with $(PYTHON) and installing broker-failover (editable) with test and lint extras"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,lint]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV_STAMP) ## Create the virtualenv and install the project (re-runs when pyproject.toml changes).
+
+##@ Development
+
+.PHONY: lint
+lint: venv ## ruff (lint and format check) and mypy; must be clean.
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+.PHONY: fmt
+fmt: venv ## Format and auto-fix with ruff.
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+.PHONY: test
+test: venv lint $(TEST_PREREQS) ## Everything CI runs: lint, then every test (unit, integration, e2e).
+	$(PYTEST) tests
+
+.PHONY: unit
+unit: venv ## Unit and property tests only (fast, no processes).
+	$(PYTEST) tests/unit
+
+.PHONY: integration
+integration: venv ## Real brokers, simulators and operator on loopback.
+	$(PYTEST) tests/integration
+
+.PHONY: e2e
+e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go modules.
+	$(PYTEST) tests/e2e
+
+##@ Demo
+
+.PHONY: demo
+demo: venv ## Run the main job end to end: brokers, simulators, failover, ordering check.
+	$(BIN)/python -m demo
+
+##@ Benchmarks (each prints its headline as name=value on its last line)
+
+.PHONY: bench
+bench: bench-broker bench-failover bench-operator ## Run every benchmark.
+
+.PHONY: bench-broker
+bench-broker: venv ## Broker throughput: backend simulator to cloud simulator through one Active broker.
+	$(BIN)/python bench/bench_broker.py
+
+.PHONY: bench-failover
+bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchover under traffic.
+	$(BIN)/python bench/bench_failover.py
+
+.PHONY: bench-operator
+bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one operator process.
+	$(BIN)/python bench/bench_operator.py
+
+.PHONY: clean
+clean: ## Remove the virtualenv and caches (not the Go tool cache).
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

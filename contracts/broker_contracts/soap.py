@@ -1,0 +1,65 @@
+"""Names and codes of the broker's SOAP contract (see ``wsdl/broker.wsdl``).
+
+The WSDL is the authority; this module gives its names to Python so that
+the broker, the operator and the simulators spell them the same way.
+It does not parse or build SOAP envelopes: the broker parses with hardened
+lxml, the clients use zeep.
+"""
+
+from enum import StrEnum
+from typing import Final
+
+NAMESPACE: Final = "http://broker.failover.dev/soap/v1"
+SOAP_ENV_NAMESPACE: Final = "http://schemas.xmlsoap.org/soap/envelope/"
+SOAP_PATH: Final = "/soap"
+"""URL path of the SOAP endpoint on every broker; the WSDL is at ``/soap?wsdl``."""
+
+AUTH_HEADER: Final = "Authorization"
+AUTH_SCHEME: Final = "Bearer"
+"""Credentials travel as ``Authorization: Bearer <token>`` on every operation."""
+
+UNAVAILABILITY_CODE_MAX_LEN: Final = 30
+
+
+class BrokerState(StrEnum):
+    """What a broker says it is in its Heartbeat reply."""
+
+    ACTIVE = "Active"
+    INACTIVE = "Inactive"
+    UNAVAILABLE = "Unavailable"
+
+
+class AcceptStatus(StrEnum):
+    """Per-message result of SendMessages."""
+
+    ACCEPTED = "Accepted"  # journaled durably; will be forwarded
+    DUPLICATE = "Duplicate"  # an old seq, acknowledged again, not queued twice
+    GAP = "Gap"  # refused; expectedSeq names the seq the stream needs next
+
+
+class UnavailabilityCode(StrEnum):
+    """Codes a broker puts in ``unavailabilityCode`` (at most 30 characters)."""
+
+    STALE_EPOCH = "STALE_EPOCH"
+    BACKEND_UNREACHABLE = "BACKEND_UNREACHABLE"
+    CLOUD_UNREACHABLE = "CLOUD_UNREACHABLE"
+    JOURNAL_ERROR = "JOURNAL_ERROR"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+
+
+class FaultCode(StrEnum):
+    """Codes in the ``BrokerFault`` detail of a SOAP fault."""
+
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # missing or wrong credentials
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"  # not well-formed or not valid against the WSDL
+    HOSTILE_XML = "HOSTILE_XML"  # DTD, entity, or over the size cap
+    UNKNOWN_OPERATION = "UNKNOWN_OPERATION"
+    BROKER_INACTIVE = "BROKER_INACTIVE"  # SendMessages to a broker that is not Active
+    WRONG_PAIR = "WRONG_PAIR"  # bundle for another (account, company)
+    JOURNAL_ERROR = "JOURNAL_ERROR"
+    NOT_FOUND = "NOT_FOUND"  # admin operation on a message that is not held
+
+
+# Codes are carried in a 30-character field; catch a too-long one at import time.
+for _code in UnavailabilityCode:
+    assert len(_code) <= UNAVAILABILITY_CODE_MAX_LEN, _code

@@ -1,0 +1,1 @@
+"""Simulators of the SAP backend and of the cloud service, for tests, benchmarks and the demo."""
