@@ -1,0 +1,31 @@
+"""The ``kube_cluster`` fixture: one real local Kubernetes cluster per test session.
+
+The control plane (etcd, kube-apiserver, kube-controller-manager) is built from Go
+modules by ``make tools`` and started on loopback in a temporary directory; the node
+agent (tests/harness/node_agent.py) is the only fake part. See docs/local-cluster.md.
+
+Session scope because starting costs seconds and the tests isolate themselves by
+namespace. If the tools are not built the fixture fails with the command to run
+(``make tools``), never skips: a missing control plane is a broken setup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness.cluster import LocalCluster, LocalClusterSettings, built_tools_dir, start_local_cluster
+from tests.harness.processes import reap_on_exit
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    reap_on_exit()  # Ctrl-C or SIGTERM of pytest still stops every process we start
+    cluster = start_local_cluster(
+        LocalClusterSettings(tools_dir=built_tools_dir(), workdir=tmp_path_factory.mktemp("kube-cluster"))
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

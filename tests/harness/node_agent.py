@@ -1,0 +1,403 @@
+"""The node agent: the one fake part of the local cluster, playing scheduler and kubelet for one Node.
+
+Everything else in the local cluster is the real Kubernetes control plane. This
+agent registers a Node, binds every unscheduled pod (default scheduler) to it through
+the real ``pods/binding`` API, and runs the pods bound to it as local process groups
+(``pod_runtime``) with files and env prepared as a kubelet would (``pod_sandbox``).
+It reports status through ``pods/status`` (Running, Ready, Terminated with exit code,
+restart count), honours ``restartPolicy``, and on deletion kills each process group
+within the grace period before completing the delete, as the kubelet does.
+
+Why a Python process watching pods, not a real kubelet: there is no container engine,
+no cgroups and no CNI here; what the operator's tests need from a node is that pods
+run, get an address, report status and die on request.
+
+What is fake, plainly: no images (``images.yaml`` maps image names to local
+commands), no isolation (every container runs as this user on this host), volume
+mount paths are rewritten into env values and args, each pod gets its own 127.x.y.z
+loopback address but no network namespace (a process can still bind any address),
+no kube-proxy or DNS (ClusterIPs and service names do not resolve), node selectors,
+taints, affinity and resources are ignored (one node, everything fits), and there is
+no kubelet API (``kubectl logs/exec/port-forward`` fail; logs are files under
+``<state-dir>/pods/<namespace>_<name>_<uid>/logs``).
+
+Run: ``python -m tests.harness.node_agent --kubeconfig K --state-dir D [--pod-subnet 127.0.0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import random
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from tests.harness.images import DEFAULT_IMAGES_FILE, ImageTable
+from tests.harness.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
+from tests.harness.pod_sandbox import ApiServerAddress, Body, PodSandbox
+
+log = logging.getLogger("node-agent")
+HOST_IP = "127.0.0.1"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True)
+class NodeAgentSettings:
+    kubeconfig: Path
+    state_dir: Path
+    node_name: str = "local-node"
+    # First three octets of the pod addresses; pods get .2 to .254. A random /24 per
+    # cluster keeps two clusters on one machine from handing out the same address.
+    pod_subnet: str = "127.0.0"
+    images_file: Path = DEFAULT_IMAGES_FILE
+    loop_interval_seconds: float = 0.1
+
+    @property
+    def pgid_dir(self) -> Path:
+        return self.state_dir / "pgids"
+
+
+def random_pod_subnet() -> str:
+    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+
+
+def apiserver_address(kubeconfig: Path) -> ApiServerAddress:
+    document = yaml.safe_load(kubeconfig.read_text())
+    cluster = document["clusters"][0]["cluster"]
+    server = urlparse(cluster["server"])
+    if server.hostname is None or server.port is None:
+        raise ValueError(f"kubeconfig {kubeconfig}: server {cluster['server']!r} needs a host and a port")
+    return ApiServerAddress(
+        host=server.hostname, port=server.port, ca_cert=Path(cluster["certificate-authority"])
+    )
+
+
+class PodAddressPool:
+    """127.x.y.2-254 for pod IPs; an address is reused only after its pod is gone."""
+
+    def __init__(self, subnet: str) -> None:
+        self.subnet = subnet
+        self.free = [f"{subnet}.{host}" for host in range(2, 255)]
+        self.owner: dict[str, str] = {}
+
+    def allocate(self, uid: str) -> str:
+        if uid in self.owner:
+            return self.owner[uid]
+        if not self.free:
+            raise RuntimeError(f"pod subnet {self.subnet}.0/24 exhausted: delete pods or use another subnet")
+        self.owner[uid] = self.free.pop(0)
+        return self.owner[uid]
+
+    def release(self, uid: str) -> None:
+        address = self.owner.pop(uid, None)
+        if address is not None:
+            self.free.append(address)
+
+
+def node_body(settings: NodeAgentSettings) -> client.V1Node:
+    labels = {
+        "kubernetes.io/hostname": settings.node_name,
+        "kubernetes.io/os": "linux",
+        "broker-failover.dev/node-agent": "true",
+    }
+    return client.V1Node(metadata=client.V1ObjectMeta(name=settings.node_name, labels=labels))
+
+
+def node_status(settings: NodeAgentSettings) -> Body:
+    now = rfc3339(time.time())
+    resources = {"cpu": "8", "memory": "32Gi", "pods": "250", "ephemeral-storage": "100Gi"}
+    return {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "addresses": [
+                {"type": "InternalIP", "address": HOST_IP},
+                {"type": "Hostname", "address": "localhost"},
+            ],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "NodeAgentReady",
+                    "message": "broker-failover node agent (fake kubelet) is running",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "v0.0.0-node-agent",
+                "kubeProxyVersion": "",
+                "containerRuntimeVersion": "local://processes",
+                "kernelVersion": "",
+                "osImage": "local processes",
+                "bootID": "",
+                "machineID": "",
+                "systemUUID": "",
+            },
+        }
+    }
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeAgentSettings) -> None:
+        self.settings = settings
+        self.api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
+        self.core = client.CoreV1Api(self.api_client)
+        self.apiserver = apiserver_address(settings.kubeconfig)
+        self.addresses = PodAddressPool(settings.pod_subnet)
+        self.context = PodRuntimeContext(
+            images=ImageTable.load(settings.images_file),
+            base_env=minimal_base_env(),
+            pgid_dir=settings.pgid_dir,
+            probe_pool=ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe"),
+        )
+        self.pods: dict[str, PodRuntime] = {}
+        self.finished: set[str] = set()  # uids whose processes are done; the object may linger (finalizers)
+        self.last_status: dict[str, Body] = {}
+        self.events: queue.Queue[tuple[str, Body]] = queue.Queue()
+        self.stopping = threading.Event()
+
+    # ---- registration and scheduling ----------------------------------------------
+
+    def register_node(self) -> None:
+        try:
+            self.core.create_node(node_body(self.settings))
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        self.core.patch_node_status(self.settings.node_name, node_status(self.settings))
+
+    def bind(self, pod: Body) -> None:
+        metadata = pod["metadata"]
+        binding = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=metadata["name"], uid=metadata["uid"]),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.settings.node_name),
+        )
+        try:
+            self.core.create_namespaced_pod_binding(
+                metadata["name"], metadata["namespace"], binding, _preload_content=False
+            )
+        except ApiException as error:
+            # 409: already bound (our own earlier attempt); 404: deleted meanwhile.
+            if error.status not in (404, 409):
+                log.warning("binding %s/%s failed: %s", metadata["namespace"], metadata["name"], error.reason)
+
+    # ---- the watch (its own thread, its own API client) -----------------------------
+
+    def watch_pods(self) -> None:
+        api = client.CoreV1Api(config.new_client_from_config(config_file=str(self.settings.kubeconfig)))
+        while not self.stopping.is_set():
+            try:
+                raw: Any = api.list_pod_for_all_namespaces(_preload_content=False)  # urllib3 response
+                listing = json.loads(raw.data)
+                self.events.put(("SYNC", listing))
+                stream = watch.Watch().stream(
+                    api.list_pod_for_all_namespaces,
+                    resource_version=listing["metadata"]["resourceVersion"],
+                    timeout_seconds=30,
+                    deserialize=False,
+                )
+                for event in stream:
+                    if self.stopping.is_set():
+                        return
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self.events.put((event["type"], event["object"]))
+                    elif event["type"] == "ERROR":
+                        break  # e.g. 410 Gone: relist
+            except Exception as error:  # keep watching through apiserver restarts and timeouts
+                if self.stopping.is_set():
+                    return
+                log.warning("pod watch failed (%s); relisting in 1s", error)
+                time.sleep(1)
+
+    # ---- reconciliation --------------------------------------------------------------
+
+    def _pod_dir(self, pod: Body) -> Path:
+        metadata = pod["metadata"]
+        return (
+            self.settings.state_dir / "pods" / f"{metadata['namespace']}_{metadata['name']}_{metadata['uid']}"
+        )
+
+    def observe(self, pod: Body) -> None:
+        """Act on the latest version of one pod."""
+        metadata, spec = pod["metadata"], pod["spec"]
+        uid = metadata["uid"]
+        if not spec.get("nodeName"):
+            if (spec.get("schedulerName") or DEFAULT_SCHEDULER) == DEFAULT_SCHEDULER and not metadata.get(
+                "deletionTimestamp"
+            ):
+                self.bind(pod)
+            return
+        if spec["nodeName"] != self.settings.node_name or uid in self.finished:
+            return
+        runtime = self.pods.get(uid)
+        if runtime is None:
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") and not metadata.get(
+                "deletionTimestamp"
+            ):
+                return  # finished before this agent started; nothing to run
+            # hostNetwork pods share the node's address, as on a real node.
+            ip = HOST_IP if spec.get("hostNetwork") else self.addresses.allocate(uid)
+            sandbox = PodSandbox(
+                pod,
+                pod_dir=self._pod_dir(pod),
+                claims_dir=self.settings.state_dir / "claims",
+                core=self.core,
+                apiserver=self.apiserver,
+                pod_ip=ip,
+                host_ip=HOST_IP,
+            )
+            runtime = self.pods[uid] = PodRuntime(pod, sandbox, self.context)
+            log.info("running pod %s/%s (uid %s) at %s", metadata["namespace"], metadata["name"], uid, ip)
+        runtime.pod = pod
+        if metadata.get("deletionTimestamp"):
+            grace = float(metadata.get("deletionGracePeriodSeconds") or 0)
+            runtime.begin_termination(grace, time.monotonic())
+
+    def forget(self, pod: Body) -> None:
+        """The object is gone (force delete or our final delete): no process may survive it."""
+        uid = pod["metadata"]["uid"]
+        runtime = self.pods.pop(uid, None)
+        if runtime is not None:
+            runtime.kill_now()
+            runtime.sandbox.remove()
+        self.addresses.release(uid)
+        self.last_status.pop(uid, None)
+        self.finished.discard(uid)
+
+    def _complete_deletion(self, runtime: PodRuntime) -> None:
+        metadata = runtime.pod["metadata"]
+        self.finished.add(runtime.uid)
+        self.pods.pop(runtime.uid, None)
+        runtime.sandbox.remove()
+        self.addresses.release(runtime.uid)
+        log.info("pod %s/%s stopped; completing its deletion", metadata["namespace"], metadata["name"])
+        try:
+            # The kubelet's last word: grace 0 and the uid precondition, so a new pod
+            # with the same name (StatefulSet) is never deleted by mistake.
+            self.core.delete_namespaced_pod(
+                metadata["name"],
+                metadata["namespace"],
+                # In the body, not the query: the apiserver ignores query options when a body is sent.
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=runtime.uid)
+                ),
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):
+                log.warning("final delete of %s failed: %s", metadata["name"], error.reason)
+
+    def _report(self, runtime: PodRuntime) -> None:
+        status = runtime.status()
+        if self.last_status.get(runtime.uid) == status:
+            return
+        metadata = runtime.pod["metadata"]
+        try:
+            self.core.patch_namespaced_pod_status(
+                metadata["name"], metadata["namespace"], {"status": status}, _preload_content=False
+            )
+            self.last_status[runtime.uid] = status
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("status of %s/%s not written: %s", metadata["namespace"], metadata["name"], error)
+
+    def _drain_events(self) -> None:
+        deadline = time.monotonic() + self.settings.loop_interval_seconds
+        while True:
+            try:
+                kind, body = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if kind == "SYNC":
+                present = {item["metadata"]["uid"] for item in body.get("items") or []}
+                for uid in [uid for uid in self.pods if uid not in present]:
+                    self.forget(self.pods[uid].pod)
+                for item in body.get("items") or []:
+                    self.observe(item)
+            elif kind == "DELETED":
+                self.forget(body)
+            else:
+                self.observe(body)
+
+    def run(self) -> None:
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.register_node()
+        watcher = threading.Thread(target=self.watch_pods, name="pod-watch", daemon=True)
+        watcher.start()
+        log.info("node %s ready; pod subnet %s.0/24", self.settings.node_name, self.settings.pod_subnet)
+        while not self.stopping.is_set():
+            self._drain_events()
+            now = time.monotonic()
+            for runtime in list(self.pods.values()):
+                try:
+                    if runtime.terminating_deadline is not None:
+                        if runtime.finished_terminating(now):
+                            self._complete_deletion(runtime)
+                        continue
+                    runtime.step(now)
+                    self._report(runtime)
+                except Exception:
+                    # One pod's surprise must not take the node (and every other pod) down.
+                    log.exception("node agent error on pod %s", runtime.uid)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop every pod's processes: SIGTERM, a short grace, then SIGKILL. No API writes."""
+        now = time.monotonic()
+        for runtime in self.pods.values():
+            runtime.begin_termination(2.0, now)
+        deadline = now + 2.0
+        while time.monotonic() < deadline and any(r.alive_pgids() for r in self.pods.values()):
+            for runtime in self.pods.values():
+                runtime.step(time.monotonic())
+            time.sleep(0.05)
+        for runtime in self.pods.values():
+            runtime.kill_now()
+        self.context.probe_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--node-name", default="local-node")
+    parser.add_argument("--pod-subnet", default="127.0.0", help="first three octets of pod IPs")
+    parser.add_argument("--images", type=Path, default=DEFAULT_IMAGES_FILE)
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    agent = NodeAgent(
+        NodeAgentSettings(
+            kubeconfig=options.kubeconfig,
+            state_dir=options.state_dir,
+            node_name=options.node_name,
+            pod_subnet=options.pod_subnet,
+            images_file=options.images,
+        )
+    )
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

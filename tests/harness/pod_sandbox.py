@@ -1,0 +1,344 @@
+"""What a kubelet would set up around a container, done with files and env vars on this host.
+
+For one pod this materializes volumes under the pod's directory (emptyDir, Secret,
+ConfigMap, downwardAPI, projected service-account tokens; PVCs as directories that
+outlive the pod, keyed by namespace and claim), builds each container's environment
+(values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, ``$(VAR)`` expansion) and
+rewrites paths: a container's env values, command, args and workingDir that start
+with one of its volumeMount paths are pointed at the local directory instead.
+
+Why rewriting: without a mount namespace there is no way to make ``/data`` mean a
+different directory per pod, and the broker finds its journal through its
+arguments and env. Path rewriting is the documented fake; code that hard-codes a
+mount path it was not given will not find its files.
+
+In-cluster config: the service-account token comes from the real TokenRequest API
+(bound to the pod, so RBAC applies to it) and is written with ``ca.crt`` and
+``namespace``. Since ``/var/run/secrets/...`` cannot be per pod, the container gets
+``KUBERNETES_SERVICE_HOST=127.0.0.1``, the apiserver's port, and a ``KUBECONFIG``
+holding that token; client libraries (kubernetes, kopf) fall back from in-cluster
+config to it.
+
+What it does not do: no live updates of mounted Secrets/ConfigMaps or token
+rotation (tokens last an hour), no file modes or ownership, no image volumes.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.harness.pki import write_kubeconfig
+
+Body = dict[str, Any]
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class ContainerConfigError(RuntimeError):
+    """A referenced Secret/ConfigMap/key is missing: the kubelet's CreateContainerConfigError."""
+
+
+@dataclass(frozen=True)
+class ApiServerAddress:
+    host: str
+    port: int
+    ca_cert: Path
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A container's view (``mount_path``) of a local directory or file (``local_path``)."""
+
+    mount_path: str
+    local_path: Path
+
+
+def _decode_secret(secret: Any) -> dict[str, bytes]:
+    return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+
+
+def _config_map_items(config_map: Any) -> dict[str, bytes]:
+    items = {key: value.encode() for key, value in (config_map.data or {}).items()}
+    items.update({key: base64.b64decode(value) for key, value in (config_map.binary_data or {}).items()})
+    return items
+
+
+class PodSandbox:
+    """Files and environment for one pod; one instance per pod UID."""
+
+    def __init__(
+        self,
+        pod: Body,
+        *,
+        pod_dir: Path,
+        claims_dir: Path,
+        core: client.CoreV1Api,
+        apiserver: ApiServerAddress,
+        pod_ip: str,
+        host_ip: str,
+    ) -> None:
+        self.pod = pod
+        self.pod_dir = pod_dir
+        self.claims_dir = claims_dir
+        self.core = core
+        self.apiserver = apiserver
+        self.pod_ip = pod_ip
+        self.host_ip = host_ip
+        self.namespace: str = pod["metadata"]["namespace"]
+        self.volume_paths: dict[str, Path] = {}
+        self.service_account_dir: Path | None = None
+
+    # ---- field references -------------------------------------------------------
+
+    def field_value(self, field_path: str) -> str:
+        """Resolve a downward-API ``fieldPath`` the way the kubelet does."""
+        metadata = self.pod["metadata"]
+        spec = self.pod["spec"]
+        simple = {
+            "metadata.name": metadata["name"],
+            "metadata.namespace": self.namespace,
+            "metadata.uid": metadata.get("uid", ""),
+            "spec.nodeName": spec.get("nodeName", ""),
+            "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+            "status.podIP": self.pod_ip,
+            "status.podIPs": self.pod_ip,
+            "status.hostIP": self.host_ip,
+            "status.hostIPs": self.host_ip,
+        }
+        if field_path in simple:
+            return str(simple[field_path])
+        match = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", field_path)
+        if match:
+            return str((metadata.get(match.group(1)) or {}).get(match.group(2), ""))
+        raise ContainerConfigError(f"fieldRef fieldPath {field_path!r} is not supported by the node agent")
+
+    # ---- volumes ------------------------------------------------------------------
+
+    def _write_items(self, target: Path, items: dict[str, bytes], selection: list[Body] | None) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        chosen = (
+            {item["key"]: item["path"] for item in selection} if selection else {key: key for key in items}
+        )
+        for key, relative in chosen.items():
+            if key not in items:
+                raise ContainerConfigError(f"key {key!r} not found for a volume item in {target.name}")
+            path = target / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(items[key])
+
+    def _secret_items(self, name: str, optional: bool) -> dict[str, bytes] | None:
+        try:
+            return _decode_secret(self.core.read_namespaced_secret(name, self.namespace))
+        except ApiException as error:
+            if error.status == 404 and optional:
+                return None
+            raise ContainerConfigError(
+                f"secret {self.namespace}/{name} not readable: {error.reason}"
+            ) from error
+
+    def _config_map_items(self, name: str, optional: bool) -> dict[str, bytes] | None:
+        try:
+            return _config_map_items(self.core.read_namespaced_config_map(name, self.namespace))
+        except ApiException as error:
+            if error.status == 404 and optional:
+                return None
+            raise ContainerConfigError(
+                f"configmap {self.namespace}/{name} not readable: {error.reason}"
+            ) from error
+
+    def _service_account_token(self, expiration_seconds: int, audience: str | None) -> bytes:
+        metadata = self.pod["metadata"]
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[audience] if audience else [],
+                expiration_seconds=expiration_seconds,
+                bound_object_ref=client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=metadata["name"], uid=metadata["uid"]
+                ),
+            )
+        )
+        account = self.pod["spec"].get("serviceAccountName") or "default"
+        reply = self.core.create_namespaced_service_account_token(account, self.namespace, request)
+        if reply.status is None or not reply.status.token:
+            raise ContainerConfigError(
+                f"TokenRequest for serviceaccount {self.namespace}/{account} returned no token"
+            )
+        return str(reply.status.token).encode()
+
+    def _projected(self, target: Path, sources: list[Body]) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        for source in sources:
+            if source.get("serviceAccountToken"):
+                token = source["serviceAccountToken"]
+                (target / token["path"]).write_bytes(
+                    self._service_account_token(
+                        int(token.get("expirationSeconds") or 3600), token.get("audience")
+                    )
+                )
+            elif source.get("configMap"):
+                ref = source["configMap"]
+                items = self._config_map_items(ref["name"], bool(ref.get("optional")))
+                if items is not None:
+                    self._write_items(target, items, ref.get("items"))
+            elif source.get("secret"):
+                ref = source["secret"]
+                items = self._secret_items(ref["name"], bool(ref.get("optional")))
+                if items is not None:
+                    self._write_items(target, items, ref.get("items"))
+            elif source.get("downwardAPI"):
+                self._downward_api(target, source["downwardAPI"].get("items") or [])
+
+    def _downward_api(self, target: Path, items: list[Body]) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            if item.get("fieldRef"):
+                (target / item["path"]).write_text(self.field_value(item["fieldRef"]["fieldPath"]))
+
+    def materialize_volumes(self) -> None:
+        """Create every volume of the pod; safe to call again (contents are refreshed)."""
+        volumes_dir = self.pod_dir / "volumes"
+        for volume in self.pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            target = volumes_dir / name
+            if volume.get("persistentVolumeClaim"):
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                # Lives outside the pod directory: a StatefulSet pod's replacement
+                # must find the journal its predecessor wrote.
+                target = self.claims_dir / self.namespace / claim
+                target.mkdir(parents=True, exist_ok=True)
+            elif volume.get("hostPath"):
+                target = Path(volume["hostPath"]["path"])
+            elif volume.get("secret"):
+                ref = volume["secret"]
+                items = self._secret_items(ref["secretName"], bool(ref.get("optional")))
+                self._write_items(target, items or {}, ref.get("items"))
+            elif volume.get("configMap"):
+                ref = volume["configMap"]
+                items = self._config_map_items(ref["name"], bool(ref.get("optional")))
+                self._write_items(target, items or {}, ref.get("items"))
+            elif volume.get("projected"):
+                self._projected(target, volume["projected"].get("sources") or [])
+            elif volume.get("downwardAPI"):
+                self._downward_api(target, volume["downwardAPI"].get("items") or [])
+            else:
+                # emptyDir and anything else: an empty directory private to this pod.
+                target.mkdir(parents=True, exist_ok=True)
+            self.volume_paths[name] = target
+
+    def mounts(self, container: Body) -> list[Mount]:
+        """The container's mounts, longest path first so nested mounts win when rewriting."""
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            local = self.volume_paths[mount["name"]]
+            if mount.get("subPath"):
+                local = local / mount["subPath"]
+            mounts.append(Mount(mount_path=mount["mountPath"].rstrip("/") or "/", local_path=local))
+            if mount["mountPath"].rstrip("/") == SERVICE_ACCOUNT_MOUNT:
+                self.service_account_dir = local
+        return sorted(mounts, key=lambda m: len(m.mount_path), reverse=True)
+
+    def remove(self, keep_logs: bool = True) -> None:
+        """Delete the pod's volumes (never PVC or hostPath directories, which live elsewhere)."""
+        shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.pod_dir, ignore_errors=True)
+
+    # ---- environment ---------------------------------------------------------------
+
+    def container_env(self, container: Body, base_env: dict[str, str], mounts: list[Mount]) -> dict[str, str]:
+        env = dict(base_env)
+        env["HOSTNAME"] = self.pod["metadata"]["name"]
+        env["KUBERNETES_SERVICE_HOST"] = self.apiserver.host
+        env["KUBERNETES_SERVICE_PORT"] = str(self.apiserver.port)
+        env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(self.apiserver.port)
+        if self.service_account_dir is not None:
+            env["KUBECONFIG"] = str(
+                write_kubeconfig(
+                    self.pod_dir / "in-cluster.kubeconfig",
+                    server=f"https://{self.apiserver.host}:{self.apiserver.port}",
+                    ca_cert=self.service_account_dir / "ca.crt",
+                    user="service-account",
+                    # Inline, not tokenFile: kopf's plain kubeconfig login reads only `token`.
+                    token=(self.service_account_dir / "token").read_text().strip(),
+                )
+            )
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix") or ""
+            if source.get("configMapRef"):
+                ref = source["configMapRef"]
+                items = self._config_map_items(ref["name"], bool(ref.get("optional"))) or {}
+            else:
+                ref = source["secretRef"]
+                items = self._secret_items(ref["name"], bool(ref.get("optional"))) or {}
+            env.update({prefix + key: value.decode() for key, value in items.items()})
+        for variable in container.get("env") or []:
+            value = self._env_value(container, variable, env)
+            if value is not None:
+                env[variable["name"]] = rewrite_paths(value, mounts)
+        return env
+
+    def _env_value(self, container: Body, variable: Body, env: dict[str, str]) -> str | None:
+        if "value" in variable and variable["value"] is not None:
+            return expand_references(variable["value"], env)
+        source = variable.get("valueFrom") or {}
+        if source.get("fieldRef"):
+            return self.field_value(source["fieldRef"]["fieldPath"])
+        if source.get("secretKeyRef"):
+            ref = source["secretKeyRef"]
+            items = self._secret_items(ref["name"], bool(ref.get("optional")))
+            return _pick(items, ref, f"secret {self.namespace}/{ref['name']}")
+        if source.get("configMapKeyRef"):
+            ref = source["configMapKeyRef"]
+            items = self._config_map_items(ref["name"], bool(ref.get("optional")))
+            return _pick(items, ref, f"configmap {self.namespace}/{ref['name']}")
+        if source.get("resourceFieldRef"):
+            # Approximation: the declared quantity, not the node's allocatable.
+            resource = source["resourceFieldRef"]["resource"]
+            kind, _, name = resource.partition(".")
+            return str(((container.get("resources") or {}).get(kind) or {}).get(name, "0"))
+        return ""
+
+
+def _pick(items: dict[str, bytes] | None, ref: Body, what: str) -> str | None:
+    if items is None or ref["key"] not in items:
+        if ref.get("optional"):
+            return None
+        raise ContainerConfigError(
+            f"{what} has no key {ref['key']!r}; create it or mark the reference optional"
+        )
+    return items[ref["key"]].decode()
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand_references(text: str, env: dict[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: known names expand, unknown stay as written, ``$$`` escapes."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
+
+
+def rewrite_paths(text: str, mounts: list[Mount]) -> str:
+    """Point mount paths inside ``text`` (whole value, ``--flag=/path``, ``a:/path``) at local dirs.
+
+    One pass over all mounts (longest first), so a rewritten local path is never
+    rewritten again by a shorter mount such as ``/tmp``.
+    """
+    by_path = {mount.mount_path: str(mount.local_path) for mount in mounts if mount.mount_path != "/"}
+    if not by_path:
+        return text
+    alternatives = "|".join(re.escape(path) for path in sorted(by_path, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w./-])(" + alternatives + r")(?=/|$|[^\w.-])")
+    return pattern.sub(lambda match: by_path[match.group(1)], text)

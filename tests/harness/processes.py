@@ -1,0 +1,137 @@
+"""Child processes that never outlive the harness: own process group, log file, bounded stop.
+
+Why process groups: kube-apiserver and friends are single processes, but the node
+agent's pods are whole trees (a shell running a Python entry point, ...). Each child
+starts in a new session, so ``killpg`` reaches everything it spawned, and a Ctrl-C
+in the terminal reaches only us, letting teardown run in order (agent first, so it
+can stop its pods; then controller-manager, apiserver, etcd).
+
+``reap_on_exit`` registers an atexit hook and SIGTERM/SIGINT/SIGHUP handlers that
+stop every process still registered, so an interrupted test run or a killed
+``cluster up`` supervisor leaves nothing behind. What it cannot cover: SIGKILL of the
+harness itself; ``cluster down`` and the pgid files the node agent writes cover that.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+_LIVE: list[ManagedProcess] = []
+
+
+class ManagedProcess:
+    """One child in its own process group, its output in ``log_path``."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        _LIVE.append(self)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_seconds: float = 5.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_seconds``, and reap the leader."""
+        if self in _LIVE:
+            _LIVE.remove(self)
+        kill_process_group(self.popen.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=grace_seconds)
+        # The leader may be gone while children it forked still hold the group.
+        kill_process_group(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def kill_process_group(pgid: int, sig: signal.Signals) -> bool:
+    """Signal a whole process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def wait_group_gone(pgid: int, timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if not process_group_alive(pgid):
+            return True
+        time.sleep(0.05)
+    return not process_group_alive(pgid)
+
+
+def stop_all_live(grace_seconds: float = 3.0) -> None:
+    """Stop every registered child, newest first (the reverse of start order)."""
+    for process in reversed(list(_LIVE)):
+        process.stop(grace_seconds)
+
+
+_hooks_installed = False
+
+
+def reap_on_exit() -> None:
+    """Stop all registered children at interpreter exit and on SIGTERM/SIGINT/SIGHUP."""
+    global _hooks_installed  # noqa: PLW0603 - one process-wide hook, installed once
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(stop_all_live)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_all_live()
+        # Re-raise with the default action so our exit status says what killed us.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    # SIGINT stays a KeyboardInterrupt (pytest needs it); atexit then cleans up.
