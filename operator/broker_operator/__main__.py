@@ -1,0 +1,67 @@
+"""``broker-operator``: the kopf operator that runs BrokerClusters, with Prometheus metrics over HTTP.
+
+Reads its settings once (flags, each with an environment variable; see
+``controller/settings.py``), builds the Kubernetes client from the in-cluster
+service account or the kubeconfig (``KUBECONFIG``), registers the controller's
+handlers into a registry of its own, serves the failover engine's metrics on
+``/metrics`` and hands control to kopf until SIGINT/SIGTERM.
+
+It does not decide anything itself: see ``controller/`` for Kubernetes and
+``engine.py`` for failover.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import kopf
+import kubernetes
+import prometheus_client
+
+from broker_operator.controller.context import MEMO_KEY, ControllerContext
+from broker_operator.controller.handlers import configure_kopf, register_handlers
+from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.settings import ControllerSettings, parse_settings
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """The in-cluster service account when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    kubernetes.config.load_config()
+    return kubernetes.client.ApiClient()
+
+
+def run_operator(settings: ControllerSettings, api_client: kubernetes.client.ApiClient) -> None:
+    """Run kopf with the controller's handlers until it is told to stop."""
+    # The process-wide registry is the one with kopf's fallback logins (kubeconfig, service account).
+    registry = kopf.get_default_registry()
+    register_handlers(registry, reconcile_seconds=settings.reconcile_seconds)
+    kopf_settings = kopf.OperatorSettings()
+    configure_kopf(kopf_settings)
+    if settings.metrics_port:
+        # The engine's counters and gauges live in prometheus_client's default registry.
+        import broker_operator.metrics  # noqa: F401  (registers the engine's metrics)
+
+        prometheus_client.start_http_server(settings.metrics_port, settings.metrics_host)
+    context = ControllerContext(settings=settings, api=KubeApi(api_client))
+    kopf.run(
+        registry=registry,
+        settings=kopf_settings,
+        memo=kopf.Memo({MEMO_KEY: context}),
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        liveness_endpoint=settings.liveness_endpoint,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv, os.environ)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_operator(settings, load_api_client())
+
+
+if __name__ == "__main__":
+    main()

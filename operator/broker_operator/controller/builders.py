@@ -1,0 +1,223 @@
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secret.
+
+Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
+takes, so every field can be unit-tested without Kubernetes. Pods are built
+directly rather than through a StatefulSet so that the operator, not a
+controller it cannot steer, decides when each pod is replaced (standbys first,
+the active last, after a switchover; see ``rollout.py``).
+
+Every builder stamps the owner reference itself (``kopf.build_owner_reference``)
+so that deleting the BrokerCluster garbage-collects its children. Nothing here
+creates, patches or reads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from broker_operator.controller import names
+from broker_operator.controller.spec import ClusterSpec, Connection
+
+Manifest = dict[str, Any]
+
+
+def cluster_labels(cluster: str) -> dict[str, str]:
+    """Labels every managed pod carries; the headless Service selects on these."""
+    return {
+        names.LABEL_APP: names.APP_BROKER,
+        names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        names.LABEL_CLUSTER: cluster,
+    }
+
+
+def _owned_meta(owner: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> Manifest:
+    return {
+        "name": name,
+        "namespace": owner["metadata"]["namespace"],
+        "labels": dict(labels),
+        "ownerReferences": [dict(kopf.build_owner_reference(owner))],  # type: ignore[arg-type]
+    }
+
+
+def _connection_env(variable: str, connection: Connection) -> list[Manifest]:
+    if connection.url_secret is not None:
+        ref = {"name": connection.url_secret.name, "key": connection.url_secret.key}
+        return [{"name": variable, "valueFrom": {"secretKeyRef": ref}}]
+    if connection.url is not None:
+        return [{"name": variable, "value": connection.url}]
+    return []
+
+
+def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
+    """The broker container, configured through the broker CLI's environment variables."""
+    env: list[Manifest] = [
+        # The broker listens on its pod IP; the operator heartbeats exactly that address.
+        {"name": "BROKER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "BROKER_PORT", "value": str(names.BROKER_PORT)},
+        {"name": "BROKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "BROKER_CLUSTER", "value": cluster},
+        {"name": "BROKER_ACCOUNT", "value": spec.account},
+        {"name": "BROKER_COMPANY", "value": spec.company},
+        {"name": "BROKER_DATA_DIR", "value": names.DATA_MOUNT},
+        {"name": "BROKER_MESSAGE_LOG_DIR", "value": spec.message_log_mount},
+        {"name": "BROKER_TOKEN_FILE", "value": f"{names.TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}"},
+        {"name": "BROKER_LEASE_SECONDS", "value": str(spec.lease_seconds)},
+        {"name": "BROKER_MAX_DELIVERIES", "value": str(spec.max_deliveries)},
+        {"name": "BROKER_ON_POISON", "value": spec.on_poison},
+        *_connection_env("BROKER_BACKEND_URL", spec.backend),
+        *_connection_env("BROKER_CLOUD_URL", spec.cloud),
+    ]
+    probe_port = names.BROKER_PORT_NAME
+    return {
+        "name": names.BROKER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "env": env,
+        "ports": [{"name": names.BROKER_PORT_NAME, "containerPort": names.BROKER_PORT, "protocol": "TCP"}],
+        # /readyz is "process up and journal open", independent of Active: a standby is ready.
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": probe_port},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": probe_port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "resources": dict(spec.resources),
+        "volumeMounts": [
+            {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
+            {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
+            {"name": names.MESSAGE_LOG_VOLUME, "mountPath": spec.message_log_mount},
+        ],
+    }
+
+
+def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]:
+    token = spec.token_ref(cluster)
+    message_log: Manifest = (
+        {"persistentVolumeClaim": {"claimName": spec.message_log_claim}}
+        if spec.message_log_claim
+        else {"emptyDir": {}}
+    )
+    return [
+        {
+            "name": names.JOURNAL_VOLUME,
+            "persistentVolumeClaim": {"claimName": names.journal_claim_name(cluster, ordinal)},
+        },
+        {
+            "name": names.TOKEN_VOLUME,
+            "secret": {"secretName": token.name, "items": [{"key": token.key, "path": names.TOKEN_FILE_KEY}]},
+        },
+        {"name": names.MESSAGE_LOG_VOLUME, **message_log},
+    ]
+
+
+def template_hash(cluster: str, spec: ClusterSpec) -> str:
+    """A digest of everything in a pod that comes from the spec; a changed spec changes it.
+
+    The ordinal and the role label are left out: they differ between pods of the
+    same template, and the role moves on every failover without a restart.
+    """
+    template = {"container": broker_container(cluster, spec), "volumes": pod_volumes(cluster, 0, spec)}
+    encoded = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, active: bool) -> Manifest:
+    """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says."""
+    cluster = owner["metadata"]["name"]
+    name = names.pod_name(cluster, ordinal)
+    labels = {
+        **cluster_labels(cluster),
+        names.LABEL_ORDINAL: str(ordinal),
+        names.LABEL_ROLE: names.ROLE_ACTIVE if active else names.ROLE_STANDBY,
+    }
+    metadata = _owned_meta(owner, name, labels)
+    metadata["annotations"] = {names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "hostname": name,
+            "subdomain": names.headless_service_name(cluster),
+            # A restarted broker comes back Inactive with its stored epoch; only a heartbeat
+            # activates it, so restarting in place is always safe.
+            "restartPolicy": "Always",
+            # SIGTERM makes the broker deactivate and drain before it exits 0.
+            "terminationGracePeriodSeconds": 30,
+            "containers": [broker_container(cluster, spec)],
+            "volumes": pod_volumes(cluster, ordinal, spec),
+        },
+    }
+
+
+def build_journal_claim(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec) -> Manifest:
+    """The PVC for pod ``ordinal``'s journal and stored epoch; it outlives the pod, not the cluster."""
+    cluster = owner["metadata"]["name"]
+    claim_spec: Manifest = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": spec.storage_size}},
+    }
+    if spec.storage_class is not None:
+        claim_spec["storageClassName"] = spec.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _owned_meta(owner, names.journal_claim_name(cluster, ordinal), cluster_labels(cluster)),
+        "spec": claim_spec,
+    }
+
+
+def _service_port() -> Manifest:
+    return {"name": names.BROKER_PORT_NAME, "port": names.BROKER_PORT, "targetPort": names.BROKER_PORT_NAME}
+
+
+def build_headless_service(owner: Mapping[str, Any]) -> Manifest:
+    """``<cluster>-brokers``: stable DNS names for every broker pod, ready or not."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _owned_meta(owner, names.headless_service_name(cluster), cluster_labels(cluster)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": cluster_labels(cluster),
+            "ports": [_service_port()],
+        },
+    }
+
+
+def build_active_service(owner: Mapping[str, Any]) -> Manifest:
+    """``<cluster>-active``: the backend's address; it follows the ``role=active`` label."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _owned_meta(owner, names.active_service_name(cluster), cluster_labels(cluster)),
+        "spec": {
+            "selector": {**cluster_labels(cluster), names.LABEL_ROLE: names.ROLE_ACTIVE},
+            "ports": [_service_port()],
+        },
+    }
+
+
+def build_token_secret(owner: Mapping[str, Any]) -> Manifest:
+    """``<cluster>-broker-token`` with a fresh random token, for clusters without ``auth.tokenSecretRef``."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _owned_meta(owner, names.generated_token_secret_name(cluster), cluster_labels(cluster)),
+        "stringData": {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)},
+    }

@@ -1,0 +1,41 @@
+"""What every kopf handler of the controller shares: settings, the API wrapper, pod observations.
+
+kopf gives each handler a ``memo``; the operator's root memo is shallow-copied
+into every object's memo, so one ``ControllerContext`` placed in it at start is
+the same object in the pod watch, the reconciler and the heartbeat daemons.
+That is how a pod event reaches the heartbeat loop of its cluster without a
+global variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.settings import ControllerSettings
+
+MEMO_KEY = "broker_failover_controller"
+
+
+@dataclass
+class ControllerContext:
+    settings: ControllerSettings
+    api: KubeApi
+    observations: dict[tuple[str, str], ClusterObservations] = field(default_factory=dict)
+
+    def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
+        return self.observations.setdefault((namespace, cluster), ClusterObservations())
+
+
+def context_from(memo: Mapping[str, Any]) -> ControllerContext:
+    """The shared context in a kopf memo; fails loudly if the operator was started without one."""
+    context = memo.get(MEMO_KEY)
+    if not isinstance(context, ControllerContext):
+        raise RuntimeError(
+            f"kopf memo lacks {MEMO_KEY!r}: start the operator through broker_operator.__main__ "
+            "(or pass memo=kopf.Memo({MEMO_KEY: ControllerContext(...)}) to kopf.operator)"
+        )
+    return context

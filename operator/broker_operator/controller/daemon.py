@@ -1,0 +1,229 @@
+"""The heartbeat daemon of one BrokerCluster: wires the failover engine to Kubernetes and keeps it fed.
+
+One kopf daemon per BrokerCluster (not a thread per cluster: every engine
+shares the operator's event loop). It waits until the cluster may run (no
+conflict, a valid spec, its token Secret readable), then runs the engine's
+``ClusterLoop`` with the Kubernetes shell, and until kopf stops it:
+
+- pushes new targets and settings to the engine when pods get or change IPs
+  or the spec changes (``retarget``), and wakes it at once when the active's
+  pod dies (``wake``, called by the pod watch), so a kill -9 fails over
+  without waiting for heartbeat failures;
+- stops the engine if an older BrokerCluster takes the pair (``Conflict``).
+
+On stop it cancels the engine, which leaves brokers as they are: a restarted
+operator picks up from ``status`` (``ClusterStatus.from_status``) and the
+brokers' leases cover the gap. The decisions themselves are the engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from broker_operator.controller import names
+from broker_operator.controller.conflicts import PairClaim
+from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.observed import pod_ready, targets_for
+from broker_operator.controller.reconcile import ClusterRef, conflict_owner
+from broker_operator.controller.shell import KubernetesClusterShell
+from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
+from broker_operator.core.model import HeartbeatSettings, SettingsError
+from broker_operator.core.status import ClusterStatus
+from broker_operator.engine import ClusterLoop
+from broker_operator.heartbeat_client import HeartbeatClient
+
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def expected_brokers(cluster: str, spec: ClusterSpec) -> dict[str, int]:
+    """Every broker the cluster should have, by name, with its priority."""
+    if spec.endpoints_mode:
+        return {e.name: e.priority for e in spec.endpoints}
+    return {names.pod_name(cluster, ordinal): ordinal for ordinal in range(spec.replicas)}
+
+
+def may_start(
+    *,
+    expected: Mapping[str, int],
+    addressed: set[str],
+    ready: set[str],
+    recorded_active: str | None,
+    waited: float,
+    grace: float,
+) -> bool:
+    """Whether the engine may start with the brokers that have an address now.
+
+    The engine's first move activates the best broker that answers, so starting it before the
+    highest-priority broker is up (pod Ready: its /readyz answers) would make a lower one active
+    for no reason, and keep it so with ``failback: Manual``; starting it with no broker at all
+    gives up the first walk. So: every broker is ready; or the recorded active has an address (an
+    operator restart must renew its lease before it fences itself); or some broker has an address
+    and ``grace`` has passed (a pod that never starts must not keep the whole cluster down).
+    """
+    if not addressed:
+        return False
+    return ready >= set(expected) or recorded_active in addressed or waited >= grace
+
+
+async def _ready_to_run(
+    *,
+    context: ControllerContext,
+    ref_of: Callable[[], ClusterRef],
+    spec: Mapping[str, Any],
+    claims: Callable[[], Iterable[PairClaim]],
+    stopped: Any,
+    logger: Logger,
+) -> tuple[ClusterSpec, HeartbeatSettings, str] | None:
+    """Wait until the cluster may run; None if kopf stopped the daemon first."""
+    began = time.monotonic()
+    while not stopped:
+        ref = ref_of()
+        waiting_for: str
+        if conflict_owner(ref, claims()) is not None:
+            waiting_for = "its pair to be free (phase Conflict)"
+        else:
+            try:
+                parsed = parse_spec(ref.name, spec)
+                settings = HeartbeatSettings.from_spec(spec)
+            except (SpecError, SettingsError) as error:
+                waiting_for = f"a valid spec ({error})"
+            else:
+                token_ref = parsed.token_ref(ref.name)
+                token = await context.api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+                observations = context.observations_for(ref.namespace, ref.name)
+                addressed = {target.name for target in targets_for(parsed, observations.pods)}
+                # Endpoints have no pod to be Ready; an address is all the operator can know.
+                ready = (
+                    addressed
+                    if parsed.endpoints_mode
+                    else {name for name, pod in observations.pods.items() if pod_ready(pod)} & addressed
+                )
+                if not token:
+                    waiting_for = f"Secret {ref.namespace}/{token_ref.name} key {token_ref.key!r} (the token)"
+                elif may_start(
+                    expected=expected_brokers(ref.name, parsed),
+                    addressed=addressed,
+                    ready=ready,
+                    recorded_active=ref.status.get("active"),
+                    waited=time.monotonic() - began,
+                    grace=context.settings.startup_grace_seconds,
+                ):
+                    return parsed, settings, token
+                else:
+                    waiting_for = f"every broker pod Ready (ready: {', '.join(sorted(ready)) or 'none'})"
+        logger.info("heartbeats wait for %s", waiting_for)
+        await stopped.wait(context.settings.daemon_poll_seconds)
+    return None
+
+
+async def run_cluster_heartbeats(
+    *,
+    context: ControllerContext,
+    ref_of: Callable[[], ClusterRef],
+    spec: Mapping[str, Any],
+    claims: Callable[[], Iterable[PairClaim]],
+    stopped: Any,
+    logger: Logger,
+) -> None:
+    """Run the engine for one cluster until kopf stops the daemon; restart it after a conflict clears.
+
+    ``spec`` is kopf's live view of the BrokerCluster's spec; ``ref_of`` and
+    ``claims`` are read again on every check for the same reason.
+    """
+    while not stopped:
+        ready = await _ready_to_run(
+            context=context, ref_of=ref_of, spec=spec, claims=claims, stopped=stopped, logger=logger
+        )
+        if ready is None:
+            return
+        parsed, settings, token = ready
+        ref = ref_of()
+        await _run_engine(
+            context=context,
+            ref_of=ref_of,
+            spec=spec,
+            claims=claims,
+            stopped=stopped,
+            logger=logger,
+            parsed=parsed,
+            settings=settings,
+            token=token,
+        )
+        logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
+
+
+async def _run_engine(
+    *,
+    context: ControllerContext,
+    ref_of: Callable[[], ClusterRef],
+    spec: Mapping[str, Any],
+    claims: Callable[[], Iterable[PairClaim]],
+    stopped: Any,
+    logger: Logger,
+    parsed: ClusterSpec,
+    settings: HeartbeatSettings,
+    token: str,
+) -> None:
+    ref = ref_of()
+    observations = context.observations_for(ref.namespace, ref.name)
+    shell = KubernetesClusterShell(
+        context.api,
+        ref.body,
+        observations,
+        expected_brokers(ref.name, parsed),
+        manages_pods=not parsed.endpoints_mode,
+    )
+    heartbeats = HeartbeatClient(
+        token=token, operator_id=context.settings.operator_id, timeout=settings.timeout_seconds
+    )
+    loop = ClusterLoop(
+        cluster=ref.name,
+        targets=targets_for(parsed, observations.pods),
+        settings=settings,
+        shell=shell,
+        heartbeats=heartbeats,
+        initial=ClusterStatus.from_status(dict(ref.status)),
+        preferred_active=observations.switchover_target or parsed.preferred_active,
+    )
+
+    def retarget() -> None:
+        """Pods or spec changed: hand the engine the current targets, settings and preference."""
+        current = ref_of()
+        try:
+            fresh = parse_spec(current.name, spec)
+            fresh_settings = HeartbeatSettings.from_spec(spec)
+        except (SpecError, SettingsError) as error:
+            logger.warning("keeping the previous heartbeat settings: %s", error)
+            return
+        shell.set_broker_names(expected_brokers(current.name, fresh))
+        targets = targets_for(fresh, observations.pods)
+        preferred = observations.switchover_target or fresh.preferred_active
+        logger.info(
+            "heartbeat targets: %s; preferred active: %s",
+            ", ".join(f"{t.name}={t.url}" for t in targets) or "none yet",
+            preferred or "by priority",
+        )
+        loop.update(targets, fresh_settings, preferred)
+
+    observations.wake = loop.wake
+    observations.retarget = retarget
+    engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
+    try:
+        while not stopped and not engine.done():
+            await stopped.wait(context.settings.daemon_poll_seconds)
+            if conflict_owner(ref_of(), claims()) is not None:
+                logger.warning("an older BrokerCluster took the pair: stopping heartbeats")
+                break
+        if engine.done() and not engine.cancelled() and engine.exception() is not None:
+            # Let kopf log it and restart the daemon after its backoff, with a fresh engine.
+            raise engine.exception()  # type: ignore[misc]
+    finally:
+        observations.wake = None
+        observations.retarget = None
+        engine.cancel()
+        await asyncio.gather(engine, return_exceptions=True)
+        await heartbeats.close()

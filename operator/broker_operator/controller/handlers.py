@@ -1,0 +1,180 @@
+"""The kopf handlers of the BrokerCluster controller, registered into a given registry.
+
+Thin on purpose: each handler unpacks what kopf hands it and calls the module
+that does the work (``reconcile``, ``daemon``, ``observed``). Registration is a
+function rather than import-time decorators so that the operator and the tests
+each build their own registry, and the tests can add a login to their mock
+API server without touching the process-wide default registry.
+
+Handlers:
+- ``pair_claims`` (index): which BrokerClusters claim which (account, company);
+- create / update / resume / timer: ``reconcile_cluster``;
+- update of ``spec``: also hand the running engine its new settings;
+- daemon: ``run_cluster_heartbeats``, one per BrokerCluster;
+- pod events: record the pod, wake the engine when the active's pod dies.
+
+Progress and the last-handled spec are kept in annotations, not in status,
+so that the status schema stays exactly the design's. Every handler that
+touches a running engine is ``async``: kopf runs sync handlers in threads, and
+the engine's wake-up event belongs to the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import kopf
+
+from broker_operator import metrics
+from broker_operator.controller import names
+from broker_operator.controller.bodies import PodBody
+from broker_operator.controller.conflicts import PairClaim, pair_key
+from broker_operator.controller.context import context_from
+from broker_operator.controller.daemon import run_cluster_heartbeats
+from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
+
+RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf settings every instance of this operator runs with (tests included)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=names.KOPF_ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+
+
+def _claims(
+    index: kopf.Index[Any, Any] | None, namespace: str, spec: Mapping[str, Any]
+) -> Iterable[PairClaim]:
+    if index is None:
+        raise RuntimeError("kopf did not pass the pair_claims index; is the index handler registered?")
+    account, company = pair_of(spec)
+    store = cast(Mapping[Any, Iterable[PairClaim]], index).get(pair_key(namespace, account, company))
+    return list(store or [])
+
+
+def _ref(body: Mapping[str, Any], status: Mapping[str, Any]) -> ClusterRef:
+    meta = body["metadata"]
+    return ClusterRef(namespace=meta["namespace"], name=meta["name"], body=body, status=status)
+
+
+def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
+    """Register every handler of the controller into ``registry``; children are re-checked every
+    ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings)
+
+    @kopf.index(*RESOURCE, id="pair_claims", registry=registry)  # the id is the kwarg name handlers get
+    def pair_claims(
+        *, namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+    ) -> dict[tuple[str, str, str], PairClaim]:
+        account, company = pair_of(spec)
+        claim = PairClaim(str(meta.get("creationTimestamp") or ""), name)
+        return {pair_key(namespace or "", account, company): claim}
+
+    async def reconcile(
+        *,
+        body: kopf.Body,
+        spec: kopf.Spec,
+        status: kopf.Status,
+        memo: Any,
+        patch: kopf.Patch,
+        logger: kopf.Logger,
+        pair_claims: kopf.Index[Any, Any] | None = None,
+        **_: Any,
+    ) -> None:
+        context = context_from(memo)
+        ref = _ref(body, status)
+        await reconcile_cluster(
+            context=context,
+            ref=ref,
+            spec=spec,
+            claims=_claims(pair_claims, ref.namespace, spec),
+            status_patch=patch.status,
+            logger=cast(logging.Logger, logger),
+        )
+
+    kopf.on.create(*RESOURCE, id="reconcile-on-create", registry=registry)(reconcile)
+    kopf.on.resume(*RESOURCE, id="reconcile-on-resume", registry=registry)(reconcile)
+    kopf.on.update(*RESOURCE, id="reconcile-on-update", registry=registry)(reconcile)
+
+    @kopf.timer(*RESOURCE, id="reconcile-periodically", registry=registry, interval=reconcile_seconds)
+    async def reconcile_periodically(**kwargs: Any) -> None:
+        await reconcile(**kwargs)
+
+    @kopf.on.update(*RESOURCE, id="retarget-on-spec-change", field="spec", registry=registry)
+    async def retarget_on_spec_change(*, body: kopf.Body, memo: Any, **_: Any) -> None:
+        context = context_from(memo)
+        meta = body["metadata"]
+        observations = context.observations_for(meta["namespace"], meta["name"])
+        if observations.retarget is not None:
+            observations.retarget()
+
+    @kopf.on.delete(*RESOURCE, id="forget-cluster", optional=True, registry=registry)
+    async def forget_cluster(*, body: kopf.Body, memo: Any, **_: Any) -> None:
+        # optional=True: no finalizer. Children go by garbage collection (owner references);
+        # this only drops what the operator remembers about the cluster, best effort.
+        context = context_from(memo)
+        meta = body["metadata"]
+        context.observations.pop((meta["namespace"], meta["name"]), None)
+        metrics.forget_cluster(meta["name"])
+
+    @kopf.daemon(*RESOURCE, id="heartbeats", registry=registry, cancellation_timeout=10.0)
+    async def heartbeats(
+        *,
+        body: kopf.Body,
+        spec: kopf.Spec,
+        status: kopf.Status,
+        memo: Any,
+        stopped: kopf.DaemonStopped,
+        logger: kopf.Logger,
+        pair_claims: kopf.Index[Any, Any] | None = None,
+        **_: Any,
+    ) -> None:
+        context = context_from(memo)
+        namespace = body["metadata"]["namespace"]
+        await run_cluster_heartbeats(
+            context=context,
+            ref_of=lambda: _ref(body, status),  # body and status are kopf's live views in a daemon
+            spec=spec,
+            claims=lambda: _claims(pair_claims, namespace, spec),
+            stopped=stopped,
+            logger=cast(logging.Logger, logger),
+        )
+
+    @kopf.on.event(
+        "v1",
+        "pods",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        registry=registry,
+    )
+    async def observe_broker_pod(
+        *,
+        event: kopf.RawEvent,
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        labels: kopf.Labels,
+        memo: Any,
+        **_: Any,
+    ) -> None:
+        context = context_from(memo)
+        key = (namespace or "", labels[names.LABEL_CLUSTER])
+        pod = None if event.get("type") == "DELETED" else cast(PodBody, dict(body))
+        if pod is None and key not in context.observations:
+            return  # the pods of a deleted cluster going away: nothing to remember
+        observations = context.observations_for(*key)
+        targets_changed, death_changed = observations.observe(name, pod)
+        if targets_changed and observations.retarget is not None:
+            observations.retarget()
+        # A dead active must not wait for `failureThreshold` heartbeats: the engine re-evaluates now.
+        if death_changed and observations.wake is not None:
+            observations.wake()

@@ -1,0 +1,129 @@
+"""The controller's few Kubernetes calls, made with the official client off the event loop.
+
+kopf watches and patches the BrokerClusters it hands to handlers; everything
+else (children, pod labels, the conditional epoch write, Secrets) goes through
+the ``kubernetes`` client, which is synchronous, so each call runs in a thread
+(``asyncio.to_thread``) and never blocks the heartbeat loops sharing the
+event loop. One ``ApiClient`` per operator, made once at startup.
+
+Label selectors are sent to the API server and also re-checked here on the
+result: the selection is what keeps one cluster's label moves away from
+another cluster's pods, so it must not depend on the server honouring the
+selector. This module knows API shapes, not failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from broker_operator.controller import names
+from broker_operator.controller.bodies import BrokerClusterBody, PodBody
+
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+class KubeApi:
+    """Async wrappers over the calls the controller needs; ``ApiException`` passes through."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        self._client = api_client
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
+        body = await asyncio.to_thread(
+            self._custom.get_namespaced_custom_object,
+            names.GROUP,
+            names.VERSION,
+            namespace,
+            names.PLURAL,
+            name,
+        )
+        return cast(BrokerClusterBody, body)
+
+    async def patch_cluster_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch the status subresource; ``metadata.resourceVersion`` in ``patch`` is a precondition."""
+        await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object_status,
+            names.GROUP,
+            names.VERSION,
+            namespace,
+            names.PLURAL,
+            name,
+            dict(patch),
+        )
+
+    async def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a core/v1 object unless it exists; True if this call created it."""
+        namespace = manifest["metadata"]["namespace"]
+        creators: dict[str, Callable[..., object]] = {
+            "Pod": self._core.create_namespaced_pod,
+            "PersistentVolumeClaim": self._core.create_namespaced_persistent_volume_claim,
+            "Service": self._core.create_namespaced_service,
+            "Secret": self._core.create_namespaced_secret,
+        }
+        create = creators[manifest["kind"]]
+        try:
+            await asyncio.to_thread(create, namespace, dict(manifest))
+        except ApiException as error:
+            if error.status == HTTP_CONFLICT:  # already there: creation is idempotent
+                return False
+            raise
+        return True
+
+    async def list_cluster_pods(self, namespace: str, cluster: str) -> list[PodBody]:
+        selector = f"{names.LABEL_CLUSTER}={cluster},{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+        result = await asyncio.to_thread(
+            self._core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
+        )
+        items = _json(result).get("items") or []
+        return [
+            cast(PodBody, pod)
+            for pod in items
+            if (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_CLUSTER) == cluster
+        ]
+
+    async def set_pod_role(self, namespace: str, pod: str, role: str) -> None:
+        patch = {"metadata": {"labels": {names.LABEL_ROLE: role}}}
+        try:
+            await asyncio.to_thread(self._core.patch_namespaced_pod, pod, namespace, patch)
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:  # a pod that is gone carries no label to move
+                raise
+
+    async def delete_pod(self, namespace: str, pod: str) -> None:
+        try:
+            await asyncio.to_thread(self._core.delete_namespaced_pod, pod, namespace)
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:
+                raise
+
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""
+        try:
+            result = await asyncio.to_thread(
+                self._core.read_namespaced_secret, name, namespace, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        secret = _json(result)
+        if key in (secret.get("data") or {}):
+            return base64.b64decode(secret["data"][key]).decode()
+        # stringData is write-only on a real API server; simpler API servers may echo it back.
+        value = (secret.get("stringData") or {}).get(key)
+        return str(value) if value is not None else None
+
+
+def _json(response: Any) -> dict[str, Any]:
+    """Decode a raw (``_preload_content=False``) response: plain dicts, not client model objects."""
+    return cast(dict[str, Any], json.loads(response.data))

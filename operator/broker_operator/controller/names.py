@@ -1,0 +1,72 @@
+"""The Kubernetes names the controller and the CRD agree on: group, labels, ports, paths.
+
+One place for every string that appears both in ``crds/`` and in the code that
+builds or selects objects, so that a rename is one edit. This module holds
+constants and the child-object naming functions only; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from broker_contracts.soap import SOAP_PATH
+
+GROUP: Final = "broker.failover.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "brokerclusters"
+KIND: Final = "BrokerCluster"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# Labels on every managed pod; `role` is what the `<name>-active` Service selects on.
+LABEL_APP: Final = "app.kubernetes.io/name"
+APP_BROKER: Final = "broker"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "broker-failover-operator"
+LABEL_CLUSTER: Final = f"{GROUP}/cluster"
+LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
+LABEL_ROLE: Final = "role"
+ROLE_ACTIVE: Final = "active"
+ROLE_STANDBY: Final = "standby"
+
+# The pod template's hash: a spec change shows up as pods whose hash differs (see rollout.py).
+ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"
+# kopf keeps its handler progress in annotations under this prefix, not in status, so that the
+# structural status schema stays exactly what ARCHITECTURE.md lists.
+KOPF_ANNOTATION_PREFIX: Final = f"kopf.{GROUP}"
+
+BROKER_CONTAINER: Final = "broker"
+BROKER_PORT: Final = 8080
+BROKER_PORT_NAME: Final = "soap"
+DATA_MOUNT: Final = "/var/lib/broker/data"
+TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover"
+TOKEN_FILE_KEY: Final = "token"
+JOURNAL_VOLUME: Final = "journal"
+TOKEN_VOLUME: Final = "operator-token"
+MESSAGE_LOG_VOLUME: Final = "message-log"
+
+
+def pod_name(cluster: str, ordinal: int) -> str:
+    """Managed pods are ``<cluster>-<ordinal>``; ordinal 0 has priority 0, the highest."""
+    return f"{cluster}-{ordinal}"
+
+
+def journal_claim_name(cluster: str, ordinal: int) -> str:
+    return f"journal-{cluster}-{ordinal}"
+
+
+def headless_service_name(cluster: str) -> str:
+    return f"{cluster}-brokers"
+
+
+def active_service_name(cluster: str) -> str:
+    return f"{cluster}-active"
+
+
+def generated_token_secret_name(cluster: str) -> str:
+    return f"{cluster}-broker-token"
+
+
+def broker_soap_url(pod_ip: str) -> str:
+    """The engine's ``BrokerTarget.url`` for a pod: its IP, the broker port, the SOAP path."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{BROKER_PORT}{SOAP_PATH}"

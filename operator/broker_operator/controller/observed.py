@@ -1,0 +1,131 @@
+"""What the controller has seen of one BrokerCluster's pods, and what the engine needs from it.
+
+The pod watch (a kopf event handler) and the heartbeat daemon run apart; this
+per-cluster record is where the first leaves what it saw and the second reads
+it: the engine's targets (who to heartbeat, at which IP, in which priority
+order) and its pod facts (is the active's container dead, is its pod gone).
+Targets and facts are derived here by pure functions so they can be tested
+without kopf.
+
+It holds no Kubernetes client and does no I/O; ``wake`` is the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from broker_operator.controller import names
+from broker_operator.controller.bodies import PodBody
+from broker_operator.controller.rollout import PodView
+from broker_operator.controller.spec import ClusterSpec
+from broker_operator.core.model import BrokerTarget, PodFacts
+
+
+def container_terminated(pod: PodBody) -> bool:
+    """The broker container is not running: it exited, or it is waiting to restart after exiting.
+
+    A container the kubelet restarts comes back Inactive (a broker never starts
+    Active), so "terminated" here is exactly "this broker is surely not active".
+    """
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status.get("name") != names.BROKER_CONTAINER:
+            continue
+        state = status.get("state") or {}
+        if "terminated" in state:
+            return True
+        if "waiting" in state and "terminated" in (status.get("lastState") or {}):
+            return True  # crash loop back-off: dead between restarts
+    return False
+
+
+def pod_ready(pod: PodBody) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_ordinal(pod: PodBody) -> int | None:
+    raw = (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_ORDINAL)
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTarget]:
+    """The engine's targets: endpoints as written, or every managed pod that has an IP yet."""
+    if spec.endpoints_mode:
+        return [BrokerTarget(e.name, e.url, e.priority) for e in spec.endpoints]
+    targets = []
+    for name, pod in pods.items():
+        ordinal = pod_ordinal(pod)
+        ip = pod.get("status", {}).get("podIP")
+        if ordinal is None or not ip or pod.get("metadata", {}).get("deletionTimestamp"):
+            continue  # no address yet (or on its way out): nothing to heartbeat
+        targets.append(BrokerTarget(name, names.broker_soap_url(ip), ordinal))
+    return sorted(targets, key=lambda t: t.priority)
+
+
+def facts_for(pods: Mapping[str, PodBody], expected: Mapping[str, object]) -> dict[str, PodFacts]:
+    """Pod facts for every expected broker name; a name without a pod is ``exists=False``."""
+    return {
+        name: PodFacts(
+            exists=name in pods, container_terminated=name in pods and container_terminated(pods[name])
+        )
+        for name in expected
+    }
+
+
+def pod_views(pods: Mapping[str, PodBody]) -> list[PodView]:
+    views = []
+    for name, pod in pods.items():
+        ordinal = pod_ordinal(pod)
+        if ordinal is None:
+            continue
+        meta = pod.get("metadata", {})
+        views.append(
+            PodView(
+                name=name,
+                ordinal=ordinal,
+                template_hash=(meta.get("annotations") or {}).get(names.ANNOTATION_TEMPLATE_HASH),
+                ready=pod_ready(pod),
+                terminating=bool(meta.get("deletionTimestamp")),
+            )
+        )
+    return views
+
+
+@dataclass
+class ClusterObservations:
+    """The latest body of every managed pod of one cluster, keyed by pod name."""
+
+    pods: dict[str, PodBody] = field(default_factory=dict)
+    # Set by the heartbeat daemon while its engine runs: re-evaluate at once.
+    wake: Callable[[], None] | None = None
+    # Set by the daemon: push new targets to a running engine when an IP appears or changes.
+    retarget: Callable[[], None] | None = None
+    # Children the reconciler created or found, so that it does not re-create them every pass.
+    ensured: set[str] = field(default_factory=set)
+    ensured_generation: int | None = None
+    # A switchover the rollout asked for; it overrides spec.preferredActive until it is done.
+    switchover_target: str | None = None
+    # The last message reported per event reason: the create handler and the timer may run on the
+    # same stale body at once, and a person should see a conflict once, not once per reconcile.
+    reported: dict[str, str] = field(default_factory=dict)
+
+    def first_report(self, reason: str, message: str) -> bool:
+        """True the first time ``message`` is reported for ``reason`` (since the last other message)."""
+        if self.reported.get(reason) == message:
+            return False
+        self.reported[reason] = message
+        return True
+
+    def observe(self, name: str, pod: PodBody | None) -> tuple[bool, bool]:
+        """Record a pod event (None = deleted); return (targets may have changed, death may have changed)."""
+        before = self.pods.get(name)
+        if pod is None:
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = pod
+        ip_before = (before or {}).get("status", {}).get("podIP")
+        ip_after = (pod or {}).get("status", {}).get("podIP")
+        dead_before = before is None or container_terminated(before)
+        dead_after = pod is None or container_terminated(pod)
+        return ip_before != ip_after or (before is None) != (pod is None), dead_before != dead_after

@@ -1,0 +1,201 @@
+"""Bring one BrokerCluster's children in line with its spec: Secret, Services, PVCs, pods, rollout.
+
+Called by the kopf handlers on create, update, resume and on a timer; every
+step is idempotent (create-if-absent, one rollout step at a time), so running
+it twice, or from two operator replicas, does no harm. The phase ``Conflict``
+is decided here, before anything is created: a cluster that loses its pair to
+an older one owns nothing and runs nothing.
+
+What it does not do: heartbeat brokers or choose the active (the engine in
+the heartbeat daemon does), or write the engine's status fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+
+from broker_operator.controller import builders, names
+from broker_operator.controller.conflicts import PairClaim, conflicting_owner
+from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.observed import pod_views
+from broker_operator.controller.rollout import StepKind, next_rollout_step
+from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
+
+PHASE_PENDING = "Pending"
+PHASE_CONFLICT = "Conflict"
+CONDITION_SPEC_VALID = "SpecValid"
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    namespace: str
+    name: str
+    body: Mapping[str, Any]  # the BrokerCluster as kopf handed it; owner of every child
+    status: Mapping[str, Any]
+
+    @property
+    def kopf_body(self) -> kopf.Body:
+        """The body typed as kopf's event poster and owner-reference builder want it."""
+        return cast(kopf.Body, self.body)
+
+
+def pair_of(spec: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(spec.get("account") or ""), str(spec.get("company") or ""))
+
+
+def conflict_owner(ref: ClusterRef, claims: Iterable[PairClaim]) -> str | None:
+    """The older BrokerCluster that holds this one's pair, if any."""
+    meta = ref.body["metadata"]
+    return conflicting_owner(PairClaim(str(meta.get("creationTimestamp") or ""), ref.name), claims)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _set_condition(
+    ref: ClusterRef, patch: MutableMapping[str, Any], kind: str, *, ok: bool, reason: str, message: str
+) -> None:
+    """Set one condition, writing only when its status, reason or message changed."""
+    conditions = [dict(c) for c in ref.status.get("conditions") or []]
+    current = next((c for c in conditions if c.get("type") == kind), None)
+    wanted = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
+        return
+    generation = ref.body["metadata"].get("generation")
+    wanted.update(lastTransitionTime=_now(), **({"observedGeneration": generation} if generation else {}))
+    conditions = [c for c in conditions if c.get("type") != kind] + [wanted]
+    patch["conditions"] = conditions
+
+
+async def reconcile_cluster(
+    *,
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: Mapping[str, Any],
+    claims: Iterable[PairClaim],
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> ClusterSpec | None:
+    """One reconciliation pass; puts what changed into ``status_patch``; returns the spec if valid."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    owner = conflict_owner(ref, claims)
+    account, company = pair_of(spec)
+    if owner is not None:
+        message = (
+            f"BrokerCluster {ref.namespace}/{owner} already serves account {account!r}, "
+            f"company {company!r}; this one runs nothing until {owner} is deleted or changed"
+        )
+        if ref.status.get("phase") != PHASE_CONFLICT or ref.status.get("conflictsWith") != owner:
+            status_patch.update(phase=PHASE_CONFLICT, conflictsWith=owner)
+        if observations.first_report("Conflict", message):
+            kopf.warn(ref.kopf_body, reason="Conflict", message=message)
+        return None
+    observations.reported.pop("Conflict", None)
+    if ref.status.get("phase") == PHASE_CONFLICT:
+        status_patch.update(phase=PHASE_PENDING, conflictsWith=None)
+        kopf.info(
+            ref.kopf_body,
+            reason="ConflictResolved",
+            message=f"account {account!r}, company {company!r} is no longer served by another BrokerCluster",
+        )
+    elif not ref.status.get("phase"):
+        status_patch["phase"] = PHASE_PENDING
+
+    try:
+        parsed = parse_spec(ref.name, spec)
+    except SpecError as error:
+        _set_condition(
+            ref, status_patch, CONDITION_SPEC_VALID, ok=False, reason="InvalidSpec", message=str(error)
+        )
+        if observations.first_report("InvalidSpec", str(error)):
+            kopf.warn(ref.kopf_body, reason="InvalidSpec", message=str(error))
+        logger.warning("not running: %s", error)
+        return None
+    observations.reported.pop("InvalidSpec", None)
+    _set_condition(ref, status_patch, CONDITION_SPEC_VALID, ok=True, reason="Valid", message="spec accepted")
+    generation = ref.body["metadata"].get("generation")
+    if generation and ref.status.get("observedGeneration") != generation:
+        status_patch["observedGeneration"] = generation
+
+    await ensure_children(context, ref, parsed)
+    if not parsed.endpoints_mode:
+        await roll_out(context, ref, parsed, logger)
+    return parsed
+
+
+async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> None:
+    """Create whatever child is missing; existing children are left as they are (pods roll, see below).
+
+    Services, claims and the Secret are created once per spec generation and then remembered, so
+    that a thousand clusters do not cost five API calls each per reconcile; pods are checked on
+    every pass against the pod watch.
+    """
+    observations = context.observations_for(ref.namespace, ref.name)
+    generation = ref.body["metadata"].get("generation")
+    if observations.ensured_generation != generation:
+        observations.ensured.clear()
+        observations.ensured_generation = generation
+    owner = ref.kopf_body
+    wanted: list[dict[str, Any]] = []
+    if spec.token_secret is None:
+        wanted.append(builders.build_token_secret(owner))
+    if not spec.endpoints_mode:
+        wanted += [builders.build_headless_service(owner), builders.build_active_service(owner)]
+        wanted += [builders.build_journal_claim(owner, ordinal, spec) for ordinal in range(spec.replicas)]
+    for manifest in wanted:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        if key in observations.ensured:
+            continue
+        if await context.api.create(manifest):
+            kopf.info(owner, reason="Created", message=f"created {key}")
+        observations.ensured.add(key)
+
+    active = ref.status.get("active")
+    for ordinal in range(spec.replicas):
+        name = names.pod_name(ref.name, ordinal)
+        if name in observations.pods:
+            continue
+        pod = builders.build_pod(owner, ordinal, spec, active=name == active)
+        if await context.api.create(pod):
+            kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+
+
+async def roll_out(
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: ClusterSpec,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> None:
+    """Take at most one rollout step: replace a standby, or ask for a switchover off the active."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    active = ref.status.get("active")
+    desired = builders.template_hash(ref.name, spec)
+    step = next_rollout_step(spec.replicas, desired, pod_views(observations.pods), active)
+    owner = ref.kopf_body
+    if step is None:
+        if observations.switchover_target is not None and observations.switchover_target == active:
+            observations.switchover_target = (
+                None  # the planned move is done; the spec's preference rules again
+            )
+            if observations.retarget is not None:
+                observations.retarget()
+        return
+    if step.kind is StepKind.DELETE_POD:
+        logger.info("rollout: deleting %s: %s", step.pod, step.reason)
+        kopf.info(owner, reason="RollingUpdate", message=f"replacing Pod/{step.pod}: {step.reason}")
+        await context.api.delete_pod(ref.namespace, step.pod)
+    elif observations.switchover_target != step.pod:
+        logger.info("rollout: switchover to %s: %s", step.pod, step.reason)
+        kopf.info(
+            owner, reason="SwitchoverRequested", message=f"planned switchover to {step.pod}: {step.reason}"
+        )
+        observations.switchover_target = step.pod
+        if observations.retarget is not None:
+            observations.retarget()

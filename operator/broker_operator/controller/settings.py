@@ -1,0 +1,80 @@
+"""The operator's own settings, as one typed object read once from flags and environment.
+
+Every flag also reads an environment variable (the flag wins), like the
+broker's CLI, so that the Helm chart can set them either way. The object is
+built in ``__main__`` and handed to the kopf handlers through kopf's memo;
+nothing below this module reads the environment.
+
+Per-cluster behaviour (heartbeat intervals, failback, ...) is not here: it is
+in each BrokerCluster's spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    operator_id: str = "broker-operator"  # sent in every Heartbeat; names this operator in broker logs
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9090  # 0: no metrics server
+    liveness_endpoint: str | None = None  # kopf's health endpoint, e.g. http://0.0.0.0:8081/healthz
+    peering: str | None = None  # kopf peering name; None = standalone. Not a fence (see epochs.py).
+    reconcile_seconds: float = 10.0  # how often children are re-checked even without events
+    # A new cluster's engine waits this long for every broker pod to be Ready before it starts
+    # with those that have an IP (see daemon.may_start).
+    startup_grace_seconds: float = 30.0
+    daemon_poll_seconds: float = 1.0  # how often a waiting daemon re-checks (token, pod IPs, conflict)
+
+
+def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerSettings:
+    """Settings from ``argv`` and ``environ``; a flag wins over its environment variable."""
+
+    def env(name: str, default: str) -> str:
+        return environ.get(name, default)
+
+    parser = argparse.ArgumentParser(
+        prog="broker-operator",
+        description="Runs BrokerClusters: broker pods, heartbeats, failover (kopf).",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable); env OPERATOR_NAMESPACES, comma-separated; default: all",
+    )
+    parser.add_argument("--operator-id", default=env("OPERATOR_ID", socket.gethostname()))
+    parser.add_argument("--metrics-host", default=env("OPERATOR_METRICS_HOST", "0.0.0.0"))
+    parser.add_argument("--metrics-port", type=int, default=int(env("OPERATOR_METRICS_PORT", "9090")))
+    parser.add_argument("--liveness", default=env("OPERATOR_LIVENESS_ENDPOINT", "") or None)
+    parser.add_argument("--peering", default=env("OPERATOR_PEERING", "") or None)
+    parser.add_argument(
+        "--reconcile-seconds", type=float, default=float(env("OPERATOR_RECONCILE_SECONDS", "10"))
+    )
+    parser.add_argument(
+        "--startup-grace-seconds",
+        type=float,
+        default=float(env("OPERATOR_STARTUP_GRACE_SECONDS", "30")),
+        help="how long a new cluster waits for every broker pod to be Ready before heartbeats start",
+    )
+    args = parser.parse_args(argv)
+    namespaces = args.namespace or [ns for ns in env("OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
+    if args.metrics_port < 0 or args.metrics_port > 65535:
+        parser.error(f"--metrics-port ({args.metrics_port}) must be 0..65535 (0 = no metrics server)")
+    if args.reconcile_seconds <= 0:
+        parser.error(f"--reconcile-seconds ({args.reconcile_seconds}) must be positive")
+    return ControllerSettings(
+        namespaces=tuple(ns.strip() for ns in namespaces),
+        operator_id=args.operator_id,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        liveness_endpoint=args.liveness,
+        peering=args.peering,
+        reconcile_seconds=args.reconcile_seconds,
+        startup_grace_seconds=args.startup_grace_seconds,
+    )

@@ -1,0 +1,650 @@
+"""The operator against a real kube-apiserver: CRD, admission, children, labels, status, events, failover.
+
+Everything here is real except the node agent (the fixture's documented fake
+kubelet): the CRD is installed with ``kubectl``, CEL rules are evaluated by
+the API server, the operator runs as its own process (``broker-operator``),
+broker pods run the real ``broker-service`` with its journal on the pod's PVC
+directory, and the backend and cloud are the project's simulators on loopback.
+The test starts and stops every process itself, in its own process group.
+
+Waits are bounded failure limits, not performance assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from broker_operator.controller.epochs import allocate_epoch
+from broker_operator.controller.kube import KubeApi
+from broker_operator.engine import EpochConflict
+from tests.harness.cluster import REPO_ROOT, LocalCluster
+
+pytestmark = pytest.mark.e2e
+
+CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+WAIT_SECONDS = 60.0
+
+
+def wait_for(description: str, probe: Callable[[], Any], timeout: float = WAIT_SECONDS) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``description``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get_json(cluster: LocalCluster, namespace: str, *what: str) -> Any:
+    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def apply(
+    cluster: LocalCluster, namespace: str, manifest: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+
+
+def broker_cluster(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "broker.failover.dev/v1alpha1",
+        "kind": "BrokerCluster",
+        "metadata": {"name": name},
+        "spec": {"account": "acme", "company": "1000", **spec},
+    }
+
+
+class LocalProcess:
+    """A process of ours (operator, simulator) in its own group, logging to a file, killed as a group."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def kill(self) -> None:
+        """kill -9 of the whole process group: no cleanup, as in a node crash."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+
+    def tail(self) -> str:
+        """The log's last lines, without kopf's per-run "succeeded" notes of periodic handlers."""
+        if not self.log.exists():
+            return ""
+        lines = [
+            line for line in self.log.read_text(errors="replace").splitlines() if "succeeded." not in line
+        ]
+        return "\n".join(lines[-150:])
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def crd_installed(kube_cluster: LocalCluster) -> Iterator[None]:
+    kube_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
+    )
+    yield
+    kube_cluster.kubectl("delete", "-f", str(CRD_FILE), "--wait=false", check=False)
+
+
+def new_namespace(cluster: LocalCluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for("default ServiceAccount", lambda: get_json(cluster, name, "serviceaccount", "default"))
+    return name
+
+
+@pytest.fixture(scope="module")
+def namespace(kube_cluster: LocalCluster, crd_installed: None) -> Iterator[str]:
+    name = new_namespace(kube_cluster, "operator")
+    yield name
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def simulators(kube_cluster: LocalCluster, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A backend and a cloud simulator on loopback for one test's BrokerCluster.
+
+    One pair per cluster: targets remember the highest epoch they have seen for an account, and
+    epochs are per cluster, so two clusters sharing simulators would fence each other.
+    """
+    backend_port, cloud_port = free_port(), free_port()
+    backend = LocalProcess(
+        [str(VENV_BIN / "backend-simulator"), "--port", str(backend_port)], tmp_path / "backend.log"
+    )
+    cloud = LocalProcess(
+        [str(VENV_BIN / "cloud-simulator"), "--port", str(cloud_port)], tmp_path / "cloud.log"
+    )
+    try:
+        wait_for("backend simulator", lambda: listening(backend_port) or backend.process.poll() is not None)
+        wait_for("cloud simulator", lambda: listening(cloud_port) or cloud.process.poll() is not None)
+        assert backend.process.poll() is None, backend.tail()
+        assert cloud.process.poll() is None, cloud.tail()
+        yield {"backend": f"http://127.0.0.1:{backend_port}", "cloud": f"http://127.0.0.1:{cloud_port}"}
+    finally:
+        backend.stop()
+        cloud.stop()
+
+
+def start_operator(cluster: LocalCluster, namespace: str, log: Path) -> LocalProcess:
+    """``broker-operator`` as its own process, watching ``namespace`` only; returns once it serves."""
+    metrics_port = free_port()
+    argv = [str(VENV_BIN / "broker-operator"), "--namespace", namespace, "--operator-id", "e2e-operator"]
+    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--reconcile-seconds", "2"]
+    process = LocalProcess(argv, log, env=cluster.env)
+    wait_for(
+        "operator metrics endpoint", lambda: listening(metrics_port) or process.process.poll() is not None
+    )
+    assert process.process.poll() is None, process.tail()
+    process.metrics_port = metrics_port  # type: ignore[attr-defined]
+    return process
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kube_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalProcess]:
+    process = start_operator(kube_cluster, namespace, tmp_path_factory.mktemp("operator") / "operator.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.tail())  # shown by pytest on failure
+
+
+# ---- the CRD on its own ---------------------------------------------------------------
+
+
+def test_kubectl_knows_the_short_name_and_columns(kube_cluster: LocalCluster, namespace: str) -> None:
+    created = apply(kube_cluster, namespace, broker_cluster("columns", replicas=1, company="3000"))
+    assert created.returncode == 0, created.stderr
+    table = kube_cluster.kubectl("-n", namespace, "get", "bc", "columns").stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "AGE"]
+    assert table.splitlines()[1].split()[:3] == ["columns", "acme", "3000"]
+    defaulted = get_json(kube_cluster, namespace, "bc", "columns")["spec"]
+    assert defaulted["heartbeat"] == {
+        "intervalSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": 2,
+        "leaseSeconds": 5,
+        "standbyProbeSeconds": 10,
+    }
+    assert (defaulted["failback"], defaulted["failbackStableSeconds"]) == ("Automatic", 30)
+    assert defaulted["delivery"] == {"maxDeliveries": 5, "onPoison": "BlockStream"}
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "columns", "--wait=false")
+
+
+INVALID = [
+    (
+        {"heartbeat": {"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3}},
+        "spec.heartbeat.leaseSeconds (2) must exceed intervalSeconds × failureThreshold (3)",  # noqa: RUF001
+    ),
+    ({"heartbeat": {"failureThreshold": 0}}, "spec.heartbeat.failureThreshold"),
+    (
+        {"replicas": 2, "endpoints": [{"name": "a", "url": "http://10.0.0.1:8080/soap", "priority": 0}]},
+        "spec.replicas and spec.endpoints are exclusive",
+    ),
+    (
+        {
+            "endpoints": [
+                {"name": "a", "url": "http://10.0.0.1:8080/soap", "priority": 0},
+                {"name": "b", "url": "http://10.0.0.2:8080/soap", "priority": 0},
+            ]
+        },
+        "spec.endpoints priorities must be unique",
+    ),
+    (
+        {"preferredActive": "invalid-7"},
+        "spec.preferredActive (invalid-7) must name one of this cluster's pods",
+    ),
+    ({"failback": "Sometimes"}, "spec.failback"),
+    ({"delivery": {"onPoison": "Drop"}}, "spec.delivery.onPoison"),
+    ({"replicas": 0}, "spec.replicas"),
+    (
+        {"backend": {"url": "http://a", "urlSecretRef": {"name": "s"}}},
+        "spec.backend.url and spec.backend.urlSecretRef",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), INVALID, ids=[m.split(" ")[0] for _, m in INVALID])
+def test_invalid_manifests_are_refused_naming_the_field(
+    kube_cluster: LocalCluster, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    result = apply(kube_cluster, namespace, broker_cluster("invalid", **spec))
+    assert result.returncode != 0, f"accepted: {spec}"
+    assert message in result.stderr, result.stderr
+    assert get_json(kube_cluster, namespace, "bc", "invalid") is None
+
+
+def test_account_is_immutable(kube_cluster: LocalCluster, namespace: str) -> None:
+    assert (
+        apply(kube_cluster, namespace, broker_cluster("frozen", replicas=1, company="4000")).returncode == 0
+    )
+    changed = broker_cluster("frozen", replicas=1, company="4000")
+    changed["spec"]["account"] = "other"
+    result = apply(kube_cluster, namespace, changed)
+    assert result.returncode != 0
+    assert "spec.account is immutable" in result.stderr
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "frozen", "--wait=false")
+
+
+def test_the_epoch_write_is_conditional_on_the_resource_version(
+    kube_cluster: LocalCluster, crd_installed: None
+) -> None:
+    # A namespace the operator does not watch: only this test writes the object.
+    namespace = new_namespace(kube_cluster, "epochs")
+    try:
+        assert apply(kube_cluster, namespace, broker_cluster("fenced", replicas=1)).returncode == 0
+        api = KubeApi(kube_cluster.api_client())
+
+        async def scenario() -> None:
+            assert await allocate_epoch(api, namespace, "fenced", current=0) == 1
+            stale = (await api.read_cluster(namespace, "fenced"))["metadata"]["resourceVersion"]
+            assert await allocate_epoch(api, namespace, "fenced", current=1) == 2
+            # A writer holding the older version is refused by the API server itself.
+            with pytest.raises(ApiException) as refused:
+                await api.patch_cluster_status(
+                    namespace, "fenced", {"metadata": {"resourceVersion": stale}, "status": {"epoch": 2}}
+                )
+            assert refused.value.status == 409
+            # And an operator that believes in an older epoch gets a conflict, not a duplicate epoch.
+            with pytest.raises(EpochConflict) as conflict:
+                await allocate_epoch(api, namespace, "fenced", current=1)
+            assert conflict.value.current == 2
+
+        asyncio.run(scenario())
+        assert get_json(kube_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 2
+    finally:
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+# ---- the operator running brokers -----------------------------------------------------------
+
+
+def bc_row(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str]:
+    """``kubectl get bc <name>`` as {column: value}, exactly what a person sees.
+
+    Cut at the header's column positions, not at spaces: empty cells (no ORDERING yet) would
+    otherwise shift every later value one column left.
+    """
+    header, row = cluster.kubectl("-n", namespace, "get", "bc", name).stdout.splitlines()[:2]
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[s:e].strip(): row[s:e].strip() for s, e in zip(starts, ends, strict=True)}
+
+
+def wait_for_row(  # noqa: PLR0917  (reads as the sentence: cluster, namespace, name, what, until)
+    cluster: LocalCluster,
+    namespace: str,
+    name: str,
+    description: str,
+    predicate: Callable[[dict[str, str]], bool],
+    timeout: float = WAIT_SECONDS,
+) -> dict[str, str]:
+    """Wait until ``kubectl get bc <name>`` shows a row satisfying ``predicate``; fail showing the last."""
+    seen: list[dict[str, str]] = []
+
+    def probe() -> dict[str, str] | None:
+        seen.append(bc_row(cluster, namespace, name))
+        return seen[-1] if predicate(seen[-1]) else None
+
+    try:
+        return wait_for(description, probe, timeout)
+    except pytest.fail.Exception:
+        status = (get_json(cluster, namespace, "bc", name) or {}).get("status")
+        pytest.fail(f"{description}: last row {seen[-1] if seen else None}, status {status}")
+
+
+def pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return get_json(cluster, namespace, "pod", name)
+
+
+def role_of(cluster: LocalCluster, namespace: str, name: str) -> str | None:
+    body = pod(cluster, namespace, name)
+    return (body or {}).get("metadata", {}).get("labels", {}).get("role")
+
+
+def container_pid(body: dict[str, Any]) -> int:
+    (status,) = body["status"]["containerStatuses"]
+    container_id = status.get("containerID", "")
+    assert container_id.startswith("local://"), f"unexpected containerID {container_id!r}"
+    return int(container_id.removeprefix("local://"))
+
+
+def broker_gauge(cluster: LocalCluster, namespace: str, name: str, metric: str) -> float | None:
+    """A gauge from the broker's own /metrics, at its pod IP (None while it does not answer)."""
+    ip = (pod(cluster, namespace, name) or {}).get("status", {}).get("podIP")
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(f"{metric} "):
+            return float(line.split()[1])
+    return None
+
+
+def event_reasons(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+    events = get_json(cluster, namespace, "events", "--field-selector", f"involvedObject.name={name}")
+    return [e["reason"] for e in (events or {}).get("items", [])]
+
+
+def assert_children_owned(cluster: LocalCluster, namespace: str, uid: str) -> None:
+    """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``)."""
+    for kind, name in [
+        ("pod", "orders-0"),
+        ("pod", "orders-1"),
+        ("pvc", "journal-orders-0"),
+        ("pvc", "journal-orders-1"),
+        ("service", "orders-active"),
+        ("service", "orders-brokers"),
+        ("secret", "orders-broker-token"),
+    ]:
+        child = wait_for(
+            f"{kind}/{name}", lambda kind=kind, name=name: get_json(cluster, namespace, kind, name)
+        )
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", uid), (
+            f"{kind}/{name}"
+        )
+    selector = get_json(cluster, namespace, "service", "orders-active")["spec"]["selector"]
+    assert selector["role"] == "active"
+
+
+def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
+    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+) -> None:
+    manifest = broker_cluster(
+        "orders",
+        replicas=2,
+        failback="Manual",  # keep the active where the failover put it while we look
+        backend={"url": simulators["backend"]},
+        cloud={"url": simulators["cloud"]},
+    )
+    created = apply(kube_cluster, namespace, manifest)
+    assert created.returncode == 0, created.stderr
+    uid = get_json(kube_cluster, namespace, "bc", "orders")["metadata"]["uid"]
+
+    assert_children_owned(kube_cluster, namespace, uid)
+
+    # The engine activates the highest-priority broker and moves the label to it.
+    healthy = wait_for_row(
+        kube_cluster,
+        namespace,
+        "orders",
+        "orders-0 active and the cluster Healthy",
+        lambda row: row["ACTIVE"] == "orders-0" and row["PHASE"] == "Healthy",
+        timeout=90,
+    )
+    assert healthy["ACCOUNT"] == "acme" and healthy["COMPANY"] == "1000"
+    first_epoch = int(healthy["EPOCH"])
+    assert first_epoch >= 1
+    wait_for("role=active on orders-0", lambda: role_of(kube_cluster, namespace, "orders-0") == "active")
+    assert role_of(kube_cluster, namespace, "orders-1") == "standby"
+
+    # kill -9 of the active broker's process: the pod watch sees the container die.
+    os.killpg(container_pid(pod(kube_cluster, namespace, "orders-0")), signal.SIGKILL)
+    moved = wait_for_row(
+        kube_cluster, namespace, "orders", "failover to orders-1", lambda row: row["ACTIVE"] == "orders-1"
+    )
+    assert int(moved["EPOCH"]) > first_epoch
+    wait_for("role=active on orders-1", lambda: role_of(kube_cluster, namespace, "orders-1") == "active")
+    wait_for("role=standby on orders-0", lambda: role_of(kube_cluster, namespace, "orders-0") == "standby")
+    status = get_json(kube_cluster, namespace, "bc", "orders")["status"]
+    assert status["lastFailover"]["from"] == "orders-0"
+    assert status["lastFailover"]["to"] == "orders-1"
+    assert status["failovers"] >= 1
+    reasons = event_reasons(kube_cluster, namespace, "orders")
+    assert "Failover" in reasons, reasons
+
+    # The killed broker comes back (restartPolicy Always) as a standby; a planned switchover
+    # through spec.preferredActive moves the active back to it with the next epoch.
+    wait_for(
+        "orders-0 running again",
+        lambda: (
+            (body := pod(kube_cluster, namespace, "orders-0"))
+            and any(c.get("ready") for c in body["status"].get("containerStatuses") or [])
+        ),
+        timeout=60,
+    )
+    kube_cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "bc",
+        "orders",
+        "--type=merge",
+        "-p",
+        '{"spec": {"preferredActive": "orders-0"}}',
+    )
+    back = wait_for_row(
+        kube_cluster,
+        namespace,
+        "orders",
+        "switchover back to orders-0",
+        lambda row: row["ACTIVE"] == "orders-0",
+    )
+    assert int(back["EPOCH"]) > int(moved["EPOCH"])
+    wait_for(
+        "role=active on orders-0 again", lambda: role_of(kube_cluster, namespace, "orders-0") == "active"
+    )
+    assert "Switchover" in event_reasons(kube_cluster, namespace, "orders")
+
+    # A partition: SIGSTOP freezes the active broker without killing it. Heartbeats time out, the
+    # operator waits out the lease (the frozen broker fences itself when it runs again), then
+    # activates the standby with a newer epoch.
+    frozen = container_pid(pod(kube_cluster, namespace, "orders-0"))
+    os.killpg(frozen, signal.SIGSTOP)
+    try:
+        partitioned = wait_for_row(
+            kube_cluster,
+            namespace,
+            "orders",
+            "failover away from the frozen orders-0",
+            lambda row: row["ACTIVE"] == "orders-1",
+        )
+        assert int(partitioned["EPOCH"]) > int(back["EPOCH"])
+    finally:
+        os.killpg(frozen, signal.SIGCONT)
+    wait_for(
+        "role=active on orders-1 after the partition",
+        lambda: role_of(kube_cluster, namespace, "orders-1") == "active",
+    )
+    # Once running again, the frozen broker finds its lease expired and is not active: never two.
+    wait_for(
+        "orders-0 self-fenced",
+        lambda: broker_gauge(kube_cluster, namespace, "orders-0", "broker_active") == 0,
+    )
+    assert broker_gauge(kube_cluster, namespace, "orders-1", "broker_active") == 1
+    back = partitioned
+
+    # The engine's metrics are served by the operator process.
+    port = operator.metrics_port  # type: ignore[attr-defined]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert f'broker_failover_epoch{{cluster="orders"}} {back["EPOCH"]}.0' in metrics
+    assert 'broker_failover_phase{cluster="orders",phase="Healthy"}' in metrics
+    assert 'broker_failover_failovers_total{cluster="orders",kind="Failover"}' in metrics
+    assert "broker_failover_heartbeats_total" in metrics
+
+
+def test_a_second_cluster_for_the_same_pair_is_a_conflict(
+    kube_cluster: LocalCluster, namespace: str, operator: LocalProcess
+) -> None:
+    first = apply(kube_cluster, namespace, broker_cluster("pair-first", replicas=1, company="2000"))
+    assert first.returncode == 0, first.stderr
+    wait_for("pair-first has a pod", lambda: pod(kube_cluster, namespace, "pair-first-0"))
+    second = apply(kube_cluster, namespace, broker_cluster("pair-second", replicas=1, company="2000"))
+    assert second.returncode == 0, second.stderr
+    wait_for_row(
+        kube_cluster,
+        namespace,
+        "pair-second",
+        "pair-second in phase Conflict",
+        lambda row: row["PHASE"] == "Conflict",
+    )
+    status = get_json(kube_cluster, namespace, "bc", "pair-second")["status"]
+    assert status["conflictsWith"] == "pair-first"
+    assert "Conflict" in event_reasons(kube_cluster, namespace, "pair-second")
+    assert pod(kube_cluster, namespace, "pair-second-0") is None
+    # Deleting the first hands the pair to the second.
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "pair-first", "--wait=false")
+    wait_for("pair-second runs a pod", lambda: pod(kube_cluster, namespace, "pair-second-0"), timeout=60)
+    assert bc_row(kube_cluster, namespace, "pair-second")["PHASE"] != "Conflict"
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "pair-second", "--wait=false")
+
+
+def test_a_spec_change_rolls_standbys_first_then_switches_over(
+    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+) -> None:
+    manifest = broker_cluster(
+        "upgrade",
+        replicas=2,
+        company="5000",
+        failback="Manual",
+        backend={"url": simulators["backend"]},
+        cloud={"url": simulators["cloud"]},
+    )
+    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    wait_for_row(
+        kube_cluster,
+        namespace,
+        "upgrade",
+        "upgrade-0 active",
+        lambda row: row["ACTIVE"] == "upgrade-0" and row["PHASE"] == "Healthy",
+        timeout=90,
+    )
+    old_hash = template_hash(kube_cluster, namespace, "upgrade-0")
+
+    # A new image tag: the node agent maps it to the same broker command, the operator sees a
+    # new pod template and must replace both pods, the active last.
+    kube_cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "bc",
+        "upgrade",
+        "--type=merge",
+        "-p",
+        '{"spec": {"image": "broker-failover/broker:0.1.1"}}',
+    )
+    actives_seen: list[int] = []
+
+    def rolled() -> bool:
+        pods = get_json(kube_cluster, namespace, "pods", "-l", "broker.failover.dev/cluster=upgrade")["items"]
+        actives_seen.append(sum(p["metadata"]["labels"].get("role") == "active" for p in pods))
+        hashes = {p["metadata"]["name"]: p["metadata"]["annotations"].get(TEMPLATE_HASH) for p in pods}
+        row = bc_row(kube_cluster, namespace, "upgrade")
+        return (
+            len(hashes) == 2
+            and old_hash not in hashes.values()
+            and row["ACTIVE"] == "upgrade-1"
+            and row["PHASE"] == "Healthy"
+        )
+
+    wait_for("both pods replaced and the active moved to upgrade-1", rolled, timeout=120)
+    assert max(actives_seen) <= 1, "two pods labelled active at once"
+    reasons = event_reasons(kube_cluster, namespace, "upgrade")
+    assert "RollingUpdate" in reasons and "SwitchoverRequested" in reasons and "Switchover" in reasons, (
+        reasons
+    )
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "upgrade", "--wait=false")
+
+
+TEMPLATE_HASH = "broker.failover.dev/template-hash"
+
+
+def template_hash(cluster: LocalCluster, namespace: str, name: str) -> str:
+    return str((pod(cluster, namespace, name) or {})["metadata"]["annotations"][TEMPLATE_HASH])
+
+
+def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
+    kube_cluster: LocalCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
+) -> None:
+    # Its own namespace and operator: this test kills the operator.
+    namespace = new_namespace(kube_cluster, "restart")
+    first = start_operator(kube_cluster, namespace, tmp_path / "first.log")
+    second: LocalProcess | None = None
+    try:
+        manifest = broker_cluster(
+            "restart", replicas=2, backend={"url": simulators["backend"]}, cloud={"url": simulators["cloud"]}
+        )
+        assert apply(kube_cluster, namespace, manifest).returncode == 0
+        before = wait_for_row(
+            kube_cluster,
+            namespace,
+            "restart",
+            "restart-0 active",
+            lambda row: row["ACTIVE"] == "restart-0" and row["PHASE"] == "Healthy",
+            timeout=90,
+        )
+        first.kill()
+        second = start_operator(kube_cluster, namespace, tmp_path / "second.log")
+        # The new operator reads the active and the epoch back from status and renews that active;
+        # it never activates anything with an epoch at or below one already granted.
+        time.sleep(8)  # longer than the 5 s lease: a lost active would have shown by now
+        after = wait_for_row(
+            kube_cluster,
+            namespace,
+            "restart",
+            "restart-0 still active",
+            lambda row: row["PHASE"] == "Healthy",
+        )
+        assert after["ACTIVE"] == "restart-0"
+        assert after["EPOCH"] == before["EPOCH"]  # renewed, not re-elected
+        assert broker_gauge(kube_cluster, namespace, "restart-0", "broker_epoch") == int(after["EPOCH"])
+        assert broker_gauge(kube_cluster, namespace, "restart-1", "broker_active") == 0
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,0 +1,133 @@
+"""The pods, claims, Services and Secret a BrokerCluster owns, built without Kubernetes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker_operator.controller import builders, names
+from broker_operator.controller.spec import parse_spec
+
+OWNER: dict[str, Any] = {
+    "apiVersion": "broker.failover.dev/v1alpha1",
+    "kind": "BrokerCluster",
+    "metadata": {"name": "orders", "namespace": "erp", "uid": "uid-1"},
+}
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_pod_runs_the_broker_cli_from_the_spec() -> None:
+    spec = parse_spec(
+        "orders",
+        {
+            "account": "acme",
+            "company": "1000",
+            "heartbeat": {"leaseSeconds": 7},
+            "delivery": {"maxDeliveries": 3, "onPoison": "Hold"},
+            "backend": {"urlSecretRef": {"name": "erp-backend"}},
+            "cloud": {"url": "https://cloud.example/api"},
+        },
+    )
+    pod = builders.build_pod(OWNER, 1, spec, active=False)
+    env = env_of(pod)
+    assert pod["metadata"]["name"] == "orders-1"
+    assert env["BROKER_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["BROKER_PORT"] == "8080"
+    assert (env["BROKER_CLUSTER"], env["BROKER_ACCOUNT"], env["BROKER_COMPANY"]) == ("orders", "acme", "1000")
+    assert (env["BROKER_LEASE_SECONDS"], env["BROKER_MAX_DELIVERIES"], env["BROKER_ON_POISON"]) == (
+        "7",
+        "3",
+        "Hold",
+    )
+    assert env["BROKER_BACKEND_URL"] == {"secretKeyRef": {"name": "erp-backend", "key": "url"}}
+    assert env["BROKER_CLOUD_URL"] == "https://cloud.example/api"
+    assert env["BROKER_DATA_DIR"] == names.DATA_MOUNT
+    assert env["BROKER_TOKEN_FILE"] == f"{names.TOKEN_MOUNT}/token"
+    labels = pod["metadata"]["labels"]
+    assert labels[names.LABEL_APP] == "broker"
+    assert labels[names.LABEL_CLUSTER] == "orders"
+    assert labels[names.LABEL_ROLE] == "standby"
+    assert labels[names.LABEL_ORDINAL] == "1"
+    container = pod["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["image"] == "broker-failover/broker:0.1.0"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["journal"]["persistentVolumeClaim"]["claimName"] == "journal-orders-1"
+    assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
+    assert "emptyDir" in volumes["message-log"]
+
+
+def test_every_child_is_owned_by_the_cluster() -> None:
+    spec = parse_spec("orders", {"account": "a", "company": "c"})
+    children = [
+        builders.build_pod(OWNER, 0, spec, active=True),
+        builders.build_journal_claim(OWNER, 0, spec),
+        builders.build_headless_service(OWNER),
+        builders.build_active_service(OWNER),
+        builders.build_token_secret(OWNER),
+    ]
+    for child in children:
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "BrokerCluster",
+            "orders",
+            "uid-1",
+            True,
+        )
+        assert child["metadata"]["namespace"] == "erp"
+
+
+def test_active_service_selects_only_the_active_role() -> None:
+    service = builders.build_active_service(OWNER)
+    assert service["metadata"]["name"] == "orders-active"
+    assert service["spec"]["selector"][names.LABEL_ROLE] == "active"
+    assert service["spec"]["selector"][names.LABEL_CLUSTER] == "orders"
+    headless = builders.build_headless_service(OWNER)
+    assert headless["spec"]["clusterIP"] == "None"
+    assert names.LABEL_ROLE not in headless["spec"]["selector"]
+
+
+def test_claim_size_and_class_come_from_the_spec() -> None:
+    spec = parse_spec(
+        "orders", {"account": "a", "company": "c", "storage": {"size": "5Gi", "storageClassName": "ssd"}}
+    )
+    claim = builders.build_journal_claim(OWNER, 1, spec)
+    assert claim["metadata"]["name"] == "journal-orders-1"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert claim["spec"]["storageClassName"] == "ssd"
+    assert (
+        "storageClassName"
+        not in builders.build_journal_claim(OWNER, 1, parse_spec("o", {"account": "a", "company": "c"}))[
+            "spec"
+        ]
+    )
+
+
+def test_a_user_token_secret_replaces_the_generated_one() -> None:
+    spec = parse_spec(
+        "orders", {"account": "a", "company": "c", "auth": {"tokenSecretRef": {"name": "mine", "key": "k"}}}
+    )
+    volumes = {v["name"]: v for v in builders.build_pod(OWNER, 0, spec, active=False)["spec"]["volumes"]}
+    assert volumes["operator-token"]["secret"] == {
+        "secretName": "mine",
+        "items": [{"key": "k", "path": "token"}],
+    }
+
+
+def test_generated_tokens_are_random() -> None:
+    first = builders.build_token_secret(OWNER)["stringData"]["token"]
+    second = builders.build_token_secret(OWNER)["stringData"]["token"]
+    assert first != second
+    assert len(first) >= 32
+
+
+def test_template_hash_follows_the_spec_not_the_role() -> None:
+    base = parse_spec("orders", {"account": "a", "company": "c"})
+    changed = parse_spec("orders", {"account": "a", "company": "c", "image": "broker-failover/broker:0.2.0"})
+    active = builders.build_pod(OWNER, 0, base, active=True)
+    standby = builders.build_pod(OWNER, 1, base, active=False)
+    key = names.ANNOTATION_TEMPLATE_HASH
+    assert active["metadata"]["annotations"][key] == standby["metadata"]["annotations"][key]
+    assert builders.template_hash("orders", base) != builders.template_hash("orders", changed)

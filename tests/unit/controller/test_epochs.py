@@ -1,0 +1,70 @@
+"""Epoch allocation's requests to the API server: the read, the conditional write, the refusals.
+
+kmock does not enforce resourceVersion preconditions, so the 409 a real API
+server returns on a stale version is injected here as a reaction; that the
+real server does return it is checked in tests/e2e/test_operator.py.
+"""
+
+from __future__ import annotations
+
+import kmock
+import pytest
+
+from broker_operator.controller.epochs import allocate_epoch
+from broker_operator.controller.kube import KubeApi
+from broker_operator.engine import EpochConflict
+from tests.unit.controller.conftest import CLUSTERS, NAMESPACE, cluster_body
+
+
+def store(api: kmock.KubernetesEmulator, epoch: int, version: str = "41") -> None:
+    body = cluster_body("orders")
+    body["metadata"]["resourceVersion"] = version
+    body["status"] = {"epoch": epoch}
+    api.objects[CLUSTERS, NAMESPACE, "orders"] = body
+
+
+def status_patches(api: kmock.KubernetesEmulator) -> list[object]:
+    return [r.data for r in api if r.method == "PATCH" and str(r.url).endswith("/orders/status")]
+
+
+async def test_the_write_is_conditional_on_the_version_read(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=4)
+    assert await allocate_epoch(kube_api, NAMESPACE, "orders", current=4) == 5
+    assert status_patches(kmock) == [{"metadata": {"resourceVersion": "41"}, "status": {"epoch": 5}}]
+
+
+async def test_a_stored_epoch_above_ours_means_someone_else_allocated(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=9)
+    with pytest.raises(EpochConflict) as caught:
+        await allocate_epoch(kube_api, NAMESPACE, "orders", current=4)
+    assert caught.value.current == 9
+    assert "status.epoch is 9, above 4" in str(caught.value)
+    assert status_patches(kmock) == []  # nothing written
+
+
+async def test_a_409_from_the_api_server_is_an_epoch_conflict(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=4)
+    kmock["patch", kmock.resource(CLUSTERS), kmock.subresource("status")][:1] << 409
+    with pytest.raises(EpochConflict) as caught:
+        await allocate_epoch(kube_api, NAMESPACE, "orders", current=4)
+    assert "resourceVersion 41" in str(caught.value)
+    # kmock records a write even when a reaction refuses it; put back what a real server would hold,
+    # at the version the rival's write left, and the next round re-reads and succeeds.
+    store(kmock, epoch=4, version="42")
+    assert await allocate_epoch(kube_api, NAMESPACE, "orders", current=4) == 5
+    assert status_patches(kmock)[-1] == {"metadata": {"resourceVersion": "42"}, "status": {"epoch": 5}}
+
+
+async def test_an_object_without_a_version_is_never_written(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=1, version="")
+    with pytest.raises(RuntimeError, match="resourceVersion"):
+        await allocate_epoch(kube_api, NAMESPACE, "orders", current=1)
+    assert status_patches(kmock) == []

@@ -1,0 +1,106 @@
+"""From pod bodies to the engine's targets and pod facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker_operator.controller import names
+from broker_operator.controller.bodies import PodBody
+from broker_operator.controller.observed import (
+    ClusterObservations,
+    container_terminated,
+    facts_for,
+    targets_for,
+)
+from broker_operator.controller.spec import parse_spec
+from broker_operator.core.model import BrokerTarget, PodFacts
+
+SPEC = parse_spec("orders", {"account": "a", "company": "c", "replicas": 3})
+
+
+def pod(ordinal: int, ip: str | None = None, state: dict[str, Any] | None = None, **status: Any) -> PodBody:
+    body: dict[str, Any] = {
+        "metadata": {"name": f"orders-{ordinal}", "labels": {names.LABEL_ORDINAL: str(ordinal)}},
+        "status": {**status},
+    }
+    if ip:
+        body["status"]["podIP"] = ip
+    if state is not None:
+        body["status"]["containerStatuses"] = [{"name": "broker", "state": state, **status.get("extra", {})}]
+    return body  # type: ignore[return-value]
+
+
+def test_targets_are_pods_with_ips_in_priority_order() -> None:
+    pods = {"orders-2": pod(2, "127.0.0.12"), "orders-0": pod(0, "127.0.0.10"), "orders-1": pod(1)}
+    assert targets_for(SPEC, pods) == [
+        BrokerTarget("orders-0", "http://127.0.0.10:8080/soap", 0),
+        BrokerTarget("orders-2", "http://127.0.0.12:8080/soap", 2),
+    ]
+
+
+def test_endpoints_mode_targets_are_the_endpoints() -> None:
+    spec = parse_spec(
+        "ext",
+        {
+            "account": "a",
+            "company": "c",
+            "endpoints": [{"name": "x", "url": "http://h:1/soap", "priority": 3}],
+        },
+    )
+    assert targets_for(spec, {}) == [BrokerTarget("x", "http://h:1/soap", 3)]
+
+
+def test_terminated_and_crash_looping_containers_are_dead() -> None:
+    assert container_terminated(pod(0, state={"terminated": {"exitCode": 137}}))
+    looping = pod(0)
+    looping["status"]["containerStatuses"] = [
+        {
+            "name": "broker",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1}},
+        }
+    ]
+    assert container_terminated(looping)
+    assert not container_terminated(pod(0, state={"running": {}}))
+    assert not container_terminated(pod(0))  # no status yet: not known dead
+
+
+def test_facts_cover_every_expected_broker() -> None:
+    pods = {
+        "orders-0": pod(0, state={"terminated": {"exitCode": 137}}),
+        "orders-1": pod(1, state={"running": {}}),
+    }
+    facts = facts_for(pods, {"orders-0": 0, "orders-1": 1, "orders-2": 2})
+    assert facts == {
+        "orders-0": PodFacts(exists=True, container_terminated=True),
+        "orders-1": PodFacts(exists=True, container_terminated=False),
+        "orders-2": PodFacts(exists=False, container_terminated=False),
+    }
+
+
+def test_observations_report_what_changed() -> None:
+    seen = ClusterObservations()
+    assert seen.observe("orders-0", pod(0)) == (True, True)  # appeared: new target set, alive now
+    assert seen.observe("orders-0", pod(0, "127.0.0.10", state={"running": {}})) == (True, False)
+    assert seen.observe("orders-0", pod(0, "127.0.0.10", state={"terminated": {"exitCode": 137}})) == (
+        False,
+        True,
+    )
+    assert seen.observe("orders-0", None) == (True, False)  # gone: was already dead
+    assert "orders-0" not in seen.pods
+
+
+def test_the_engine_starts_when_every_broker_is_ready() -> None:
+    from broker_operator.controller.daemon import may_start
+
+    expected = {"orders-0": 0, "orders-1": 1}
+    both = {"orders-0", "orders-1"}
+    common = {"expected": expected, "recorded_active": None, "grace": 30.0}
+    assert not may_start(addressed=set(), ready=set(), waited=99.0, **common)  # nothing to heartbeat, ever
+    assert not may_start(addressed={"orders-1"}, ready={"orders-1"}, waited=1.0, **common)  # orders-0 coming
+    assert not may_start(addressed=both, ready={"orders-1"}, waited=1.0, **common)  # orders-0 not serving yet
+    assert may_start(addressed=both, ready=both, waited=0.0, **common)
+    assert may_start(addressed={"orders-1"}, ready={"orders-1"}, waited=30.0, **common)  # a pod never starts
+    # An operator restart renews the recorded active's lease at once.
+    restart = {"expected": expected, "recorded_active": "orders-1", "grace": 30.0}
+    assert may_start(addressed={"orders-1"}, ready=set(), waited=0.0, **restart)

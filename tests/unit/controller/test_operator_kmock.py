@@ -1,0 +1,179 @@
+"""The controller inside kopf against kmock: children, ownership, conflicts, invalid specs, endpoints mode.
+
+Time is looptime's: the reconcile timer and the daemons' waits pass in loop
+time, so the suite takes seconds. kmock runs no kubelet: pods never start
+here, so the engine finds no broker to heartbeat in pods mode; heartbeats,
+label moves and failovers against real brokers are in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+import pytest
+
+from broker_operator.controller import names
+from broker_operator.controller.kube import KubeApi
+from tests.unit.controller.conftest import (
+    CLUSTERS,
+    NAMESPACE,
+    RECONCILE_SECONDS,
+    cluster_body,
+    events_of,
+    eventually,
+    objects_of,
+    running_operator,
+)
+
+pytestmark = pytest.mark.looptime
+
+CLUSTERS_URL = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{NAMESPACE}/{names.PLURAL}"
+
+
+async def create_cluster(api: kmock.KubernetesEmulator, body: dict[str, Any]) -> None:
+    response = await api.post(CLUSTERS_URL, json=body)
+    assert response.status < 300, await response.text()
+
+
+def cluster_status(api: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
+    return dict(objects_of(api, CLUSTERS)[name].get("status") or {})
+
+
+async def test_a_new_cluster_gets_owned_pods_claims_services_and_token(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("orders", replicas=3))
+        await eventually(lambda: len(objects_of(kmock, "v1/pods")) == 3)
+        pods = objects_of(kmock, "v1/pods")
+        assert sorted(pods) == ["orders-0", "orders-1", "orders-2"]
+        claims = objects_of(kmock, "v1/persistentvolumeclaims")
+        await eventually(lambda: len(objects_of(kmock, "v1/persistentvolumeclaims")) == 3)
+        claims = objects_of(kmock, "v1/persistentvolumeclaims")
+        services = objects_of(kmock, "v1/services")
+        secrets = objects_of(kmock, "v1/secrets")
+        assert sorted(claims) == ["journal-orders-0", "journal-orders-1", "journal-orders-2"]
+        assert sorted(services) == ["orders-active", "orders-brokers"]
+        assert list(secrets) == ["orders-broker-token"]
+        for child in [*pods.values(), *claims.values(), *services.values(), *secrets.values()]:
+            (owner,) = child["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", "uid-orders")
+        # Nobody is active before the engine has activated someone.
+        assert {p["metadata"]["labels"][names.LABEL_ROLE] for p in pods.values()} == {"standby"}
+        await eventually(lambda: cluster_status(kmock, "orders").get("phase") is not None)
+        conditions = cluster_status(kmock, "orders").get("conditions") or []
+        assert [(c["type"], c["status"]) for c in conditions] == [("SpecValid", "True")]
+        assert any(e["reason"] == "Created" for e in events_of(kmock, "orders"))
+
+
+async def test_a_deleted_pod_comes_back(kmock: kmock.KubernetesEmulator, kube_api: KubeApi) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("orders", replicas=2))
+        await eventually(lambda: len(objects_of(kmock, "v1/pods")) == 2)
+        response = await kmock.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/orders-1")
+        assert response.status == 200
+        await eventually(lambda: "orders-1" not in objects_of(kmock, "v1/pods"))
+        await eventually(lambda: "orders-1" in objects_of(kmock, "v1/pods"))
+
+
+async def test_the_later_cluster_for_a_pair_is_a_conflict_and_runs_nothing(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("first", replicas=1, created="2026-11-22T10:00:00Z"))
+        await eventually(lambda: "first-0" in objects_of(kmock, "v1/pods"))
+        await create_cluster(kmock, cluster_body("second", replicas=1, created="2026-11-22T11:00:00Z"))
+        await eventually(lambda: cluster_status(kmock, "second").get("phase") == "Conflict")
+        assert cluster_status(kmock, "second")["conflictsWith"] == "first"
+        (warning,) = [e for e in events_of(kmock, "second") if e["reason"] == "Conflict"]
+        assert warning["type"] == "Warning"
+        assert "first already serves account 'acme', company '1000'" in warning["message"]
+        assert not [name for name in objects_of(kmock, "v1/pods") if name.startswith("second")]
+        assert "second-broker-token" not in objects_of(kmock, "v1/secrets")
+        assert cluster_status(kmock, "first").get("phase") != "Conflict"
+
+
+async def test_an_invalid_spec_is_reported_and_nothing_is_created(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        # The CRD's CEL rule refuses this on a real API server; kmock has no admission, so the
+        # operator's own check must catch it.
+        body = cluster_body("bad", heartbeat={"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3})
+        await create_cluster(kmock, body)
+        await eventually(lambda: bool(cluster_status(kmock, "bad").get("conditions")))
+        (condition,) = cluster_status(kmock, "bad")["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "SpecValid",
+            "False",
+            "InvalidSpec",
+        )
+        assert "spec.heartbeat.leaseSeconds (2) must exceed" in condition["message"]
+        assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events_of(kmock, "bad"))
+        assert objects_of(kmock, "v1/pods") == {}
+        assert objects_of(kmock, "v1/services") == {}
+
+
+async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        # Port 9 on loopback (discard) is closed here: each heartbeat is refused at once.
+        endpoints = [
+            {"name": "ext-a", "url": "http://127.0.0.1:9/soap", "priority": 0},
+            {"name": "ext-b", "url": "http://127.0.0.2:9/soap", "priority": 1},
+        ]
+        await create_cluster(kmock, cluster_body("ext", endpoints=endpoints))
+        await eventually(lambda: len(cluster_status(kmock, "ext").get("brokers") or []) == 2)
+        assert objects_of(kmock, "v1/pods") == {}
+        assert objects_of(kmock, "v1/services") == {}
+        assert list(objects_of(kmock, "v1/secrets")) == ["ext-broker-token"]
+        status = cluster_status(kmock, "ext")
+        assert [b["name"] for b in status["brokers"]] == ["ext-a", "ext-b"]
+        # The engine got the endpoints as its targets: it allocated an epoch through the API server
+        # and reports why it could not activate them.
+        await eventually(lambda: unreachable(cluster_status(kmock, "ext")))
+        assert cluster_status(kmock, "ext")["epoch"] >= 1
+        assert cluster_status(kmock, "ext").get("active") is None
+
+
+def unreachable(status: dict[str, Any]) -> bool:
+    return any(b.get("state") == "Unavailable" for b in status.get("brokers") or [])
+
+
+async def mark_ready(api: kmock.KubernetesEmulator, pod: str) -> None:
+    """Stand in for the kubelet, which kmock does not run: the pod's container is up and ready."""
+    status = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    response = await api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}", json=status)
+    assert response.status == 200, await response.text()
+
+
+def template_of(api: kmock.KubernetesEmulator, pod: str) -> str | None:
+    pods = objects_of(api, "v1/pods")
+    return pods[pod]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH] if pod in pods else None
+
+
+async def test_a_spec_change_replaces_one_pod_at_a_time_lowest_priority_first(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("orders", replicas=2))
+        await eventually(lambda: len(objects_of(kmock, "v1/pods")) == 2)
+        old = template_of(kmock, "orders-0")
+        for pod in ("orders-0", "orders-1"):
+            await mark_ready(kmock, pod)
+        url = f"{CLUSTERS_URL}/orders"
+        response = await kmock.patch(url, json={"spec": {"image": "broker-failover/broker:0.2.0"}})
+        assert response.status == 200
+
+        # orders-1 (priority 1) goes first and comes back with the new template ...
+        await eventually(lambda: template_of(kmock, "orders-1") not in (None, old))
+        # ... and orders-0 is left alone while its replacement is not ready yet.
+        assert template_of(kmock, "orders-0") == old
+        await asyncio.sleep(3 * RECONCILE_SECONDS)  # three reconcile periods, in loop time
+        assert template_of(kmock, "orders-0") == old
+        await mark_ready(kmock, "orders-1")
+        await eventually(lambda: template_of(kmock, "orders-0") not in (None, old))
+        assert any(e["reason"] == "RollingUpdate" for e in events_of(kmock, "orders"))

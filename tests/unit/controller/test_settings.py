@@ -1,0 +1,33 @@
+"""The operator's settings: flags win over environment variables, bad values are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_operator.controller.settings import ControllerSettings, parse_settings
+
+
+def test_environment_then_flags() -> None:
+    environ = {"OPERATOR_NAMESPACES": "erp, crm", "OPERATOR_METRICS_PORT": "9100", "OPERATOR_ID": "op-a"}
+    from_env = parse_settings([], environ)
+    assert from_env.namespaces == ("erp", "crm")
+    assert (from_env.metrics_port, from_env.operator_id) == (9100, "op-a")
+    from_flags = parse_settings(
+        ["--namespace", "sales", "--metrics-port", "0", "--operator-id", "op-b"], environ
+    )
+    assert from_flags.namespaces == ("sales",)
+    assert (from_flags.metrics_port, from_flags.operator_id) == (0, "op-b")
+
+
+def test_defaults_watch_everything_standalone() -> None:
+    settings = parse_settings([], {})
+    assert settings.namespaces == ()
+    assert settings.peering is None
+    assert settings.reconcile_seconds == ControllerSettings().reconcile_seconds
+
+
+@pytest.mark.parametrize("argv", [["--metrics-port", "70000"], ["--reconcile-seconds", "0"]])
+def test_bad_values_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(argv, {})
+    assert argv[0] in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""The operator's second line of spec validation: same defaults and same refusals as the CRD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker_operator.controller.spec import DEFAULT_IMAGE, SecretRef, SpecError, parse_spec
+
+
+def minimal(**extra: Any) -> dict[str, Any]:
+    return {"account": "acme", "company": "1000", **extra}
+
+
+def test_defaults_are_the_designs() -> None:
+    spec = parse_spec("orders", minimal())
+    assert spec.replicas == 2
+    assert spec.endpoints == ()
+    assert spec.image == DEFAULT_IMAGE
+    assert (spec.heartbeat_interval, spec.heartbeat_timeout, spec.failure_threshold) == (1, 1, 2)
+    assert (spec.lease_seconds, spec.standby_probe_seconds) == (5, 10)
+    assert (spec.failback, spec.failback_stable_seconds) == ("Automatic", 30)
+    assert (spec.max_deliveries, spec.on_poison) == (5, "BlockStream")
+    assert spec.storage_size == "1Gi"
+    assert spec.token_secret is None
+    assert spec.token_ref("orders") == SecretRef("orders-broker-token", "token")
+
+
+def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
+    spec = parse_spec(
+        "ext",
+        minimal(
+            endpoints=[
+                {"name": "b", "url": "http://10.0.0.2:8080/soap", "priority": 5},
+                {"name": "a", "url": "http://10.0.0.1:8080/soap", "priority": 1},
+            ]
+        ),
+    )
+    assert spec.endpoints_mode
+    assert spec.replicas == 0
+    assert [e.name for e in spec.endpoints] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            minimal(heartbeat={"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3}),
+            "spec.heartbeat.leaseSeconds (2) must exceed intervalSeconds × failureThreshold (3)",  # noqa: RUF001
+        ),
+        (minimal(heartbeat={"failureThreshold": 0}), "spec.heartbeat.failureThreshold (0)"),
+        (
+            minimal(heartbeat={"timeoutSeconds": 3, "intervalSeconds": 2, "leaseSeconds": 9}),
+            "timeoutSeconds (3)",
+        ),
+        (
+            minimal(replicas=2, endpoints=[{"name": "a", "url": "http://h/soap", "priority": 0}]),
+            "spec.replicas and spec.endpoints are exclusive",
+        ),
+        (
+            minimal(
+                endpoints=[
+                    {"name": "a", "url": "http://h1/soap", "priority": 0},
+                    {"name": "b", "url": "http://h2/soap", "priority": 0},
+                ]
+            ),
+            "spec.endpoints priorities must be unique; repeated: a=0, b=0",
+        ),
+        (minimal(endpoints=[{"name": "a", "url": "ftp://h/soap", "priority": 0}]), "spec.endpoints[0].url"),
+        (
+            minimal(preferredActive="orders-7"),
+            "spec.preferredActive (orders-7) must name one of orders-0, orders-1",
+        ),
+        (minimal(failback="Sometimes"), "spec.failback ('Sometimes') must be one of Automatic, Manual"),
+        (minimal(delivery={"onPoison": "Drop"}), "spec.delivery.onPoison ('Drop')"),
+        (minimal(delivery={"maxDeliveries": True}), "spec.delivery.maxDeliveries (True)"),
+        (minimal(replicas=10), "spec.replicas (10) must be an integer from 1 to 9"),
+        (minimal(backend={"url": "http://a", "urlSecretRef": {"name": "s"}}), "spec.backend.url and"),
+        ({"company": "1000"}, "spec.account is required"),
+    ],
+)
+def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec("orders", spec)
+    assert message in str(caught.value), caught.value.problems
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec("orders", {"replicas": 0, "failback": "x"})
+    assert len(caught.value.problems) >= 4  # account, company, replicas, failback
