@@ -1,0 +1,399 @@
+"""Failover latency under traffic: kill -9, SIGSTOP and planned switchover, with real processes.
+
+Setup: the cloud and backend simulators and three real ``broker-service``
+processes on loopback, the failover engine (the real ``ClusterLoop`` and SOAP
+client) in this process, and 1,000 msg/s of outbound traffic (10 streams, 10
+messages each per 100 ms, produced through the backend simulator's
+``/sim/produce``). Failback is ``Manual`` so each measurement ends where the
+failover put the active; switchovers are driven through ``preferredActive``.
+
+Measured (wall clock, each from a 5 ms poll of the brokers' own
+``broker_messages_accepted`` counters, so each figure carries up to ~10 ms of
+polling error):
+- crash: ``kill -9`` of the active -> first bundle accepted by the new active.
+  Container death is reported to the engine the moment the process exits (a
+  thread waits on it and calls ``ClusterLoop.wake()``), the way the kubelet
+  reports a terminated container; in Kubernetes the watch adds its own delay.
+- partition: ``SIGSTOP`` of the active -> first bundle accepted by another
+  broker. The engine must wait out the lease (see docs/failover-engine.md), so
+  the target is lease + 1,000 ms.
+- switchover: last bundle accepted by the old active -> first accepted by the new.
+- lost and misordered messages at the cloud, after every message is confirmed.
+
+Prints the heartbeat settings and every figure; the last line is the headline
+``failover_p99_ms=N`` (crash failover p99). Stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from broker_operator.core.model import FailbackMode  # noqa: E402  # the repository root is put on the path above
+from broker_operator.core.status import ClusterStatus  # noqa: E402
+from broker_operator.engine import (  # noqa: E402
+    BrokerTarget,
+    ClusterLoop,
+    HeartbeatClient,
+    HeartbeatSettings,
+    PodFacts,
+)
+from tests.integration.processes import (  # noqa: E402
+    DEFAULT_TOKEN,
+    ProcessSet,
+    RunningProcess,
+    free_port,
+    loopback_host,
+    running,
+)
+
+LEASE = 2.0
+SETTINGS = HeartbeatSettings(
+    interval_seconds=0.2,
+    timeout_seconds=0.15,
+    failure_threshold=2,
+    lease_seconds=LEASE,
+    standby_probe_seconds=0.5,
+    failback=FailbackMode.MANUAL,
+    failback_stable_seconds=30.0,
+    lease_margin_seconds=0.25,
+)
+STREAMS = 10
+BACKEND_TIMEOUT = 0.5  # the backend simulator's request timeout (its default is 10 s)
+TICK = 0.1  # seconds between produce calls
+PER_STREAM_PER_TICK = 10  # 10 streams x 10 / 0.1 s = 1,000 msg/s
+
+
+def http_json(url: str, body: object | None = None, timeout: float = 2.0) -> dict:  # type: ignore[type-arg]
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"{url} answered {error.code}: {error.read()[:500]!r}") from error
+
+
+def accepted_count(broker: RunningProcess) -> float | None:
+    try:
+        with urllib.request.urlopen(broker.url + "/metrics", timeout=0.3) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^broker_messages_accepted_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+class BenchShell:
+    """The engine's shell for the benchmark: epoch in memory, pod facts from process exit."""
+
+    def __init__(self, brokers: Mapping[str, RunningProcess]) -> None:
+        self.brokers = brokers
+        self.epoch = 0
+        self.status: ClusterStatus | None = None
+
+    async def allocate_epoch(self, current: int) -> int:
+        self.epoch = max(self.epoch, current) + 1
+        return self.epoch
+
+    async def move_active_label(self, active: str | None) -> None:
+        return None
+
+    async def record_status(self, status: ClusterStatus) -> None:
+        self.status = status
+
+    async def record_event(self, reason: str, message: str, warning: bool) -> None:
+        print(f"  event {reason}: {message}", flush=True)
+
+    def pod_facts(self) -> Mapping[str, PodFacts]:
+        return {n: PodFacts(exists=True, container_terminated=not p.alive) for n, p in self.brokers.items()}
+
+
+class AcceptWatch:
+    """Polls every broker's accepted counter in a thread; remembers when each last went up."""
+
+    def __init__(self, brokers: Mapping[str, RunningProcess]) -> None:
+        self.brokers = brokers
+        self.counts: dict[str, float] = {}
+        self.last_increase: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stopping.is_set():
+            for name, broker in self.brokers.items():
+                if not broker.alive:
+                    continue
+                count = accepted_count(broker)
+                now = time.monotonic()
+                with self.lock:
+                    if count is not None and count > self.counts.get(name, 0.0):
+                        self.last_increase[name] = now
+                    if count is not None:
+                        self.counts[name] = count
+            time.sleep(0.005)
+
+    def first_increase_after(self, names: set[str], since: float) -> float | None:
+        with self.lock:
+            times = [self.last_increase[n] for n in names if self.last_increase.get(n, 0.0) > since]
+        return min(times) if times else None
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=2)
+
+
+async def wait_until(check, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"benchmark gave up waiting {within}s for: {what}")
+
+
+def watch_exit(process: RunningProcess, loop: asyncio.AbstractEventLoop, engine: ClusterLoop) -> None:
+    """Like the kubelet: report the container's death to the engine the moment it happens."""
+    popen = process.popen
+
+    def waiter() -> None:
+        popen.wait()
+        with contextlib.suppress(RuntimeError):  # the benchmark may be over already
+            loop.call_soon_threadsafe(engine.wake)
+
+    threading.Thread(target=waiter, daemon=True).start()
+
+
+async def produce_traffic(backend: RunningProcess, stop: asyncio.Event, produced: list[int]) -> None:
+    """Add PER_STREAM_PER_TICK messages to every stream each TICK; ``produced[0]`` counts per stream."""
+    next_tick = time.monotonic()
+    while not stop.is_set():
+        await asyncio.to_thread(http_json, backend.url + "/sim/produce", {"count": PER_STREAM_PER_TICK})
+        produced[0] += PER_STREAM_PER_TICK
+        next_tick += TICK
+        await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
+
+
+def summary(name: str, values: list[float]) -> str:
+    if not values:
+        return f"{name}: no samples"
+    return (
+        f"{name}: n={len(values)} p50={pct(values, 0.5):.0f}ms p99={pct(values, 0.99):.0f}ms"
+        f" max={max(values):.0f}ms mean={statistics.mean(values):.0f}ms"
+    )
+
+
+class FailoverBench:
+    """One benchmark run: the processes, the engine, the traffic and the figures."""
+
+    def __init__(self, processes: ProcessSet) -> None:
+        self.processes = processes
+        self.crash_ms: list[float] = []
+        self.partition_ms: list[float] = []
+        self.switchover_ms: list[float] = []
+
+    async def start(self) -> None:
+        processes = self.processes
+        self.cloud = processes.start_cloud_simulator()
+        hosts = {name: loopback_host() for name in ("b0", "b1", "b2")}
+        addresses = {name: (host, free_port(host)) for name, host in hosts.items()}
+        self.backend = processes.start_backend_simulator(
+            broker_urls=[f"http://{h}:{p}" for h, p in addresses.values()],  # the simulator adds /soap
+            streams=STREAMS,
+            messages_per_stream=0,
+            bundle_size=100,
+            lanes=4,
+            autostart=True,
+            # The backend gives up on a silent broker after 0.5 s and tries the next URL,
+            # as a backend with a short timeout retries through the <cluster>-active
+            # Service; with the simulator's default (10 s) a partition would measure it.
+            extra_args=["--request-timeout-seconds", str(BACKEND_TIMEOUT)],
+        )
+        self.brokers = {
+            name: processes.start_broker(
+                name=name,
+                backend_url=self.backend.url,
+                cloud_url=self.cloud.url,
+                lease_seconds=LEASE,
+                host=host,
+                port=port,
+            )
+            for name, (host, port) in addresses.items()
+        }
+        self.targets = [BrokerTarget(n, b.soap_url, i) for i, (n, b) in enumerate(self.brokers.items())]
+        self.shell = BenchShell(self.brokers)
+        self.client = HeartbeatClient(DEFAULT_TOKEN, "bench-failover", SETTINGS.timeout_seconds)
+        self.engine = ClusterLoop("bench", self.targets, SETTINGS, self.shell, self.client)
+        self.loop = asyncio.get_running_loop()
+        for process in self.brokers.values():
+            watch_exit(process, self.loop, self.engine)
+        self.engine_task = asyncio.create_task(self.engine.run())
+        self.watch = AcceptWatch(self.brokers)
+        self.stop_traffic = asyncio.Event()
+        self.produced = [0]
+        self.traffic = asyncio.create_task(produce_traffic(self.backend, self.stop_traffic, self.produced))
+        await wait_until(self.healthy, 30, "an active broker and two ready standbys")
+        await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        self.stop_traffic.set()
+        self.watch.stop()
+        self.engine_task.cancel()
+        await asyncio.gather(self.engine_task, self.traffic, return_exceptions=True)
+        await self.client.close()
+
+    def active(self) -> str | None:
+        return self.shell.status.active if self.shell.status else None
+
+    def healthy(self) -> bool:
+        return self.shell.status is not None and self.shell.status.phase == "Healthy"
+
+    async def first_bundle(self, names: set[str], since: float, what: str) -> float:
+        """Milliseconds from ``since`` to the first accepted bundle at one of ``names``."""
+        await wait_until(lambda: self.watch.first_increase_after(names, since), 60, what)
+        first = self.watch.first_increase_after(names, since)
+        assert first is not None
+        return (first - since) * 1000
+
+    async def crash_round(self, number: int) -> None:
+        old = self.active()
+        assert old is not None
+        started = time.monotonic()
+        self.brokers[old].kill()
+        elapsed = await self.first_bundle(set(self.brokers) - {old}, started, "a bundle at the new active")
+        self.crash_ms.append(elapsed)
+        print(f"kill -9 #{number}: {old} -> {self.active()} {elapsed:.0f} ms", flush=True)
+        await asyncio.to_thread(self.brokers[old].restart)
+        watch_exit(self.brokers[old], self.loop, self.engine)
+        self.engine.wake()
+        await wait_until(self.healthy, 30, "the restarted broker ready again")
+
+    async def partition_round(self, number: int) -> None:
+        old = self.active()
+        assert old is not None
+        started = time.monotonic()
+        self.brokers[old].kill(signal.SIGSTOP)
+        try:
+            elapsed = await self.first_bundle(set(self.brokers) - {old}, started, "traffic at another broker")
+        finally:
+            self.brokers[old].kill(signal.SIGCONT)
+        self.partition_ms.append(elapsed)
+        print(f"SIGSTOP #{number}: {old} -> {self.active()} {elapsed:.0f} ms", flush=True)
+        await wait_until(self.healthy, 30, "the resumed broker fenced and ready again")
+
+    async def switchover_round(self, number: int) -> None:
+        old = self.active()
+        assert old is not None
+        names = list(self.brokers)
+        goal = names[(names.index(old) + 1) % len(names)]
+        await asyncio.sleep(0.3)  # let traffic flow at the old active
+        started = time.monotonic()
+        self.engine.update(self.targets, SETTINGS, preferred_active=goal)
+        await self.first_bundle({goal}, started, f"a bundle at {goal} after the switchover")
+        first = self.watch.first_increase_after({goal}, started)
+        assert first is not None
+        with self.watch.lock:
+            last_old = min(self.watch.last_increase.get(old, started), first)
+        self.switchover_ms.append((first - last_old) * 1000)
+        print(f"switchover #{number}: {old} -> {goal} gap {self.switchover_ms[-1]:.0f} ms", flush=True)
+        await wait_until(self.healthy, 30, "standbys ready after the switchover")
+
+    async def finish_traffic(self) -> None:
+        self.stop_traffic.set()
+        await self.traffic
+
+        def all_delivered() -> bool:
+            received = http_json(self.cloud.url + "/sim/received")
+            return len(received) == STREAMS and all(
+                len(seqs) >= self.produced[0] for seqs in received.values()
+            )
+
+        await wait_until(all_delivered, 120, "every produced message at the cloud")
+
+    def report(self) -> int:
+        received: dict[str, list[int]] = http_json(self.cloud.url + "/sim/received")  # type: ignore[assignment]
+        per_stream = self.produced[0]
+        lost = sum(len(set(range(1, per_stream + 1)) - set(seqs)) for seqs in received.values())
+        lost += per_stream * (STREAMS - len(received))
+        misordered = sum(
+            sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1) for seqs in received.values()
+        )
+        print()
+        print(
+            f"heartbeat settings: interval={SETTINGS.interval_seconds}s timeout={SETTINGS.timeout_seconds}s"
+            f" failureThreshold={SETTINGS.failure_threshold} lease={SETTINGS.lease_seconds}s"
+            f" (margin {SETTINGS.lease_margin_seconds}s) standbyProbe={SETTINGS.standby_probe_seconds}s"
+            " failback=Manual"
+        )
+        print(
+            f"backend simulator: request timeout {BACKEND_TIMEOUT}s, round-robin over the three broker URLs"
+        )
+        rate = STREAMS * PER_STREAM_PER_TICK / TICK
+        print(f"traffic: {STREAMS} streams, {rate:.0f} msg/s, {per_stream * STREAMS} messages in all")
+        print(
+            summary("crash failover (kill -9 -> first bundle at new active)", self.crash_ms),
+            "target p99 <= 1000ms",
+        )
+        print(
+            summary("partition failover (SIGSTOP -> first bundle elsewhere)", self.partition_ms),
+            f"target p99 <= {LEASE * 1000 + 1000:.0f}ms",
+        )
+        print(summary("switchover outbound gap", self.switchover_ms), "target <= 300ms")
+        print(f"messages lost={lost} misordered={misordered} (must be 0)")
+        headline = pct(self.crash_ms, 0.99) if self.crash_ms else float("nan")
+        print(f"failover_p99_ms={headline:.0f}")
+        return 0 if lost == 0 and misordered == 0 else 1
+
+
+async def bench(processes: ProcessSet, kills: int, stops: int, switchovers: int) -> int:
+    run = FailoverBench(processes)
+    try:
+        await run.start()
+        for number in range(1, kills + 1):
+            await run.crash_round(number)
+        for number in range(1, stops + 1):
+            await run.partition_round(number)
+        for number in range(1, switchovers + 1):
+            await run.switchover_round(number)
+        await run.finish_traffic()
+    finally:
+        await run.stop()
+    return run.report()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--stops", type=int, default=20)
+    parser.add_argument("--switchovers", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as root, running(Path(root)) as processes:
+        return asyncio.run(bench(processes, args.kills, args.stops, args.switchovers))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

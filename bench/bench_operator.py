@@ -1,0 +1,327 @@
+"""Operator scale: how many endpoints-mode clusters one operator process heartbeats at 1 Hz.
+
+For each N (100, 250, 500, 1000, 1500, 2000 by default) it starts:
+- two *heartbeat stand-in* processes that together serve 2*N brokers, each on its
+  own loopback address (127.1.x.y, 127.2.x.y) and one port. A stand-in answers
+  only ``Heartbeat`` (active flag and epoch kept per address, stale epochs
+  refused) with a fixed SOAP reply, over a minimal keep-alive HTTP/1.1 protocol
+  (see :class:`StandinProtocol` for why not aiohttp): real brokers are full
+  Python services and 2,000 of them would not fit on this machine. It is a
+  benchmark-only stand-in; the engine's integration tests use real brokers;
+- one operator process running N real ``ClusterLoop``s (two brokers each, the
+  design's default settings: interval 1 s, timeout 1 s, standby probe 10 s) with
+  one shared real ``HeartbeatClient`` (zeep messages over one aiohttp session).
+
+After a warm-up, it measures in the operator process over a window: CPU seconds
+per heartbeat and per wall second, the p99 heartbeat latency (send to parsed
+reply), the achieved heartbeat rate per cluster, and peak RSS. N passes when
+p99 < 100 ms, CPU < 1 core, and every cluster's active got >= 0.95 heartbeats/s.
+By default the operator process calls ``gc.freeze()`` once its clusters are up,
+as the operator's main should: without it, full collections over the start-up
+objects pause the event loop for 60+ ms (``--no-freeze-gc`` to compare).
+The last line is the headline ``operator_clusters_at_1hz=N``, the largest N that
+passed. Every process it starts is stopped at the end of its round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PORT = 18080
+TOKEN = "bench-operator-token"
+_ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
+_EPOCH = re.compile(rb"<(?:\w+:)?epoch>(\d+)</")
+_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
+_AUTH = f"Bearer {TOKEN}".encode()
+_REPLY = (
+    '<?xml version="1.0" encoding="utf-8"?>'
+    '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'
+    '<HeartbeatResponse xmlns="http://broker.failover.dev/soap/v1">'
+    "<state>{state}</state>{code}<epoch>{epoch}</epoch></HeartbeatResponse></soap:Body></soap:Envelope>"
+)
+
+
+def address(group: int, index: int) -> str:
+    return f"127.{group}.{index // 250 + 1}.{index % 250 + 1}"
+
+
+# -- the heartbeat stand-in (a separate process) ---------------------------------
+
+
+class StandinProtocol(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection of the heartbeat stand-in.
+
+    Deliberately minimal (no chunked bodies, no error pages): aiohttp's server
+    costs more CPU per request than the operator's client, and on a 2-core
+    machine two aiohttp stand-ins serving 2,000 brokers starved the very process
+    being measured. This is benchmark scaffolding, not product code.
+    """
+
+    def __init__(self, state: dict[str, tuple[bool, int]]) -> None:
+        self.state = state
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.host = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.host = str(transport.get_extra_info("sockname")[0])
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            length_match = _LENGTH.search(head)
+            length = int(length_match.group(1)) if length_match else 0
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            assert self.transport is not None
+            self.transport.write(self.answer(head, body))
+
+    def answer(self, head: bytes, body: bytes) -> bytes:
+        active_match, epoch_match = _ACTIVE.search(body), _EPOCH.search(body)
+        if _AUTH not in head or not active_match or not epoch_match:
+            return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+        active, epoch = active_match.group(1) in (b"true", b"1"), int(epoch_match.group(1))
+        _, stored = self.state.get(self.host, (False, 0))
+        if active and epoch < stored:
+            code = "<unavailabilityCode>STALE_EPOCH</unavailabilityCode>"
+            text = _REPLY.format(state="Unavailable", code=code, epoch=stored)
+        else:
+            self.state[self.host] = (active, max(epoch, stored))
+            text = _REPLY.format(state="Active" if active else "Inactive", code="", epoch=max(epoch, stored))
+        payload = text.encode()
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
+
+
+def serve_standin(group: int, count: int) -> None:
+    state: dict[str, tuple[bool, int]] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for index in range(count):
+            await loop.create_server(lambda: StandinProtocol(state), address(group, index), PORT, backlog=512)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# -- the operator (a separate process) ------------------------------------------
+
+
+def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -> None:
+    from broker_operator.core.status import ClusterStatus
+    from broker_operator.engine import (
+        BrokerTarget,
+        ClusterLoop,
+        HeartbeatClient,
+        HeartbeatReply,
+        HeartbeatSettings,
+        PodFacts,
+    )
+
+    class Shell:
+        def __init__(self) -> None:
+            self.epoch = 0
+
+        async def allocate_epoch(self, current: int) -> int:
+            self.epoch = max(self.epoch, current) + 1
+            return self.epoch
+
+        async def move_active_label(self, active: str | None) -> None:
+            return None
+
+        async def record_status(self, status: ClusterStatus) -> None:
+            return None
+
+        async def record_event(self, reason: str, message: str, warning: bool) -> None:
+            return None
+
+        def pod_facts(self) -> Mapping[str, PodFacts]:
+            return {}
+
+    class TimedClient(HeartbeatClient):
+        recording = False
+        latencies: list[float] = []  # noqa: RUF012 - one instance per process
+        active_calls = 0
+
+        async def heartbeat(self, target: BrokerTarget, active: bool, epoch: int) -> HeartbeatReply:
+            started = time.perf_counter()
+            try:
+                return await super().heartbeat(target, active, epoch)
+            finally:
+                if self.recording:
+                    self.latencies.append(time.perf_counter() - started)
+                    self.active_calls += int(active)
+
+    async def main() -> None:
+        settings = HeartbeatSettings()  # the design's defaults
+        client = TimedClient(TOKEN, "bench-operator", settings.timeout_seconds)
+        loops = [
+            ClusterLoop(
+                f"c{i}",
+                [
+                    BrokerTarget("a", f"http://{address(1, i)}:{PORT}/soap", 0),
+                    BrokerTarget("b", f"http://{address(2, i)}:{PORT}/soap", 1),
+                ],
+                settings,
+                Shell(),
+                client,
+            )
+            for i in range(clusters)
+        ]
+        tasks = [asyncio.create_task(loop.run()) for loop in loops]
+        await asyncio.sleep(warmup)
+        if freeze_gc:
+            # What a long-running operator process can do once its clusters are up:
+            # move the start-up objects out of the collector's sight, so full
+            # collections stop scanning them (gen-2 pauses of ~60 ms otherwise).
+            gc.freeze()
+        actives = sum(1 for loop in loops if loop.status.active is not None)
+        cpu_start = time.process_time()
+        wall_start = time.perf_counter()
+        client.recording = True
+        await asyncio.sleep(window)
+        client.recording = False
+        cpu = time.process_time() - cpu_start
+        wall = time.perf_counter() - wall_start
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        latencies = sorted(client.latencies)
+        p99 = latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("inf")
+        report = {
+            "clusters": clusters,
+            "actives": actives,
+            "heartbeats": len(latencies),
+            "active_rate_per_cluster": client.active_calls / wall / clusters,
+            "cpu_cores": cpu / wall,
+            "cpu_ms_per_heartbeat": 1000 * cpu / max(1, len(latencies)),
+            "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else None,
+            "p99_ms": 1000 * p99,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        print(json.dumps(report), flush=True)
+
+    asyncio.run(main())
+
+
+# -- the driver --------------------------------------------------------------------
+
+
+def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, __file__, *argv], stdout=subprocess.PIPE, start_new_session=True, cwd=ROOT
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def measure(clusters: int, warmup: float, window: float, freeze_gc: bool) -> dict[str, float]:
+    standins = [start(["--standin", str(group), str(clusters)]) for group in (1, 2)]
+    try:
+        for standin in standins:
+            assert standin.stdout is not None
+            line = standin.stdout.readline()
+            if line.strip() != b"ready":
+                raise RuntimeError(f"heartbeat stand-in did not start (said {line!r})")
+        flags = [] if freeze_gc else ["--no-freeze-gc"]
+        operator = start(["--operator", str(clusters), str(warmup), str(window), *flags])
+        try:
+            out, _ = operator.communicate(timeout=warmup + window + 120)
+        finally:
+            stop(operator)
+        lines = out.decode().strip().splitlines()
+        if not lines:
+            raise RuntimeError(
+                f"the operator process for N={clusters} printed no report (exit {operator.returncode})"
+            )
+        return json.loads(lines[-1])  # type: ignore[no-any-return]
+    finally:
+        for standin in standins:
+            stop(standin)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--standin", nargs=2, type=int, metavar=("GROUP", "COUNT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--operator", nargs=3, type=float, metavar=("N", "WARMUP", "WINDOW"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--sizes", default="100,250,500,1000,1500,2000")
+    parser.add_argument("--warmup", type=float, default=12.0)
+    parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="do not gc.freeze() in the operator after warm-up (the operator's main should freeze)",
+    )
+    args = parser.parse_args()
+    if args.standin:
+        serve_standin(*args.standin)
+        return 0
+    if args.operator:
+        run_operator(int(args.operator[0]), args.operator[1], args.operator[2], args.freeze_gc)
+        return 0
+    best = 0
+    print(
+        "settings: interval=1s timeout=1s failureThreshold=2 lease=5s standbyProbe=10s, 2 brokers per cluster"
+    )
+    for size in (int(s) for s in args.sizes.split(",")):
+        report = measure(size, args.warmup, args.window, args.freeze_gc)
+        passed = (
+            report["p99_ms"] < 100
+            and report["cpu_cores"] < 1.0
+            and report["active_rate_per_cluster"] >= 0.95
+            and report["actives"] == size
+        )
+        print(
+            f"N={size}: actives={report['actives']} rate={report['active_rate_per_cluster']:.2f}/s"
+            f" heartbeats={report['heartbeats']} p50={report['p50_ms']:.1f}ms p99={report['p99_ms']:.1f}ms"
+            f" cpu={report['cpu_cores']:.2f} cores ({report['cpu_ms_per_heartbeat']:.2f} ms/heartbeat)"
+            f" rss={report['rss_mb']:.0f}MB -> {'pass' if passed else 'FAIL'}",
+            flush=True,
+        )
+        if not passed:
+            break
+        best = size
+    print(f"operator_clusters_at_1hz={best}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

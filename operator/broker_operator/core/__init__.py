@@ -1,0 +1,79 @@
+"""The failover engine's decision core: heartbeat and failover rules as pure functions.
+
+``step`` takes what is known about a cluster's brokers, the spec, pod facts and the
+time, and returns new knowledge plus a list of actions (heartbeat a broker with
+``active`` and an epoch, allocate an epoch, move the label, record an event).
+Keeping the rules free of I/O lets hypothesis drive them against simulated brokers
+with crashes, partitions, slow replies and clock steps (``tests/unit/core``).
+
+No asyncio, zeep, aiohttp or kopf may be imported anywhere in this package; the
+loop that carries out the actions lives in ``broker_operator.engine``.
+"""
+
+from broker_operator.core.actions import (
+    Action,
+    AllocateEpoch,
+    EpochGranted,
+    EpochRefused,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    LabelMoved,
+    MoveActiveLabel,
+    Observation,
+    RecordEvent,
+    SendHeartbeat,
+)
+from broker_operator.core.decisions import (
+    Decision,
+    choose_next_active,
+    epoch_usable,
+    failback_target,
+    phase_of,
+    status_of,
+    step,
+)
+from broker_operator.core.knowledge import ClusterConfig, EngineState, MoveKind, initial_state
+from broker_operator.core.model import (
+    BrokerTarget,
+    FailbackMode,
+    HeartbeatReply,
+    HeartbeatSettings,
+    PodFacts,
+    SettingsError,
+)
+from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
+
+__all__ = [
+    "Action",
+    "AllocateEpoch",
+    "BrokerStatus",
+    "BrokerTarget",
+    "ClusterConfig",
+    "ClusterStatus",
+    "Decision",
+    "EngineState",
+    "EpochGranted",
+    "EpochRefused",
+    "FailbackMode",
+    "HeartbeatAnswered",
+    "HeartbeatFailed",
+    "HeartbeatReply",
+    "HeartbeatSettings",
+    "LabelMoved",
+    "LastFailover",
+    "MoveActiveLabel",
+    "MoveKind",
+    "Observation",
+    "Phase",
+    "PodFacts",
+    "RecordEvent",
+    "SendHeartbeat",
+    "SettingsError",
+    "choose_next_active",
+    "epoch_usable",
+    "failback_target",
+    "initial_state",
+    "phase_of",
+    "status_of",
+    "step",
+]

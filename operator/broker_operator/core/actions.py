@@ -1,0 +1,86 @@
+"""What the decision core asks the shell to do, and what the shell reports back.
+
+Actions and observations are the only way the pure core (:mod:`.decisions`) talks
+to the world: the loop in ``engine.py`` carries out actions and turns their
+outcomes into observations for the next step. Keeping both as small frozen
+values makes a step easy to log, to replay, and to drive from hypothesis.
+
+Parallelism contract: every action returned by one step may run concurrently.
+The core makes that safe by never putting an activation (``SendHeartbeat`` with
+``active=True`` to a broker that is not yet the active) in the same step as an
+epoch allocation or another activation. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker_operator.core.model import HeartbeatReply
+
+
+@dataclass(frozen=True)
+class SendHeartbeat:
+    broker: str
+    url: str
+    active: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class AllocateEpoch:
+    """Ask the shell for ``current + 1``, recorded durably with optimistic concurrency."""
+
+    current: int
+
+
+@dataclass(frozen=True)
+class MoveActiveLabel:
+    active: str | None
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    reason: str
+    message: str
+    warning: bool
+
+
+Action = SendHeartbeat | AllocateEpoch | MoveActiveLabel | RecordEvent
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswered:
+    broker: str
+    active: bool  # what was asked
+    epoch: int
+    reply: HeartbeatReply
+
+
+@dataclass(frozen=True)
+class HeartbeatFailed:
+    broker: str
+    active: bool
+    epoch: int
+    # False only when the request surely never reached the broker (connection
+    # refused): then an active=true call cannot have renewed its lease.
+    reached: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class EpochGranted:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class EpochRefused:
+    current: int | None  # the stored epoch, when the shell knows it
+    reason: str
+
+
+@dataclass(frozen=True)
+class LabelMoved:
+    active: str | None
+
+
+Observation = HeartbeatAnswered | HeartbeatFailed | EpochGranted | EpochRefused | LabelMoved

@@ -1,0 +1,426 @@
+"""The heartbeat and failover rules as one pure function: ``step``.
+
+``step(state, config, pod_facts, now, observations)`` folds in what the last
+actions produced, then decides what to do now: renew the active, probe standbys,
+fence brokers that may still be active, allocate an epoch, activate the next
+candidate, move the label, record events. It returns the new knowledge, the
+actions, and when it next needs to run. The loop in ``engine.py`` is the only
+caller in production; the property tests drive it against simulated brokers.
+
+The safety rule every path goes through is the *gate* in :func:`_progress_move`:
+a candidate gets ``active=true`` only when every other broker is known not
+active (see :mod:`.knowledge` for what "known" means) and the epoch it gets was
+granted to this cluster and never sent to another broker. Planned moves
+(switchover, failback) allocate the epoch first, then drain the active with
+``active=false``, so the window with no active is two round trips, and there is
+never a window with two.
+
+What it does not do: talk to anything, read a clock, sleep, or decide
+``Conflict`` (the controller does). Everything is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from broker_contracts.soap import UNAVAILABILITY_CODE_MAX_LEN
+from broker_operator.core.actions import (
+    Action,
+    AllocateEpoch,
+    MoveActiveLabel,
+    Observation,
+    RecordEvent,
+    SendHeartbeat,
+)
+from broker_operator.core.knowledge import (
+    BrokerKnowledge,
+    ClusterConfig,
+    EngineState,
+    Move,
+    MoveKind,
+    apply_pod_facts,
+    reconcile_targets,
+)
+from broker_operator.core.model import FailbackMode, PodFacts
+from broker_operator.core.observe import observe
+from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, format_time
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: EngineState
+    actions: tuple[Action, ...]
+    wake_at: float  # run the next step no later than this (engine clock)
+
+
+def step(
+    state: EngineState,
+    config: ClusterConfig,
+    pod_facts: Mapping[str, PodFacts],
+    now: float,
+    observations: Iterable[Observation] = (),
+) -> Decision:
+    state = reconcile_targets(state, config, now)
+    state = apply_pod_facts(state, pod_facts)
+    for observation in observations:
+        state = observe(state, config, observation, now)
+    state = _check_active(state, config, now)
+    state = _consider_planned_move(state, config, now)
+    plan = _Plan(state, now)
+    _progress_move(plan, config)
+    _renew_active(plan, config)
+    _fence_and_probe(plan, config)
+    _sync_label(plan, config)
+    for reason, message, warning in plan.state.events_due:
+        plan.actions.append(RecordEvent(reason, message, warning))
+    plan.state = replace(plan.state, events_due=())
+    return Decision(plan.state, tuple(plan.actions), _wake_at(plan.state, config, now))
+
+
+class _Plan:
+    """The step being built: knowledge so far, actions so far, brokers already contacted."""
+
+    def __init__(self, state: EngineState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.actions: list[Action] = []
+        self.contacted: set[str] = set()
+        self.candidate: str | None = None  # the broker the move is about to (or would) activate
+
+    def heartbeat(self, broker: BrokerKnowledge, active: bool, epoch: int) -> None:
+        # One request per broker per step: the loop runs a step's actions concurrently.
+        assert broker.name not in self.contacted, broker.name
+        self.contacted.add(broker.name)
+        self.actions.append(SendHeartbeat(broker.name, broker.url, active, epoch))
+
+
+def choose_next_active(state: EngineState, move: Move) -> str | None:
+    """The next broker to try in ``move``: its designated first choice, then ready standbys, then the rest.
+
+    Ready standbys (last seen ``Inactive``) go before unknown or unavailable ones
+    because a candidate that does not answer must be fenced for a whole lease
+    before the walk may go on.
+    """
+    eligible = [
+        name
+        for name in move.order
+        if name not in move.tried
+        and (broker := state.broker(name)) is not None
+        and broker.in_spec
+        and not broker.dead
+    ]
+    if not eligible:
+        return None
+    designated = move.kind.planned or move.kind is MoveKind.STARTUP
+    if designated and move.order and eligible[0] == move.order[0]:
+        return eligible[0]
+    ready = [name for name in eligible if (b := state.broker(name)) is not None and b.ready]
+    return (ready or eligible)[0]
+
+
+def epoch_usable(state: EngineState, candidate: str) -> bool:
+    """May ``state.epoch`` be sent to ``candidate`` with ``active=true``?
+
+    Only if it was never sent with ``active=true`` to another broker (``epoch_holder``)
+    and the candidate has not stored a higher one. Reported epochs of other brokers
+    do not count: brokers also store the epoch of an ``active=false`` probe (so that
+    a stale operator cannot activate them), which binds nothing.
+    """
+    if state.epoch_holder not in (None, candidate) or state.epoch <= 0:
+        return False
+    broker = state.broker(candidate)
+    return broker is None or broker.reported_epoch <= state.epoch
+
+
+def _preference_order(
+    config: ClusterConfig, first: str | None, exclude: str | None = None
+) -> tuple[str, ...]:
+    names = [t.name for t in config.targets if t.name != exclude]
+    preferred = config.preferred_active
+    if preferred in names and preferred != first:
+        names.remove(preferred)
+        names.insert(0, preferred)
+    if first in names:
+        names.remove(first)
+        names.insert(0, first)
+    return tuple(names)
+
+
+def _check_active(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
+    """Start a failover when the active is gone from the spec, dead, or failed too often."""
+    if state.active is None:
+        return state
+    broker = state.broker(state.active)
+    threshold = config.settings.failure_threshold
+    if broker is None or not broker.in_spec:
+        reason, detail = "RemovedFromSpec", "was removed from the spec"
+    elif broker.dead:
+        reason, detail = broker.code or "CONTAINER_TERMINATED", broker.message or "its container is dead"
+    elif broker.failures >= threshold:
+        reason = broker.code or "HEARTBEAT_FAILED"
+        detail = f"failed {broker.failures} heartbeats in a row (last: {broker.message or broker.state})"
+    else:
+        return state
+    old = state.active
+    if broker is not None:
+        state = state.with_broker(old, failures=0, ready_since=None, state="Unavailable", code=reason[:30])
+    move = Move(
+        MoveKind.FAILOVER,
+        from_=old,
+        reason=reason,
+        started_at=now,
+        order=_preference_order(config, None),
+        tried=frozenset({old}),
+    )
+    state = replace(state, active=None, move=move)
+    return state.with_event("ActiveUnavailable", f"active broker {old} {detail}; failing over", True)
+
+
+def failback_target(state: EngineState, config: ClusterConfig, now: float) -> str | None:
+    """Under ``Automatic``: the broker to return to, once it has been ready for failbackStableSeconds."""
+    settings = config.settings
+    if settings.failback is not FailbackMode.AUTOMATIC or state.active is None:
+        return None
+    active = state.broker(state.active)
+    if active is None:
+        return None
+
+    def stable(broker: BrokerKnowledge | None) -> bool:
+        return (
+            broker is not None
+            and broker.in_spec
+            and broker.ready
+            and broker.ready_since is not None
+            and now - broker.ready_since >= settings.failback_stable_seconds
+        )
+
+    preferred = config.preferred_active
+    if preferred is not None and config.target(preferred) is not None:
+        if preferred == state.active:
+            return None
+        if stable(state.broker(preferred)):
+            return preferred
+    for broker in state.brokers:
+        if broker.in_spec and broker.priority < active.priority and stable(broker):
+            return broker.name
+    return None
+
+
+def _consider_planned_move(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
+    if state.move is not None or state.active is None:
+        return state
+    preferred = config.preferred_active
+    if preferred != state.honoured_preferred:
+        if preferred is None or preferred == state.active:
+            return replace(state, honoured_preferred=preferred)
+        if config.target(preferred) is None:
+            state = replace(state, honoured_preferred=preferred)
+            names = ", ".join(t.name for t in config.targets)
+            return state.with_event(
+                "SwitchoverRefused",
+                f"spec.preferredActive ({preferred}) is not one of this cluster's brokers ({names});"
+                " set it to one of them",
+                True,
+            )
+        target = state.broker(preferred)
+        if target is None or not target.ready:
+            return state  # wait: it is probed every interval until it is a ready standby
+        kind, reason, goal = MoveKind.SWITCHOVER, "PreferredActive", preferred
+        state = replace(state, honoured_preferred=preferred)
+    else:
+        found = failback_target(state, config, now)
+        if found is None:
+            return state
+        kind, reason, goal = MoveKind.FAILBACK, "HigherPriorityReady", found
+    move = Move(
+        kind, from_=state.active, reason=reason, started_at=now, order=_preference_order(config, goal)
+    )
+    return replace(state, move=move)
+
+
+def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
+    state, now = plan.state, plan.now
+    move = state.move
+    if move is None:
+        return
+    if move.candidate is not None:
+        # The loop always reports an activation's outcome before the next step; if
+        # it did not, count the candidate as tried and possibly active (safe side).
+        state = state.with_broker(
+            move.candidate,
+            possibly_active_until=now + config.settings.fence_seconds,
+            unanswered_activation=True,
+        )
+        move = replace(move, candidate=None, tried=move.tried | {move.candidate})
+        state = replace(state, move=move)
+    if move.retry_at > now:
+        plan.state = state
+        return
+    candidate = choose_next_active(state, move)
+    if candidate is None:
+        plan.state = _walk_exhausted(state, config, move, now)
+        return
+    plan.candidate = candidate
+    if not epoch_usable(state, candidate):
+        if now >= state.epoch_retry_at:
+            plan.actions.append(AllocateEpoch(state.epoch))
+        plan.state = state
+        return
+    if state.active is not None:
+        # A planned move with its epoch in hand: drain the active now. From here on
+        # it is fenced like any other broker that may still be active.
+        state = state.with_broker(state.active, next_fence_at=now)
+        state = replace(state, active=None)
+    if any(b.name != candidate and b.possibly_active(now) for b in state.brokers):
+        plan.state = state  # _fence_and_probe sends the active=false calls
+        return
+    target = state.broker(candidate)
+    assert target is not None
+    plan.state = replace(state, epoch_holder=candidate, move=replace(move, candidate=candidate))
+    plan.heartbeat(target, active=True, epoch=state.epoch)
+
+
+def _walk_exhausted(state: EngineState, config: ClusterConfig, move: Move, now: float) -> EngineState:
+    if state.active is not None:
+        # A planned move found nobody to move to (its target died meanwhile): stay.
+        return replace(state, move=None)
+    interval = config.settings.interval_seconds
+    why = "; ".join(
+        f"{b.name}: {b.code or b.state}" + (f" ({b.message})" if b.message else "")
+        for b in state.brokers
+        if b.in_spec
+    )
+    state = replace(
+        state,
+        # Every broker is a candidate again, including the one that failed first.
+        move=replace(move, tried=frozenset(), rounds=move.rounds + 1, retry_at=now + interval),
+    )
+    if move.rounds == 1:
+        state = state.with_event(
+            "NoBrokerAvailable",
+            f"no broker could be activated ({why or 'no brokers in the spec'}); retrying every {interval:g}s",
+            True,
+        )
+    return state
+
+
+def _renew_active(plan: _Plan, config: ClusterConfig) -> None:
+    state, now = plan.state, plan.now
+    if state.active is None or now < state.next_active_heartbeat_at:
+        return
+    broker = state.broker(state.active)
+    if broker is None or broker.name in plan.contacted:
+        return
+    interval = config.settings.interval_seconds
+    due = state.next_active_heartbeat_at + interval
+    plan.state = replace(state, next_active_heartbeat_at=due if due > now else now + interval)
+    plan.heartbeat(broker, active=True, epoch=state.active_epoch)
+
+
+def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
+    """active=false to every broker that may be active but should not be; standby probes when due."""
+    settings, now = config.settings, plan.now
+    state = plan.state
+    pending_switchover = (
+        config.preferred_active
+        if config.preferred_active != state.honoured_preferred and state.move is None
+        else None
+    )
+    brokers: list[BrokerKnowledge] = []
+    for known in state.brokers:
+        broker = known
+        skip = known.name in (state.active, plan.candidate) or known.name in plan.contacted or known.dead
+        if not skip and known.needs_fencing(now) and now >= known.next_fence_at:
+            broker = replace(known, next_fence_at=now + settings.interval_seconds)
+            plan.heartbeat(broker, active=False, epoch=state.epoch)
+        elif not skip and known.in_spec and now >= known.next_probe_at:
+            if known.name == pending_switchover:
+                broker = replace(known, next_probe_at=now + settings.interval_seconds)
+                plan.heartbeat(broker, active=False, epoch=state.epoch)
+            elif settings.standby_probe_seconds > 0:
+                broker = replace(known, next_probe_at=now + settings.standby_probe_seconds)
+                plan.heartbeat(broker, active=False, epoch=state.epoch)
+        brokers.append(broker)
+    # Brokers gone from the spec are forgotten once they are known not active.
+    plan.state = replace(state, brokers=tuple(b for b in brokers if b.in_spec or b.needs_fencing(now)))
+
+
+def _sync_label(plan: _Plan, config: ClusterConfig) -> None:
+    state, now = plan.state, plan.now
+    # While no broker is active the label stays where it is: moving it to nobody
+    # would only churn the Service; the old active refuses traffic anyway.
+    if state.active is None or (state.label_known and state.label == state.active):
+        return
+    if now < state.label_retry_at:
+        return
+    plan.state = replace(state, label_retry_at=now + config.settings.interval_seconds)
+    plan.actions.append(MoveActiveLabel(state.active))
+
+
+def _wake_at(state: EngineState, config: ClusterConfig, now: float) -> float:
+    settings = config.settings
+    times = [now + settings.interval_seconds]  # re-evaluate at least once an interval
+    if state.active is not None:
+        times.append(state.next_active_heartbeat_at)
+    if state.move is not None and state.move.retry_at > now:
+        times.append(state.move.retry_at)
+    if state.epoch_retry_at > now:
+        times.append(state.epoch_retry_at)
+    for broker in state.brokers:
+        if broker.possibly_active_until is not None and broker.possibly_active_until > now:
+            times.append(broker.possibly_active_until)
+        if broker.needs_fencing(now):
+            times.append(broker.next_fence_at)
+        elif settings.standby_probe_seconds > 0:
+            times.append(broker.next_probe_at)
+        if broker.ready_since is not None and settings.failback is FailbackMode.AUTOMATIC:
+            times.append(broker.ready_since + settings.failback_stable_seconds)
+    future = [t for t in times if t > now]
+    return min(future) if future else now + settings.interval_seconds
+
+
+def phase_of(state: EngineState, config: ClusterConfig) -> Phase:
+    move = state.move
+    if move is not None and state.active is None:
+        if move.rounds > 1:
+            return Phase.UNAVAILABLE
+        return Phase.PENDING if move.kind is MoveKind.STARTUP else Phase.FAILING_OVER
+    if state.active is None:
+        return Phase.UNAVAILABLE
+    standbys = [b for b in state.brokers if b.in_spec and b.name != state.active]
+    return Phase.HEALTHY if all(b.ready for b in standbys) else Phase.DEGRADED
+
+
+def status_of(state: EngineState, config: ClusterConfig) -> ClusterStatus:
+    """The status fields the engine owns, as they should read now."""
+    last = state.last_move
+    return ClusterStatus(
+        phase=phase_of(state, config).value,
+        active=state.active,
+        epoch=state.epoch,
+        brokers=tuple(
+            BrokerStatus(
+                name=b.name,
+                priority=b.priority,
+                state=b.state,
+                unavailability_code=b.code[:UNAVAILABILITY_CODE_MAX_LEN] if b.code else None,
+                unavailability_message=b.message,
+                last_heartbeat_time=format_time(b.last_reply_at + state.wall_offset)
+                if b.last_reply_at is not None
+                else None,
+            )
+            for b in state.brokers
+            if b.in_spec
+        ),
+        last_failover=LastFailover(
+            time=format_time(last.completed_wall),
+            from_=last.from_,
+            to=last.to,
+            reason=last.reason,
+            duration_ms=last.duration_ms,
+        )
+        if last is not None
+        else None,
+        failovers=state.failovers,
+    )

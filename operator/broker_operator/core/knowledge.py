@@ -1,0 +1,258 @@
+"""What the engine knows about one cluster's brokers, and how observations change it.
+
+The central fact kept per broker is ``possibly_active_until``: the monotonic time
+after which the broker is certainly not active. ``None`` means it is known not
+active now (it answered ``active=false``, or Kubernetes confirmed its container
+dead). Every ``active=true`` call that may have reached the broker pushes the
+bound to (outcome time + lease + margin), because the broker renews its lease on
+receipt, and receipt happens no later than the outcome we observe. This is
+stricter than "lease since the last *acknowledged* heartbeat": an unanswered
+call (a timeout) may still have renewed the lease, so counting from the last
+answer could activate a second broker while the first is still active.
+
+A restarted operator knows nothing, so every broker starts possibly active for
+one fence period unless it answers ``active=false`` sooner.
+
+Pure code: no I/O, no asyncio, no clock reads (time is passed in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from broker_contracts.soap import BrokerState, UnavailabilityCode
+from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts
+
+UNKNOWN_STATE = "Unknown"
+
+
+class MoveKind(StrEnum):
+    STARTUP = "Startup"  # the engine (re)started and must settle who is active
+    FAILOVER = "Failover"  # the active failed
+    SWITCHOVER = "Switchover"  # spec.preferredActive asked for a planned move
+    FAILBACK = "Failback"  # Automatic failback to a higher-priority broker
+
+    @property
+    def planned(self) -> bool:
+        return self in (MoveKind.SWITCHOVER, MoveKind.FAILBACK)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The spec side of one cluster: who to heartbeat, how, and who is preferred."""
+
+    cluster: str
+    targets: tuple[BrokerTarget, ...]
+    settings: HeartbeatSettings
+    preferred_active: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        cluster: str,
+        targets: Sequence[BrokerTarget],
+        settings: HeartbeatSettings,
+        preferred_active: str | None = None,
+    ) -> ClusterConfig:
+        names = [t.name for t in targets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"BrokerCluster {cluster}: broker names {duplicates} appear more than once")
+        ordered = tuple(sorted(targets, key=lambda t: (t.priority, t.name)))
+        return cls(cluster, ordered, settings, preferred_active or None)
+
+    def target(self, name: str) -> BrokerTarget | None:
+        return next((t for t in self.targets if t.name == name), None)
+
+
+@dataclass(frozen=True)
+class BrokerKnowledge:
+    name: str
+    url: str
+    priority: int
+    in_spec: bool = True  # False: removed from the spec, kept only until known not active
+    state: str = UNKNOWN_STATE  # Active | Inactive | Unavailable | Unknown, as last seen
+    code: str | None = None
+    message: str | None = None
+    possibly_active_until: float | None = None  # None = known not active
+    failures: int = 0  # consecutive failed renewals while it is the active
+    ready_since: float | None = None  # answering Inactive to probes without a break since
+    reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
+    dead: bool = False  # Kubernetes says its container terminated or its pod is gone
+    # An active=true call that may have arrived got no answer: a paused broker can
+    # still act on it when it resumes, so it is fenced every interval until it
+    # answers active=false, even after its lease bound has passed.
+    unanswered_activation: bool = False
+    last_reply_at: float | None = None
+    next_probe_at: float = 0.0  # standby probe with active=false
+    next_fence_at: float = 0.0  # active=false to a broker that may still be active
+
+    def possibly_active(self, now: float) -> bool:
+        return not self.dead and self.possibly_active_until is not None and self.possibly_active_until > now
+
+    def needs_fencing(self, now: float) -> bool:
+        return not self.dead and (self.possibly_active(now) or self.unanswered_activation)
+
+    @property
+    def ready(self) -> bool:
+        """Last seen as a healthy standby: a candidate worth activating first."""
+        return not self.dead and self.state == BrokerState.INACTIVE.value
+
+
+@dataclass(frozen=True)
+class Move:
+    """A change of active under way: a walk over candidates in ``order``."""
+
+    kind: MoveKind
+    from_: str | None
+    reason: str
+    started_at: float
+    order: tuple[str, ...]  # preference order fixed when the move started
+    tried: frozenset[str] = frozenset()
+    candidate: str | None = None  # sent active=true this step; awaiting its answer
+    rounds: int = 1  # > 1: every candidate failed at least once (phase Unavailable)
+    retry_at: float = 0.0  # after an exhausted round, when to walk again
+
+
+@dataclass(frozen=True)
+class LastMove:
+    completed_wall: float
+    from_: str | None
+    to: str | None
+    reason: str
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class EngineState:
+    brokers: tuple[BrokerKnowledge, ...]
+    epoch: int  # the highest epoch granted to this cluster
+    epoch_holder: str | None  # the broker ``epoch`` was sent to with active=true, if any
+    active: str | None = None  # acknowledged active that we keep renewing
+    active_epoch: int = 0  # the epoch the active was activated with
+    next_active_heartbeat_at: float = 0.0
+    move: Move | None = None
+    label: str | None = None
+    label_known: bool = False  # False until a move_active_label succeeded once
+    label_retry_at: float = 0.0
+    epoch_retry_at: float = 0.0
+    honoured_preferred: str | None = None  # preferredActive already acted upon
+    last_move: LastMove | None = None
+    failovers: int = 0
+    wall_offset: float = 0.0  # wall-clock seconds minus the engine clock, fixed at start
+    events_due: tuple[tuple[str, str, bool], ...] = field(default=())
+
+    def broker(self, name: str) -> BrokerKnowledge | None:
+        return next((b for b in self.brokers if b.name == name), None)
+
+    def with_broker(self, name: str, **changes: Any) -> EngineState:
+        return replace(
+            self, brokers=tuple(replace(b, **changes) if b.name == name else b for b in self.brokers)
+        )
+
+    def with_event(self, reason: str, message: str, warning: bool) -> EngineState:
+        return replace(self, events_due=(*self.events_due, (reason, message, warning)))
+
+
+def initial_state(
+    config: ClusterConfig,
+    *,
+    now: float,
+    wall_now: float,
+    epoch: int = 0,
+    last_active: str | None = None,
+    failovers: int = 0,
+) -> EngineState:
+    """The engine's knowledge right after (re)start: everyone possibly active for one fence period."""
+    fence_until = now + config.settings.fence_seconds
+    brokers = tuple(
+        BrokerKnowledge(name=t.name, url=t.url, priority=t.priority, possibly_active_until=fence_until)
+        for t in config.targets
+    )
+    if config.target(last_active or "") is None:
+        last_active = None
+    order = ((last_active,) if last_active else ()) + tuple(
+        t.name for t in config.targets if t.name != last_active
+    )
+    return EngineState(
+        brokers=brokers,
+        epoch=epoch,
+        epoch_holder=last_active,
+        # A preferredActive already set before the restart was honoured by the
+        # previous engine; do not switch over again just because we restarted.
+        honoured_preferred=config.preferred_active,
+        move=Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=order),
+        failovers=failovers,
+        wall_offset=wall_now - now,
+    )
+
+
+def reconcile_targets(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
+    """Follow a spec change: add new brokers, re-rank, and keep removed ones until fenced."""
+    followed = [(b.name, b.url, b.priority) for b in state.brokers if b.in_spec]
+    wanted = [(t.name, t.url, t.priority) for t in config.targets]
+    if len(followed) == len(state.brokers) and followed == wanted:
+        return state  # the common case, every step: nothing to follow
+    known = {b.name: b for b in state.brokers}
+    brokers: list[BrokerKnowledge] = []
+    for target in config.targets:
+        current = known.pop(target.name, None)
+        if current is None:
+            # A broker we never talked to may be active (someone else's doing):
+            # treat it like every broker at start-up until it answers.
+            current = BrokerKnowledge(
+                target.name,
+                target.url,
+                target.priority,
+                possibly_active_until=now + config.settings.fence_seconds,
+            )
+        brokers.append(replace(current, url=target.url, priority=target.priority, in_spec=True))
+    for leftover in known.values():
+        if leftover.possibly_active(now):
+            brokers.append(replace(leftover, in_spec=False))
+    brokers.sort(key=lambda b: (not b.in_spec, b.priority, b.name))
+    return replace(state, brokers=tuple(brokers))
+
+
+def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> EngineState:
+    """Dead containers are known not active; a container that came back starts Inactive."""
+    for broker in state.brokers:
+        fact = facts.get(broker.name)
+        if fact is None:
+            continue
+        if fact.dead and not broker.dead:
+            code = "CONTAINER_TERMINATED" if fact.exists else "POD_NOT_FOUND"
+            message = (
+                "Kubernetes reports the broker's container terminated"
+                if fact.exists
+                else "the broker's pod does not exist"
+            )
+            state = state.with_broker(
+                broker.name,
+                dead=True,
+                possibly_active_until=None,
+                unanswered_activation=False,
+                state=BrokerState.UNAVAILABLE.value,
+                code=code,
+                message=message,
+                ready_since=None,
+            )
+        elif not fact.dead and broker.dead:
+            # A new container starts Inactive; probe it now to learn whether it is ready.
+            state = state.with_broker(
+                broker.name, dead=False, state=UNKNOWN_STATE, code=None, message=None, next_probe_at=0.0
+            )
+    return state
+
+
+def failure_code(reason: str, reached: bool) -> str:
+    """The 30-character code shown for a heartbeat that got no answer."""
+    if not reached:
+        return "UNREACHABLE"
+    return "HEARTBEAT_TIMEOUT" if "timeout" in reason.lower() else "HEARTBEAT_FAILED"
+
+
+STALE = UnavailabilityCode.STALE_EPOCH.value

@@ -1,0 +1,182 @@
+"""Folding one observation (a heartbeat answer or failure, an epoch grant) into the knowledge.
+
+This is the "learn" half of a step; :mod:`.decisions` is the "act" half. The rules
+follow ARCHITECTURE.md, "The heartbeat contract":
+
+- an ``active=true`` call that may have reached a broker makes it possibly active
+  for one fence period from the moment we saw the outcome;
+- only a non-``Active`` answer to ``active=false`` (or a confirmed dead container)
+  proves a broker not active;
+- a renewal of the active that is not answered ``Active`` counts one failure;
+- a candidate that answers ``Active`` completes the move under way.
+
+Pure code: no I/O, no clock reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from broker_contracts.soap import BrokerState
+from broker_operator.core.actions import (
+    EpochGranted,
+    EpochRefused,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    LabelMoved,
+    Observation,
+)
+from broker_operator.core.knowledge import (
+    STALE,
+    ClusterConfig,
+    EngineState,
+    LastMove,
+    MoveKind,
+    failure_code,
+)
+
+_EVENT_OF_KIND = {
+    MoveKind.FAILOVER: ("Failover", True),
+    MoveKind.SWITCHOVER: ("Switchover", False),
+    MoveKind.FAILBACK: ("Failback", False),
+    MoveKind.STARTUP: ("Activated", False),
+}
+
+
+def observe(state: EngineState, config: ClusterConfig, observation: Observation, now: float) -> EngineState:
+    match observation:
+        case HeartbeatAnswered():
+            return _answered(state, config, observation, now)
+        case HeartbeatFailed():
+            return _failed(state, config, observation, now)
+        case EpochGranted(epoch=epoch):
+            # A grant below what we know changes nothing (max); above, nobody holds it yet.
+            return replace(state, epoch=epoch, epoch_holder=None) if epoch > state.epoch else state
+        case EpochRefused(current=current, reason=reason):
+            state = replace(state, epoch_retry_at=now + config.settings.interval_seconds)
+            if current is not None and current > state.epoch:
+                state = replace(state, epoch=current, epoch_holder=None)
+            return state.with_event(
+                "EpochConflict",
+                f"allocating epoch {state.epoch + 1} failed: {reason}; retrying in"
+                f" {config.settings.interval_seconds:g}s",
+                True,
+            )
+        case LabelMoved(active=active):
+            return replace(state, label=active, label_known=True)
+
+
+def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered, now: float) -> EngineState:
+    broker = state.broker(seen.broker)
+    if broker is None:
+        return state
+    reply = seen.reply
+    if reply.epoch > max(state.epoch, broker.reported_epoch):
+        state = state.with_event(
+            "StaleEpoch",
+            f"broker {broker.name} reports epoch {reply.epoch}, above the cluster's epoch {state.epoch};"
+            " the recorded epoch is behind (lost status or a second operator?); allocating epochs up to it",
+            True,
+        )
+    is_active = reply.state == BrokerState.ACTIVE.value
+    changes: dict[str, object] = {
+        "state": BrokerState(reply.state).value,
+        "code": None if is_active else reply.unavailability_code,
+        "message": None if is_active else reply.unavailability_message,
+        "reported_epoch": max(broker.reported_epoch, reply.epoch),
+        "last_reply_at": now,
+    }
+    fence_until = now + config.settings.fence_seconds
+    move = state.move
+    if not seen.active:
+        if not is_active:
+            changes.update(possibly_active_until=None, unanswered_activation=False)
+        ready = reply.state == BrokerState.INACTIVE.value
+        changes["ready_since"] = (broker.ready_since or now) if ready else None
+        return state.with_broker(broker.name, **changes)
+
+    changes.update(possibly_active_until=fence_until, ready_since=None, unanswered_activation=False)
+    if seen.broker == state.active:
+        changes["failures"] = 0 if is_active else broker.failures + 1
+        return state.with_broker(broker.name, **changes)
+    state = state.with_broker(broker.name, **changes)
+    if move is None or move.candidate != seen.broker:
+        return state
+    if is_active:
+        return complete_move(state, config, seen.broker, seen.epoch, now)
+    # A stale epoch is retried with a higher one (the reported epoch forces a new
+    # allocation); any other refusal moves the walk on to the next candidate.
+    stale_retry = reply.unavailability_code == STALE and reply.epoch >= seen.epoch
+    tried = move.tried if stale_retry else move.tried | {seen.broker}
+    return replace(state, move=replace(move, candidate=None, tried=tried))
+
+
+def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, now: float) -> EngineState:
+    broker = state.broker(seen.broker)
+    if broker is None:
+        return state
+    changes: dict[str, object] = {
+        "state": BrokerState.UNAVAILABLE.value,
+        "code": failure_code(seen.reason, seen.reached),
+        "message": seen.reason,
+        "ready_since": None,
+    }
+    if seen.active and seen.reached:
+        changes.update(
+            possibly_active_until=now + config.settings.fence_seconds,
+            unanswered_activation=True,
+        )
+    if seen.active and seen.broker == state.active:
+        changes["failures"] = broker.failures + 1
+    state = state.with_broker(broker.name, **changes)
+    move = state.move
+    if seen.active and move is not None and move.candidate == seen.broker:
+        state = replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
+    return state
+
+
+def complete_move(
+    state: EngineState, config: ClusterConfig, winner: str, epoch: int, now: float
+) -> EngineState:
+    """A candidate answered ``Active``: it is the active now; record why and how long it took."""
+    move = state.move
+    assert move is not None  # only called for the move's candidate
+    settings = config.settings
+    state = replace(
+        state,
+        active=winner,
+        active_epoch=epoch,
+        next_active_heartbeat_at=now + settings.interval_seconds,
+        move=None,
+    )
+    state = state.with_broker(winner, failures=0)
+    if settings.standby_probe_seconds > 0:
+        # Learn at once whether the others are ready standbys, for Healthy/Degraded.
+        state = replace(
+            state,
+            brokers=tuple(b if b.name == winner else replace(b, next_probe_at=now) for b in state.brokers),
+        )
+    if move.kind is MoveKind.STARTUP and move.from_ == winner:
+        return state  # the operator restarted and the same broker carries on: nothing to report
+    reason, warning = _EVENT_OF_KIND[move.kind]
+    duration_ms = round((now - move.started_at) * 1000)
+    if move.kind is MoveKind.STARTUP and move.from_ is None:
+        return state.with_event(reason, f"broker {winner} is active with epoch {epoch}", warning)
+    cause = f"{move.from_} {move.reason}" if move.kind is MoveKind.FAILOVER else move.reason
+    state = replace(
+        state,
+        failovers=state.failovers + 1,
+        last_move=LastMove(
+            completed_wall=now + state.wall_offset,
+            from_=move.from_,
+            to=winner,
+            reason=move.reason,
+            duration_ms=duration_ms,
+        ),
+    )
+    return state.with_event(
+        reason,
+        f"broker {winner} is active with epoch {epoch}, replacing {move.from_ or 'no active'}"
+        f" ({cause}); took {duration_ms} ms",
+        warning,
+    )

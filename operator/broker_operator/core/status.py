@@ -1,0 +1,128 @@
+"""The BrokerCluster status fields the failover engine owns, and their camelCase patch.
+
+``ClusterStatus`` is what the engine hands the shell in ``record_status``; it is
+also what the shell hands back at start (``ClusterStatus.from_status``) so that a
+restarted operator knows the last active and the highest epoch it was granted.
+
+Why ``lastHeartbeatTime`` is left out of equality: status is written only when
+something changes, never once per heartbeat. The times are refreshed whenever
+some other field changes, which is often enough for a person reading
+``kubectl describe`` and costs the API server nothing in the steady state.
+
+This module does not own ``ordering``, ``conditions``, ``observedGeneration`` or
+the ``Conflict`` phase: the validator and the controller write those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"  # the engine has not yet settled who is active
+    HEALTHY = "Healthy"  # an active and every standby ready
+    DEGRADED = "Degraded"  # an active, but a standby is missing or unavailable
+    FAILING_OVER = "FailingOver"  # a failover or planned move is under way
+    UNAVAILABLE = "Unavailable"  # no broker could be activated
+
+
+def format_time(wall: float) -> str:
+    """RFC 3339 UTC text for a ``time.time()`` value, as Kubernetes writes date-times."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    name: str
+    priority: int
+    state: str  # Active | Inactive | Unavailable | Unknown
+    unavailability_code: str | None = None
+    unavailability_message: str | None = None
+    last_heartbeat_time: str | None = field(default=None, compare=False)
+
+    def to_patch(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "priority": self.priority,
+            "state": self.state,
+            "unavailabilityCode": self.unavailability_code,
+            "unavailabilityMessage": self.unavailability_message,
+            "lastHeartbeatTime": self.last_heartbeat_time,
+        }
+
+
+@dataclass(frozen=True)
+class LastFailover:
+    time: str
+    from_: str | None
+    to: str | None
+    reason: str
+    duration_ms: int
+
+    def to_patch(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "from": self.from_,
+            "to": self.to,
+            "reason": self.reason,
+            "durationMs": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    phase: str = Phase.PENDING.value
+    active: str | None = None
+    epoch: int = 0  # the highest epoch ever granted to this cluster, bound to a broker or not
+    brokers: tuple[BrokerStatus, ...] = ()
+    last_failover: LastFailover | None = None
+    failovers: int = 0
+
+    def to_status_patch(self) -> dict[str, Any]:
+        """The camelCase ``status`` dict for a Kubernetes merge patch."""
+        return {
+            "phase": self.phase,
+            "active": self.active,
+            "epoch": self.epoch,
+            "brokers": [broker.to_patch() for broker in self.brokers],
+            "lastFailover": self.last_failover.to_patch() if self.last_failover else None,
+            "failovers": self.failovers,
+        }
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any] | None) -> ClusterStatus | None:
+        """Read back what an earlier engine wrote (``None`` when nothing was written yet)."""
+        if not status or "epoch" not in status:
+            return None
+        last = status.get("lastFailover")
+        return cls(
+            phase=str(status.get("phase") or Phase.PENDING.value),
+            active=status.get("active") or None,
+            epoch=int(status.get("epoch") or 0),
+            brokers=tuple(
+                BrokerStatus(
+                    name=str(b.get("name")),
+                    priority=int(b.get("priority") or 0),
+                    state=str(b.get("state") or "Unknown"),
+                    unavailability_code=b.get("unavailabilityCode"),
+                    unavailability_message=b.get("unavailabilityMessage"),
+                    last_heartbeat_time=b.get("lastHeartbeatTime"),
+                )
+                for b in status.get("brokers") or ()
+                if isinstance(b, Mapping)
+            ),
+            last_failover=LastFailover(
+                time=str(last.get("time")),
+                from_=last.get("from"),
+                to=last.get("to"),
+                reason=str(last.get("reason")),
+                duration_ms=int(last.get("durationMs") or 0),
+            )
+            if isinstance(last, Mapping)
+            else None,
+            failovers=int(status.get("failovers") or 0),
+        )

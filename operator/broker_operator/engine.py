@@ -1,0 +1,259 @@
+"""The failover engine's public surface: the per-cluster heartbeat loop and its shell protocol.
+
+``ClusterLoop`` runs one BrokerCluster: it asks the pure decision core
+(:mod:`broker_operator.core`) what to do, carries the actions out (heartbeats via
+:class:`HeartbeatClient`, epochs, labels, status and events via a
+:class:`ClusterShell`), and feeds the outcomes back. The kopf controller runs one
+loop per cluster in a daemon; the local runner and the benchmarks run the same
+loop with shells of their own, without Kubernetes.
+
+How the loop keeps the core's promises:
+- heartbeats of one step run concurrently, but the core never puts two
+  activations, or an activation and an epoch allocation, in one step, so
+  activations happen strictly one at a time and in priority order;
+- every heartbeat is bounded by ``timeoutSeconds`` here as well as in the client;
+- status is written only when the engine-owned fields change (heartbeat times
+  alone do not count), events as the core emits them.
+
+What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
+operator's HTTP server. On cancellation it simply stops, leaving brokers as they
+are (an active broker keeps its lease until it expires or a new engine renews it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from broker_operator import metrics
+from broker_operator.core import (
+    AllocateEpoch,
+    ClusterConfig,
+    EpochGranted,
+    EpochRefused,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    LabelMoved,
+    MoveActiveLabel,
+    Observation,
+    RecordEvent,
+    SendHeartbeat,
+    initial_state,
+    status_of,
+    step,
+)
+from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
+from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
+from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
+
+__all__ = [
+    "BrokerStatus",
+    "BrokerTarget",
+    "ClusterLoop",
+    "ClusterShell",
+    "ClusterStatus",
+    "EpochConflict",
+    "HeartbeatClient",
+    "HeartbeatError",
+    "HeartbeatReply",
+    "HeartbeatSettings",
+    "LastFailover",
+    "Phase",
+    "PodFacts",
+    "SettingsError",
+]
+
+logger = logging.getLogger(__name__)
+
+# Event reasons the core emits when the active changed (see core/observe.py).
+_CHANGES_OF_ACTIVE = frozenset({"Failover", "Switchover", "Failback"})
+
+
+class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/shell contract
+    """``allocate_epoch`` lost an optimistic-concurrency race (another writer changed the epoch).
+
+    ``current`` is the epoch the shell found stored, when it knows it; the engine
+    then allocates above it on its next try.
+    """
+
+    def __init__(self, message: str, current: int | None = None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class ClusterShell(Protocol):
+    """What the engine needs from its surroundings (Kubernetes, or a local state file)."""
+
+    async def allocate_epoch(self, current: int) -> int:
+        """Record ``current + 1`` durably and return it, or raise :class:`EpochConflict`."""
+        ...
+
+    async def move_active_label(self, active: str | None) -> None: ...
+
+    async def record_status(self, status: ClusterStatus) -> None:
+        """Called only when the engine-owned status changed."""
+        ...
+
+    async def record_event(self, reason: str, message: str, warning: bool) -> None: ...
+
+    def pod_facts(self) -> Mapping[str, PodFacts]:
+        """Facts per broker name; an empty mapping in endpoints mode."""
+        ...
+
+
+class ClusterLoop:
+    """The heartbeat loop of one BrokerCluster (see the module docstring)."""
+
+    def __init__(  # noqa: PLR0917 - positional order fixed by the engine/shell contract
+        self,
+        cluster: str,
+        targets: Sequence[BrokerTarget],
+        settings: HeartbeatSettings,
+        shell: ClusterShell,
+        heartbeats: HeartbeatClient,
+        initial: ClusterStatus | None = None,
+        preferred_active: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        start_jitter: bool = True,
+    ) -> None:
+        self.cluster = cluster
+        self._config = ClusterConfig.of(cluster, targets, settings, preferred_active)
+        self._shell = shell
+        self._heartbeats = heartbeats
+        self._clock = clock
+        self._recorded = initial
+        self._state = initial_state(
+            self._config,
+            now=clock(),
+            wall_now=wall_clock(),
+            epoch=initial.epoch if initial else 0,
+            last_active=initial.active if initial else None,
+            failovers=initial.failovers if initial else 0,
+        )
+        self._wakeup = asyncio.Event()
+        self._start_jitter = 1.0 if start_jitter else 0.0
+
+    @property
+    def status(self) -> ClusterStatus:
+        """The status as the engine sees it now (recorded or about to be)."""
+        return status_of(self._state, self._config)
+
+    def update(
+        self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
+    ) -> None:
+        """The spec changed: take the new brokers, settings and preferred active at the next step."""
+        self._config = ClusterConfig.of(self.cluster, targets, settings, preferred_active)
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        # Many loops start together when the operator starts; a random phase within
+        # one interval spreads their heartbeats instead of sending them in bursts.
+        # Safe: the lease exceeds interval x failureThreshold, so the active outlives it.
+        await asyncio.sleep(random.uniform(0, self._config.settings.interval_seconds) * self._start_jitter)
+        observations: list[Observation] = []
+        last_phase: str | None = None
+        while True:
+            self._wakeup.clear()
+            decision = step(self._state, self._config, self._shell.pod_facts(), self._clock(), observations)
+            self._state = decision.state
+            observations = await self._carry_out(decision.actions)
+            status = status_of(self._state, self._config)
+            await self._record_if_changed(status)
+            if status.phase != last_phase:
+                metrics.set_phase(self.cluster, status.phase)
+                last_phase = status.phase
+            metrics.EPOCH.labels(self.cluster).set(status.epoch)
+            if observations:
+                continue  # fold the outcomes in at once: the next activation may depend on them
+            delay = decision.wake_at - self._clock()
+            if delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    pass
+
+    async def _carry_out(self, actions: Sequence[object]) -> list[Observation]:
+        calls = [
+            self._heartbeat(action) if isinstance(action, SendHeartbeat) else self._allocate(action)
+            for action in actions
+            if isinstance(action, SendHeartbeat | AllocateEpoch)
+        ]
+        observations: list[Observation] = list(await asyncio.gather(*calls))
+        for action in actions:
+            if isinstance(action, MoveActiveLabel):
+                try:
+                    await self._shell.move_active_label(action.active)
+                    observations.append(LabelMoved(action.active))
+                except Exception:  # the core retries once per interval
+                    logger.exception("%s: moving the active label to %s failed", self.cluster, action.active)
+            elif isinstance(action, RecordEvent):
+                await self._event(action)
+        return observations
+
+    async def _heartbeat(self, action: SendHeartbeat) -> Observation:
+        target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)
+        started = time.perf_counter()
+        timeout = self._config.settings.timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await self._heartbeats.heartbeat(target, action.active, action.epoch)
+        except TimeoutError:
+            outcome: Observation = HeartbeatFailed(
+                action.broker, action.active, action.epoch, reached=True, reason=f"timeout after {timeout:g}s"
+            )
+        except HeartbeatError as error:
+            outcome = HeartbeatFailed(
+                action.broker, action.active, action.epoch, reached=error.reached, reason=error.reason
+            )
+        else:
+            outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply)
+        metrics.HEARTBEAT_LATENCY.observe(time.perf_counter() - started)
+        if isinstance(outcome, HeartbeatAnswered):
+            metrics.HEARTBEATS.labels(self.cluster, outcome.reply.state.lower()).inc()
+        else:
+            metrics.HEARTBEATS.labels(self.cluster, "failed").inc()
+            metrics.HEARTBEAT_FAILURES.labels(self.cluster).inc()
+        return outcome
+
+    async def _allocate(self, action: AllocateEpoch) -> Observation:
+        try:
+            return EpochGranted(await self._shell.allocate_epoch(action.current))
+        except EpochConflict as conflict:
+            return EpochRefused(conflict.current, str(conflict))
+        except Exception as error:  # an API server hiccup: retried after an interval
+            logger.exception("%s: allocating epoch %d failed", self.cluster, action.current + 1)
+            return EpochRefused(None, f"{type(error).__name__}: {error}")
+
+    async def _event(self, event: RecordEvent) -> None:
+        log = logger.warning if event.warning else logger.info
+        log("%s: %s: %s", self.cluster, event.reason, event.message)
+        if event.reason in _CHANGES_OF_ACTIVE:
+            last = self._state.last_move
+            metrics.FAILOVERS.labels(self.cluster, event.reason).inc()
+            if last is not None:
+                metrics.FAILOVER_DURATION.observe(last.duration_ms / 1000)
+        try:
+            await self._shell.record_event(event.reason, event.message, event.warning)
+        except Exception:  # events are for people; losing one must not stop failover
+            logger.exception("%s: recording event %s failed", self.cluster, event.reason)
+
+    async def _record_if_changed(self, status: ClusterStatus) -> None:
+        if status == self._recorded:
+            return
+        try:
+            await self._shell.record_status(status)
+        except Exception:  # retried at the next step, which comes within an interval
+            logger.exception("%s: recording status failed", self.cluster)
+            return
+        self._recorded = status

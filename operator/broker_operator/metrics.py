@@ -1,0 +1,65 @@
+"""Prometheus metrics the failover engine updates; the controller serves them on ``/metrics``.
+
+They live in prometheus_client's default registry, as is usual for that library, so
+the controller (or the local runner) only has to start its HTTP exposition. Label
+sets are kept small on purpose: per-cluster labels on counters and gauges, none on
+the latency histogram, so 1,000 clusters stay a few thousand series.
+
+This module only declares metrics and small helpers to update them; it starts no
+server and reads no settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from broker_operator.core.status import Phase
+
+HEARTBEATS: Final = Counter(
+    "broker_failover_heartbeats",
+    "Heartbeat calls made, by cluster and outcome (active, inactive, unavailable, failed).",
+    ["cluster", "outcome"],
+)
+HEARTBEAT_FAILURES: Final = Counter(
+    "broker_failover_heartbeat_failures",
+    "Heartbeat calls that got no answer (timeout, connection or SOAP fault), by cluster.",
+    ["cluster"],
+)
+HEARTBEAT_LATENCY: Final = Histogram(
+    "broker_failover_heartbeat_seconds",
+    "Time from sending a Heartbeat to its answer or failure.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+FAILOVERS: Final = Counter(
+    "broker_failover_failovers",
+    "Completed changes of the active broker, by cluster and kind (Failover, Switchover, Failback, ...).",
+    ["cluster", "kind"],
+)
+FAILOVER_DURATION: Final = Histogram(
+    "broker_failover_failover_duration_seconds",
+    "From the decision to move (failure detected or move planned) to the new active answering Active.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+EPOCH: Final = Gauge("broker_failover_epoch", "The highest epoch granted to the cluster.", ["cluster"])
+PHASE: Final = Gauge(
+    "broker_failover_phase", "1 for the cluster's current phase, 0 for the others.", ["cluster", "phase"]
+)
+
+
+def set_phase(cluster: str, phase: str) -> None:
+    for candidate in Phase:
+        PHASE.labels(cluster, candidate.value).set(1.0 if candidate.value == phase else 0.0)
+
+
+def forget_cluster(cluster: str) -> None:
+    """Drop a deleted cluster's series so /metrics does not grow without bound."""
+    for metric, label_sets in (
+        (EPOCH, [(cluster,)]),
+        (PHASE, [(cluster, p.value) for p in Phase]),
+    ):
+        for labels in label_sets:
+            with contextlib.suppress(KeyError):  # never set: nothing to drop
+                metric.remove(*labels)

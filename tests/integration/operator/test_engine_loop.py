@@ -1,0 +1,172 @@
+"""The real ClusterLoop against real broker processes in endpoints mode.
+
+Each test starts the simulators and three brokers (see ``conftest.py``), runs the
+loop with the real SOAP client, breaks something the way production breaks it
+(kill -9, SIGSTOP, a broker holding a higher epoch, a spec change), and checks
+the brokers' own ``broker_active`` gauges as well as the engine's status and
+events. Waits are bounded polls; no test asserts how fast anything was (that is
+``bench/bench_failover.py``'s job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+
+import pytest
+from prometheus_client import REGISTRY
+
+from broker_contracts.soap import BrokerState
+from broker_operator.core.model import FailbackMode
+from broker_operator.engine import BrokerTarget, HeartbeatClient
+from tests.integration.operator.conftest import LEASE, SETTINGS, BrokerTrio, eventually
+from tests.integration.processes import DEFAULT_TOKEN
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+async def sample_single_active(cluster: BrokerTrio, seconds: float) -> None:
+    """Sample the brokers' gauges for ``seconds``; fail if two ever report Active together."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        actives = await asyncio.to_thread(cluster.actives)
+        assert len(actives) <= 1, f"two brokers active at once: {actives}"
+        await asyncio.sleep(0.05)
+
+
+async def test_activates_highest_priority_and_reports_healthy(cluster: BrokerTrio) -> None:
+    loop, shell = await cluster.start_loop()
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(lambda: loop.status.phase == "Healthy", 10, "phase Healthy")
+    status = loop.status
+    assert status.active == "b0" and status.epoch == 1
+    assert [b.state for b in status.brokers] == ["Active", "Inactive", "Inactive"]
+    assert "Activated" in shell.reasons()
+    # Status is written on change only: a quiet second adds no writes.
+    writes = len(shell.statuses)
+    await asyncio.sleep(1.5)
+    assert len(shell.statuses) == writes
+
+
+def failovers_counted() -> float:
+    sample = REGISTRY.get_sample_value(
+        "broker_failover_failovers_total", {"cluster": "acme-1000", "kind": "Failover"}
+    )
+    return sample or 0.0
+
+
+async def test_kill9_with_pod_facts_fails_over_at_once(cluster: BrokerTrio) -> None:
+    counted_before = failovers_counted()
+    loop, shell = await cluster.start_loop(pods=True)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    cluster.brokers["b0"].kill(signal.SIGKILL)
+    loop.wake()
+    await eventually(lambda: cluster.actives() == ["b1"], 10, "b1 active after kill -9 of b0")
+    assert loop.status.active == "b1"
+    assert loop.status.epoch == 2
+    assert loop.status.last_failover is not None
+    assert loop.status.last_failover.from_ == "b0" and loop.status.last_failover.to == "b1"
+    assert loop.status.last_failover.reason == "CONTAINER_TERMINATED"
+    assert {"ActiveUnavailable", "Failover"} <= set(shell.reasons())
+    assert loop.status.phase == "Degraded"  # b0 is gone
+    assert failovers_counted() == counted_before + 1
+    assert REGISTRY.get_sample_value("broker_failover_epoch", {"cluster": "acme-1000"}) == 2
+    assert (
+        REGISTRY.get_sample_value("broker_failover_phase", {"cluster": "acme-1000", "phase": "Degraded"}) == 1
+    )
+
+
+async def test_kill9_without_pod_facts_waits_for_the_lease(cluster: BrokerTrio) -> None:
+    loop, shell = await cluster.start_loop(pods=False)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    cluster.brokers["b0"].kill(signal.SIGKILL)
+    await eventually(lambda: "ActiveUnavailable" in shell.reasons(), 10, "failure detected")
+    await eventually(lambda: cluster.actives() == ["b1"], 10 + LEASE, "b1 active after the lease")
+    assert loop.status.active == "b1"
+
+
+async def test_sigstop_partition_fails_over_after_lease_and_fences_the_old_active(
+    cluster: BrokerTrio,
+) -> None:
+    manual = dataclasses.replace(SETTINGS, failback=FailbackMode.MANUAL)
+    loop, _shell = await cluster.start_loop(settings=manual)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    b0 = cluster.brokers["b0"]
+    b0.kill(signal.SIGSTOP)
+    try:
+        await eventually(lambda: loop.status.active == "b1", 10 + 2 * LEASE, "b1 active while b0 is stopped")
+        assert cluster.brokers["b1"] and cluster.actives() == ["b1"]  # b0 cannot answer: None, not True
+    finally:
+        b0.kill(signal.SIGCONT)
+    # The resumed b0 has missed its lease: it must not be active next to b1, and
+    # the engine keeps fencing it (active=false) until it answers Inactive.
+    await sample_single_active(cluster, 3.0)
+    await eventually(
+        lambda: next(b for b in loop.status.brokers if b.name == "b0").state == "Inactive",
+        10,
+        "b0 seen Inactive after SIGCONT",
+    )
+    assert cluster.actives() == ["b1"]  # Manual: no failback to the resumed b0
+
+
+async def test_stale_epoch_on_a_broker_raises_the_cluster_epoch(cluster: BrokerTrio) -> None:
+    # A previous life of this cluster activated b0 with epoch 5 and lost its record.
+    client = HeartbeatClient(DEFAULT_TOKEN, "old-operator", 2.0)
+    target = BrokerTarget("b0", cluster.brokers["b0"].soap_url, 0)
+    try:
+        assert (await client.heartbeat(target, True, 5)).state == BrokerState.ACTIVE
+        assert (await client.heartbeat(target, False, 5)).state == BrokerState.INACTIVE
+    finally:
+        await client.close()
+    loop, shell = await cluster.start_loop()
+    await eventually(lambda: loop.status.active is not None, 30, "an active broker")
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    assert loop.status.epoch >= 5, loop.status.epoch  # never below what a broker already stored
+    assert "StaleEpoch" in shell.reasons()
+
+
+async def test_failback_after_restart_never_overlaps(cluster: BrokerTrio) -> None:
+    loop, shell = await cluster.start_loop(pods=True)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    cluster.brokers["b0"].kill(signal.SIGKILL)
+    loop.wake()
+    await eventually(lambda: cluster.actives() == ["b1"], 10, "failover to b1")
+    await asyncio.to_thread(cluster.brokers["b0"].restart)
+    loop.wake()
+    sampler = asyncio.create_task(sample_single_active(cluster, 8.0))
+    await eventually(lambda: cluster.actives() == ["b0"], 15, "failback to b0")
+    await sampler
+    assert "Failback" in shell.reasons()
+    assert loop.status.failovers == 2
+
+
+async def test_switchover_to_preferred_active_drains_first(cluster: BrokerTrio) -> None:
+    loop, shell = await cluster.start_loop()
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(lambda: loop.status.phase == "Healthy", 10, "standbys ready")
+    sampler = asyncio.create_task(sample_single_active(cluster, 4.0))
+    loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
+    await eventually(lambda: cluster.actives() == ["b2"], 10, "switchover to b2")
+    await sampler
+    assert "Switchover" in shell.reasons()
+    assert loop.status.active == "b2" and loop.status.last_failover is not None
+    assert loop.status.last_failover.reason == "PreferredActive"
+    # preferredActive keeps b2 even though b0 has the higher priority (Automatic failback).
+    await asyncio.sleep(SETTINGS.failback_stable_seconds + 2)
+    assert cluster.actives() == ["b2"]
+
+
+async def test_restarted_engine_resumes_the_same_active_without_an_event(cluster: BrokerTrio) -> None:
+    loop, _shell = await cluster.start_loop()
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(lambda: loop.status.phase == "Healthy", 10, "phase Healthy")
+    await cluster.stop_loops()
+    cluster.loops.clear()
+    cluster.clients.clear()
+    loop2, shell2 = await cluster.start_loop()  # same state file: knows b0 and epoch 1
+    await eventually(lambda: loop2.status.phase == "Healthy", 10, "Healthy after restart")
+    assert loop2.status.active == "b0" and loop2.status.epoch == 1
+    assert cluster.actives() == ["b0"]
+    assert not {"Activated", "Failover"} & set(shell2.reasons())

@@ -1,0 +1,192 @@
+"""Example-based tests of the decision core: one scenario each, read top to bottom.
+
+The property tests (``test_properties.py``) cover the random fault space; these pin
+down the rules the design spells out (settings defaults and refusals, the status
+patch, fast fencing, planned moves draining first, epoch conflicts, failback).
+They drive the real core through the simulated brokers of ``simulation.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_operator.core import (
+    ClusterStatus,
+    FailbackMode,
+    HeartbeatSettings,
+    SendHeartbeat,
+    SettingsError,
+    status_of,
+    step,
+)
+from broker_operator.core.status import BrokerStatus, LastFailover
+from tests.unit.core.simulation import World
+
+FAST = HeartbeatSettings(
+    interval_seconds=0.5,
+    timeout_seconds=0.2,
+    failure_threshold=2,
+    lease_seconds=2.0,
+    standby_probe_seconds=1.0,
+    failback_stable_seconds=2.0,
+    lease_margin_seconds=0.25,
+)
+
+
+def test_settings_defaults_follow_the_design() -> None:
+    settings = HeartbeatSettings.from_spec({})
+    assert (settings.interval_seconds, settings.timeout_seconds, settings.failure_threshold) == (1, 1, 2)
+    assert (settings.lease_seconds, settings.standby_probe_seconds) == (5, 10)
+    assert settings.failback is FailbackMode.AUTOMATIC and settings.failback_stable_seconds == 30
+    custom = HeartbeatSettings.from_spec(
+        {
+            "heartbeat": {"intervalSeconds": 2, "leaseSeconds": 9},
+            "failback": "Manual",
+            "failbackStableSeconds": 5,
+        }
+    )
+    assert custom.interval_seconds == 2 and custom.lease_seconds == 9
+    assert custom.failback is FailbackMode.MANUAL and custom.failback_stable_seconds == 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "names"),
+    [
+        ({"heartbeat": {"leaseSeconds": 2}}, "spec.heartbeat.leaseSeconds (2)"),
+        ({"heartbeat": {"intervalSeconds": "fast"}}, "spec.heartbeat.intervalSeconds ('fast')"),
+        ({"heartbeat": {"failureThreshold": -1}}, "spec.heartbeat.failureThreshold (-1)"),
+        ({"failback": "Sometimes"}, "spec.failback ('Sometimes')"),
+        ({"heartbeat": ["not", "an", "object"]}, "spec.heartbeat must be an object"),
+    ],
+)
+def test_invalid_settings_are_refused_naming_the_field(spec: dict[str, object], names: str) -> None:
+    with pytest.raises(SettingsError, match=names.replace("(", r"\(").replace(")", r"\)")):
+        HeartbeatSettings.from_spec(spec)
+
+
+def test_status_patch_is_camel_case_and_round_trips() -> None:
+    status = ClusterStatus(
+        phase="Healthy",
+        active="b1",
+        epoch=7,
+        brokers=(
+            BrokerStatus("b0", 0, "Unavailable", "STALE_EPOCH", "epoch 3 < 7", "2026-01-01T00:00:00.000000Z"),
+        ),
+        last_failover=LastFailover("2026-01-01T00:00:01.000000Z", "b0", "b1", "CONTAINER_TERMINATED", 420),
+        failovers=3,
+    )
+    patch = status.to_status_patch()
+    assert patch["brokers"][0]["unavailabilityCode"] == "STALE_EPOCH"
+    assert patch["brokers"][0]["lastHeartbeatTime"] == "2026-01-01T00:00:00.000000Z"
+    assert patch["lastFailover"] == {
+        "time": "2026-01-01T00:00:01.000000Z",
+        "from": "b0",
+        "to": "b1",
+        "reason": "CONTAINER_TERMINATED",
+        "durationMs": 420,
+    }
+    assert ClusterStatus.from_status(patch) == status
+    assert ClusterStatus.from_status({}) is None
+
+
+def test_heartbeat_times_alone_do_not_change_the_status() -> None:
+    a = BrokerStatus("b0", 0, "Active", last_heartbeat_time="2026-01-01T00:00:00.000000Z")
+    b = BrokerStatus("b0", 0, "Active", last_heartbeat_time="2026-01-01T00:00:09.000000Z")
+    assert ClusterStatus(brokers=(a,)) == ClusterStatus(brokers=(b,))
+
+
+def test_fresh_cluster_probes_everyone_then_activates_priority_zero_with_epoch_one() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    first = step(world.state, world.config, {}, world.now)
+    # Nothing is known: b1 is fenced with active=false and an epoch is asked for
+    # before b0 (the first choice, so not fenced) gets active=true.
+    assert [(a.broker, a.active) for a in first.actions if isinstance(a, SendHeartbeat)] == [("b1", False)]
+    assert any(type(a).__name__ == "AllocateEpoch" for a in first.actions)
+    world.run(1.0)
+    assert world.actives() == ["b0"] and world.stored_epoch == 1
+    assert status_of(world.state, world.config).phase == "Healthy"
+
+
+def test_old_active_that_answers_inactive_is_replaced_without_waiting_for_the_lease() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.brokers["b0"].activation_fails = True  # alive, answers, but cannot stay active
+    world.brokers["b0"].active = False
+    failed_at = world.now
+    world.run(3.0)
+    assert world.actives() == ["b1"]
+    activation_time = next(t for t, name, _ in world.activations if name == "b1")
+    # Detection takes failureThreshold intervals; fencing by active=false is one round trip.
+    assert activation_time - failed_at < FAST.lease_seconds
+
+
+def test_silent_active_is_replaced_only_after_lease_and_margin() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.brokers["b0"].partitioned = True
+    world.run(10.0)
+    assert world.actives() == ["b1"]
+    b0_last_contact = max(t for t, name in world.active_true_calls if name == "b0")
+    b1_activated = next(t for t, name, _ in world.activations if name == "b1")
+    assert b1_activated >= b0_last_contact + FAST.fence_seconds
+
+
+def test_planned_switchover_allocates_then_drains_then_activates() -> None:
+    world = World.create(["b0", "b1"], FAST, preferred=None)
+    world.run(3.0)
+    config = world.config
+    world.config = type(config).of(config.cluster, config.targets, config.settings, "b1")
+    decision = step(world.state, world.config, {}, world.now)
+    assert [type(a).__name__ for a in decision.actions] == ["AllocateEpoch"]  # b0 is still serving
+    world.run(1.0)
+    assert world.actives() == ["b1"]
+    assert [e.reason for e in world.events][-1] == "Switchover"
+    assert world.state.last_move is not None and world.state.last_move.reason == "PreferredActive"
+
+
+def test_unknown_preferred_active_is_refused_with_an_event() -> None:
+    world = World.create(["b0", "b1"], FAST, preferred=None)
+    world.run(2.0)
+    config = world.config
+    world.config = type(config).of(config.cluster, config.targets, config.settings, "b9")
+    world.run(2.0)
+    assert world.actives() == ["b0"]
+    refusal = next(e for e in world.events if e.reason == "SwitchoverRefused")
+    assert "b9" in refusal.message and refusal.warning
+
+
+def test_epoch_conflict_is_retried_and_reported() -> None:
+    world = World.create(["b0"], FAST)
+    world.refuse_next_allocations = 1
+    world.run(3.0)
+    assert world.actives() == ["b0"]
+    assert any(e.reason == "EpochConflict" for e in world.events)
+    assert world.brokers["b0"].epoch == world.stored_epoch  # activated with the epoch actually granted
+
+
+def test_automatic_failback_waits_for_stability_and_manual_stays() -> None:
+    for mode, expected in ((FailbackMode.AUTOMATIC, "b0"), (FailbackMode.MANUAL, "b1")):
+        settings = HeartbeatSettings(**{**FAST.__dict__, "failback": mode})
+        world = World.create(["b0", "b1"], settings, pod_mode=True)
+        world.run(2.0)
+        world.crash("b0")
+        world.run(1.0)
+        assert world.actives() == ["b1"]
+        world.restart("b0")
+        world.run(settings.failback_stable_seconds / 2)
+        assert world.actives() == ["b1"], "failback before failbackStableSeconds"
+        world.run(settings.failback_stable_seconds + 3)
+        assert world.actives() == [expected], mode
+
+
+def test_walk_exhausted_reports_unavailable_and_keeps_retrying() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    for broker in world.brokers.values():
+        broker.activation_fails = True
+    world.run(5.0)
+    assert world.actives() == []
+    assert status_of(world.state, world.config).phase == "Unavailable"
+    assert sum(e.reason == "NoBrokerAvailable" for e in world.events) == 1
+    world.brokers["b1"].activation_fails = False
+    world.run(3.0)
+    assert world.actives() == ["b1"]

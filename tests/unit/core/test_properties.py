@@ -1,0 +1,184 @@
+"""Stateful property tests: the decision core against simulated brokers under random faults.
+
+Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes,
+restarts, partitions, slow replies, activation failures, epoch conflicts,
+preferredActive changes and clock steps, and checks on every broker action that
+
+- no two brokers are ever active at the same instant (also during planned moves),
+- every activation uses an epoch the cluster was granted, and no epoch is given to
+  two brokers,
+- ``active=true`` goes only to the current active or the move's candidate (never
+  to a standby that should stay inactive),
+
+and, once the faults stop, that the cluster converges: under ``Automatic`` to the
+preferred broker or else the highest-priority one, under ``Manual`` to some
+broker that then stays put. The simulated brokers stand in for broker processes
+(the integration tests run real ones); the core itself is the real code.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import Phase as Phase_
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from broker_operator.core import FailbackMode, HeartbeatSettings, Phase, status_of
+from tests.unit.core.simulation import World
+
+NAMES = ["b0", "b1", "b2", "b3"]
+
+
+@st.composite
+def heartbeat_settings(draw: st.DrawFn) -> HeartbeatSettings:
+    interval = draw(st.sampled_from([0.2, 1.0]))
+    threshold = draw(st.integers(1, 3))
+    return HeartbeatSettings(
+        interval_seconds=interval,
+        timeout_seconds=draw(st.sampled_from([0.1, 0.2])),
+        failure_threshold=threshold,
+        # The lease must exceed interval x threshold (HeartbeatSettings refuses less).
+        lease_seconds=interval * threshold + draw(st.sampled_from([0.5, 3.0])),
+        standby_probe_seconds=draw(st.sampled_from([0.0, 1.0, 10.0])),
+        failback=draw(st.sampled_from(list(FailbackMode))),
+        failback_stable_seconds=draw(st.sampled_from([0.0, 3.0])),
+        lease_margin_seconds=0.25,
+    )
+
+
+SETTINGS = heartbeat_settings()
+
+
+class FailoverMachine(RuleBasedStateMachine):
+    world: World
+
+    @initialize(
+        count=st.integers(1, 4),
+        heartbeat=SETTINGS,
+        pod_mode=st.booleans(),
+        stored_epoch=st.integers(0, 3),
+        restart_with_active=st.booleans(),
+    )
+    def start(
+        self,
+        count: int,
+        heartbeat: HeartbeatSettings,
+        pod_mode: bool,
+        stored_epoch: int,
+        restart_with_active: bool,
+    ) -> None:
+        names = NAMES[:count]
+        last_active = names[-1] if restart_with_active and stored_epoch > 0 else None
+        self.world = World.create(
+            names, heartbeat, pod_mode=pod_mode, stored_epoch=stored_epoch, last_active=last_active
+        )
+        if last_active:
+            # A previous operator left this broker active with the stored epoch.
+            broker = self.world.brokers[last_active]
+            broker.active, broker.epoch, broker.renewed_at = True, stored_epoch, self.world.now
+        self.world.run(0.5)
+
+    def _name(self, data: st.DataObject) -> str:
+        return data.draw(st.sampled_from(sorted(self.world.brokers)))
+
+    @rule(seconds=st.floats(0.05, 3.0))
+    def time_passes(self, seconds: float) -> None:
+        self.world.run(seconds)
+
+    @rule(seconds=st.floats(5.0, 40.0))
+    def clock_steps(self, seconds: float) -> None:
+        # Everyone's time jumps (a paused VM, a long GC): no step runs in between.
+        self.world.now += seconds
+        self.world.run(0.1)
+
+    @rule(data=st.data())
+    def crash(self, data: st.DataObject) -> None:
+        self.world.crash(self._name(data))
+        self.world.run(0.01)
+
+    @rule(data=st.data())
+    def restart(self, data: st.DataObject) -> None:
+        self.world.restart(self._name(data))
+
+    @rule(data=st.data(), on=st.booleans())
+    def partition(self, data: st.DataObject, on: bool) -> None:
+        self.world.brokers[self._name(data)].partitioned = on
+
+    @rule(data=st.data(), on=st.booleans())
+    def slow_replies(self, data: st.DataObject, on: bool) -> None:
+        self.world.brokers[self._name(data)].slow = on
+
+    @rule(data=st.data(), on=st.booleans())
+    def activation_fails(self, data: st.DataObject, on: bool) -> None:
+        self.world.brokers[self._name(data)].activation_fails = on
+
+    @rule(times=st.integers(1, 2))
+    def epoch_conflict(self, times: int) -> None:
+        self.world.refuse_next_allocations = times
+
+    @rule(data=st.data())
+    def change_preferred(self, data: st.DataObject) -> None:
+        preferred = data.draw(st.none() | st.sampled_from(sorted(self.world.brokers)))
+        config = self.world.config
+        self.world.config = type(config).of(config.cluster, config.targets, config.settings, preferred)
+
+    @invariant()
+    def at_most_one_active(self) -> None:
+        assert len(self.world.actives()) <= 1, self.world.actives()
+
+    @precondition(lambda self: hasattr(self, "world"))
+    @invariant()
+    def status_names_real_brokers(self) -> None:
+        status = status_of(self.world.state, self.world.config)
+        assert status.active is None or status.active in self.world.brokers
+        assert status.epoch >= max((e for _, _, e in self.world.activations), default=0)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "world"):
+            return
+        world = self.world
+        for broker in world.brokers.values():
+            broker.partitioned = broker.slow = broker.activation_fails = False
+            if not broker.alive:
+                world.restart(broker.name)
+        heartbeat = world.config.settings
+        settle = (
+            3 * heartbeat.fence_seconds
+            + heartbeat.failback_stable_seconds
+            + 3 * heartbeat.standby_probe_seconds
+        )
+        world.run(settle + 5)
+        actives = world.actives()
+        assert len(actives) == 1, f"no single active after faults stopped: {actives}"
+        assert world.state.active == actives[0], (world.state.active, actives)
+        status = status_of(world.state, world.config)
+        assert status.active == actives[0]
+        # Failback needs evidence that the better broker is healthy: with standby
+        # probes off (standbyProbeSeconds 0) the engine stays where it is.
+        if heartbeat.failback is FailbackMode.AUTOMATIC and heartbeat.standby_probe_seconds > 0:
+            expected = world.config.preferred_active or world.config.targets[0].name
+            assert actives[0] == expected, f"Automatic should converge to {expected}, is on {actives[0]}"
+        # Quiet period: nothing moves any more, and no standby gets active=true.
+        calls_before = len(world.active_true_calls)
+        world.run(2 * settle + 10)
+        assert world.actives() == actives, f"active moved from {actives} to {world.actives()} while quiet"
+        quiet_calls = {name for _, name in world.active_true_calls[calls_before:]}
+        assert quiet_calls <= set(actives), (
+            f"active=true to standbys {quiet_calls - set(actives)} while quiet"
+        )
+        if heartbeat.standby_probe_seconds > 0 or len(world.brokers) == 1:
+            assert status_of(world.state, world.config).phase == Phase.HEALTHY.value
+
+
+TestFailover = FailoverMachine.TestCase
+TestFailover.settings = settings(
+    max_examples=int(os.environ.get("CORE_EXAMPLES", "120")),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    report_multiple_bugs=False,
+    phases=[Phase_.explicit, Phase_.reuse, Phase_.generate]
+    + ([Phase_.shrink] if os.environ.get("CORE_SHRINK", "1") == "1" else []),
+)
