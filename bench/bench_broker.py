@@ -1,0 +1,189 @@
+"""Broker throughput: backend simulator to cloud simulator through one Active broker.
+
+Setup (the issue's): 200 streams, bundles of 100 messages of about 500 bytes,
+the durable journal on (group commit, fsync per batch), the message log on.
+Three real processes on loopback, started and stopped here. The figures:
+
+* ``msgs_per_s``: messages confirmed end to end (backend to broker to cloud
+  and back to the backend) divided by the time from the first send to the last
+  confirmation, as the backend simulator measures it;
+* ``accept_p50_ms`` / ``accept_p99_ms``: SendMessages latency per bundle as
+  the backend simulator sees it (request sent to response read);
+* ``broker_peak_rss_mb``: the broker process's VmHWM;
+* ``cpu_s`` and ``broker_cpu_us_per_msg``: CPU each process used during the
+  run (``/proc/<pid>/stat``), the broker's per message and split into user
+  and system time. On a shared machine these are the figures to compare, not
+  the wall-clock throughput;
+* with ``--profile``, the broker runs under cProfile and the top functions by
+  own time are printed (``--profile-out FILE`` keeps the stats). cProfile
+  inflates per-call costs several times over, so use it for where, not how much.
+
+The last line is the headline ``broker_throughput_msgs_per_s=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.processes import (  # noqa: E402  # the repository root is put on the path just above
+    DEFAULT_TOKEN,
+    PYTHON,
+    ProcessSet,
+    free_port,
+    loopback_host,
+    running,
+)
+
+
+def post_soap_heartbeat(url: str, epoch: int) -> bytes:
+    body = (
+        '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/" '
+        'xmlns:t="http://broker.failover.dev/soap/v1"><soap:Body><t:Heartbeat><t:active>true</t:active>'
+        f"<t:epoch>{epoch}</t:epoch><t:operatorId>bench</t:operatorId></t:Heartbeat></soap:Body></soap:Envelope>"
+    ).encode()
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "text/xml", "Authorization": f"Bearer {DEFAULT_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bytes(response.read())
+
+
+def get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result: dict[str, object] = json.load(response)
+        return result
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time a process has used so far (``/proc/<pid>/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far."""
+    return sum(cpu_times(pid))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--messages-per-stream", type=int, default=500)
+    parser.add_argument("--bundle-size", type=int, default=100)
+    parser.add_argument("--payload-bytes", type=int, default=500)
+    parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument(
+        "--profile", action="store_true", help="run the broker under cProfile and print the top"
+    )
+    parser.add_argument("--profile-out", type=Path, default=None, help="also keep the cProfile stats here")
+    parser.add_argument("--no-message-log", action="store_true", help="measure without the message log")
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> list[str]:
+    """Start the three processes, push every message through, return the report lines."""
+    host = loopback_host()
+    port = free_port(host)
+    cloud = procs.start_cloud_simulator(root)
+    backend = procs.start_backend_simulator(
+        root,
+        broker_urls=[f"http://{host}:{port}"],
+        streams=args.streams,
+        messages_per_stream=args.messages_per_stream,
+        bundle_size=args.bundle_size,
+        per_stream_in_bundle=max(1, args.bundle_size * args.lanes // args.streams),
+        payload_bytes=args.payload_bytes,
+        lanes=args.lanes,
+    )
+    profile_path = root / "broker.prof"
+    broker = procs.start_broker(
+        root,
+        name="bench-broker",
+        backend_url=backend.url,
+        cloud_url=cloud.url,
+        host=host,
+        port=port,
+        lease_seconds=600,
+        message_log_dir=None if args.no_message_log else root / "store",
+    )
+    if args.profile:  # the same command under cProfile with a CPU clock
+        broker.stop()
+        broker.argv = [PYTHON, str(ROOT / "bench" / "profile_broker.py"), str(profile_path), *broker.argv[3:]]
+        broker.restart()
+    processes = (broker, backend, cloud)
+    cpu_before = {p.name: cpu_seconds(p.pid) for p in processes}
+    broker_user_before, broker_sys_before = cpu_times(broker.pid)
+    reply = post_soap_heartbeat(broker.soap_url, 1)
+    if b"<tns:state>Active</tns:state>" not in reply:
+        raise SystemExit(f"broker did not activate: {reply[:400]!r}")
+    urllib.request.urlopen(urllib.request.Request(backend.url + "/sim/start", data=b"{}"), timeout=10).close()
+
+    total = args.streams * args.messages_per_stream
+    deadline = time.monotonic() + 600
+    status = get_json(backend.url + "/sim/status")
+    while not status["allConfirmed"] and time.monotonic() < deadline:
+        time.sleep(0.25)
+        status = get_json(backend.url + "/sim/status")
+    if not status["allConfirmed"]:
+        raise SystemExit(f"not all confirmed within 600s: {status['confirmed']}/{total}")
+    taken = get_json(cloud.url + "/sim/status")
+    rss = peak_rss_mb(broker.pid)
+    cpu = {p.name: cpu_seconds(p.pid) - cpu_before[p.name] for p in processes}
+    broker_user, broker_sys = cpu_times(broker.pid)
+    seconds = float(str(status["sendingSeconds"]))
+    broker.stop()
+    lines = [
+        f"messages={total} streams={args.streams} bundle={args.bundle_size} "
+        f"payload_bytes={args.payload_bytes}",
+        f"journal=durable(fsync per group commit) message_log={'off' if args.no_message_log else 'on'}",
+        f"elapsed_s={seconds:.2f}",
+        f"cloud_taken={taken['outboundTaken']} cloud_duplicates={taken['outboundDuplicates']}",
+        f"bundles={status['bundles']} accept_p50_ms={float(str(status['acceptP50'])) * 1000:.1f}",
+        f"accept_p99_ms={float(str(status['acceptP99'])) * 1000:.1f}",
+        f"broker_peak_rss_mb={rss:.1f}",
+        "cpu_s " + " ".join(f"{name}={value:.2f}" for name, value in cpu.items()) + " (2 cores shared)",
+        f"broker_cpu_us_per_msg={cpu[broker.name] / total * 1e6:.1f} "
+        f"(user {(broker_user - broker_user_before) / total * 1e6:.1f}, "
+        f"system {(broker_sys - broker_sys_before) / total * 1e6:.1f})",
+    ]
+    if args.profile and profile_path.exists():
+        lines.append("--- broker profile (CPU time), top 25 by own time ---")
+        text = io.StringIO()
+        pstats.Stats(str(profile_path), stream=text).sort_stats("tottime").print_stats(25)
+        lines.append(text.getvalue())
+        if args.profile_out is not None:
+            args.profile_out.write_bytes(profile_path.read_bytes())
+    lines.append(f"broker_throughput_msgs_per_s={total / seconds:.0f}")
+    return lines
+
+
+def main() -> int:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
+        lines = run(args, Path(scratch), procs)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""Inbound delivery: polls the cloud while Active and delivers to the backend in order per stream.
+
+The loop is deliberately sequential: poll, deliver what came back to the
+backend (one request, every stream in ``seq`` order), confirm to the cloud
+exactly what the backend took, poll again. The cloud keeps answering with every
+unconfirmed message, so nothing needs journaling here: if this broker dies
+between delivery and confirmation, the next active broker gets the same
+messages again and the backend drops the duplicates by ``(stream, seq)``.
+
+Per-message refusals by the backend count attempts per ``(stream, seq)``;
+retries wait with backoff; after ``maxDeliveries`` the ``onPoison`` policy
+applies. A held inbound message is simply never confirmed to the cloud (so the
+cloud keeps it: nothing is dropped) and is filtered out of later polls; under
+``BlockStream`` everything after it in its stream is filtered too. Replay lifts
+the filter; discard confirms it to the cloud so the cloud forgets it.
+
+This module does not decide when to run; the lifecycle starts and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from broker_contracts.message_log import Direction, Event, format_ts
+from broker_contracts.relay import DeliveryStatus
+from broker_service.holds import HeldEntry, HoldQueue
+from broker_service.message_log_writer import MessageLogWriter
+from broker_service.metrics import BrokerMetrics
+from broker_service.relay_client import RelayClient, RelayMessage, StaleEpochError, TargetUnreachableError
+from broker_service.settings import BrokerSettings, PoisonPolicy
+
+logger = logging.getLogger(__name__)
+
+
+class InboundPoller:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        relay: RelayClient,
+        message_log: MessageLogWriter,
+        metrics: BrokerMetrics,
+        epoch: Callable[[], int],
+        fence: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.relay = relay
+        self.log = message_log
+        self.metrics = metrics
+        self._epoch = epoch
+        self._fence = fence
+        self.holds = HoldQueue()
+        self._attempts: dict[tuple[str, int], int] = {}
+        self._retry_at: dict[str, float] = {}  # stream -> monotonic time its retry is due
+        self._blocked: dict[str, int] = {}  # BlockStream: stream -> held seq
+        self._logged_accepted: dict[str, int] = {}
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._running = True
+        self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="inbound-poller")
+
+    async def stop(self, drain_seconds: float) -> None:
+        self._running = False
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=drain_seconds)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._task = None
+
+    async def _idle(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.settings.retry_max_seconds, self.settings.retry_base_seconds * 2 ** min(failures, 10))
+
+    def _deliverable(self, messages: list[RelayMessage]) -> list[RelayMessage]:
+        now = time.monotonic()
+        keep = []
+        for message in messages:
+            stream, seq = message[0], message[1]
+            blocked_at = self._blocked.get(stream)
+            if blocked_at is not None and seq >= blocked_at:
+                continue
+            if self._retry_at.get(stream, 0.0) > now or self.holds.get(stream, seq) is not None:
+                continue
+            keep.append(message)
+        return keep
+
+    async def _poll_loop(self) -> None:
+        failures = 0
+        while self._running:
+            epoch = self._epoch()
+            try:
+                polled = await self.relay.poll_inbound(epoch, self.settings.poll_max)
+                messages = self._deliverable(polled)
+                if not messages:
+                    await self._idle(self.settings.poll_idle_seconds)
+                    continue
+                self._log_accepted(epoch, messages)
+                self._log_forwarded(epoch, messages)
+                reply = await self.relay.deliver_inbound(epoch, messages)
+                taken = self._settle(epoch, messages, reply["results"], reply["reasons"])
+                if taken:
+                    await self.relay.confirm_inbound(epoch, [[m[0], m[1]] for m in taken])
+                    self.log.messages(Event.CONFIRMED, epoch, Direction.INBOUND, taken, final=True)
+                    self.metrics.confirmed.labels("inbound").inc(len(taken))
+                failures = 0
+                if len(polled) < self.settings.poll_max:
+                    await self._idle(self.settings.poll_idle_seconds)
+            except StaleEpochError as error:
+                self._fence(str(error))
+                return
+            except TargetUnreachableError as error:
+                failures += 1
+                self.metrics.relay_failures.labels("inbound").inc()
+                logger.warning("inbound relay failed (retry %d): %s", failures, error)
+                await self._idle(self._backoff(failures))
+
+    def _log_forwarded(self, epoch: int, messages: list[RelayMessage]) -> None:
+        first_tries = []
+        for message in messages:
+            tried = self._attempts.get((message[0], message[1]), 0)
+            if tried:
+                self.log.messages(Event.FORWARDED, epoch, Direction.INBOUND, [message], attempt=tried + 1)
+            else:
+                first_tries.append(message)
+        self.log.messages(Event.FORWARDED, epoch, Direction.INBOUND, first_tries, attempt=1)
+
+    def _log_accepted(self, epoch: int, messages: list[RelayMessage]) -> None:
+        fresh = []
+        for message in messages:
+            stream, seq = message[0], message[1]
+            if seq > self._logged_accepted.get(stream, 0):
+                self._logged_accepted[stream] = seq
+                fresh.append(message)
+        if fresh:
+            self.log.messages(Event.ACCEPTED, epoch, Direction.INBOUND, fresh, first=True)
+
+    def _settle(
+        self, epoch: int, messages: list[RelayMessage], results: list[str], reasons: dict[str, str]
+    ) -> list[RelayMessage]:
+        taken: list[RelayMessage] = []
+        delivered: list[RelayMessage] = []
+        held: list[HeldEntry] = []
+        for index, message in enumerate(messages):
+            status = results[index] if index < len(results) else DeliveryStatus.SKIPPED.value
+            stream, seq = message[0], message[1]
+            if status in (DeliveryStatus.OK, DeliveryStatus.DUPLICATE):
+                self._attempts.pop((stream, seq), None)
+                taken.append(message)
+                if status == DeliveryStatus.OK:
+                    delivered.append(message)
+            elif status == DeliveryStatus.REJECTED:
+                self.metrics.rejected.labels("inbound").inc()
+                attempts = self._attempts.get((stream, seq), 0) + 1
+                reason = reasons.get(str(index), "rejected by the backend")
+                if attempts < self.settings.max_deliveries:
+                    self._attempts[(stream, seq)] = attempts
+                    self._retry_at[stream] = time.monotonic() + self._backoff(attempts - 1)
+                    continue
+                self._attempts.pop((stream, seq), None)
+                entry = HeldEntry(
+                    Direction.INBOUND,
+                    (stream, seq, str(message[2]), str(message[3])),
+                    attempts,
+                    reason,
+                    format_ts(),
+                )
+                self.holds.add(entry)
+                held.append(entry)
+                if self.settings.on_poison is PoisonPolicy.BLOCK_STREAM:
+                    self._blocked[stream] = seq
+        if delivered:
+            self.log.messages(Event.DELIVERED, epoch, Direction.INBOUND, delivered)
+            self.metrics.delivered.labels("inbound").inc(len(delivered))
+        if held:
+            for entry in held:
+                self.log.messages(
+                    Event.HELD, epoch, Direction.INBOUND, [entry.message], attempt=entry.attempts
+                )
+            for entry in held:
+                logger.error("inbound stream %r seq %d held: %s", entry.stream, entry.seq, entry.last_error)
+            self.refresh_hold_metrics()
+        return taken
+
+    def refresh_hold_metrics(self) -> None:
+        self.metrics.held.labels("inbound").set(len(self.holds))
+        self.metrics.blocked_streams.labels("inbound").set(len(self._blocked))
+
+    def replay(self, stream: str, seq: int) -> HeldEntry | None:
+        entry = self.holds.pop(stream, seq)
+        if entry is not None:
+            if self._blocked.get(stream) == seq:
+                del self._blocked[stream]
+            self._retry_at.pop(stream, None)
+            self._wake.set()
+            self.refresh_hold_metrics()
+        return entry
+
+    async def discard(self, stream: str, seq: int) -> HeldEntry | None:
+        """Drop a held inbound message for good: confirm it to the cloud, which then forgets it."""
+        entry = self.holds.get(stream, seq)
+        if entry is None:
+            return None
+        await self.relay.confirm_inbound(self._epoch(), [[stream, seq]])
+        self.holds.pop(stream, seq)
+        if self._blocked.get(stream) == seq:
+            del self._blocked[stream]
+        self._wake.set()
+        self.refresh_hold_metrics()
+        return entry

@@ -1,0 +1,197 @@
+"""The broker's settings: one typed object, read once from the command line and the environment.
+
+Every flag of ``broker-service`` also reads an environment variable (the pod
+spec sets env vars, tests pass flags); a flag wins over its variable. The
+result is a frozen :class:`BrokerSettings` that the rest of the broker receives
+as an argument. Nothing else in the package reads the environment, so a test can
+build settings directly and a reader finds every knob here.
+
+This module does not validate reachability of URLs or create directories; the
+broker does that when it starts and says which setting was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class PoisonPolicy(StrEnum):
+    """What happens to a message that failed ``maxDeliveries`` times (see ARCHITECTURE.md)."""
+
+    BLOCK_STREAM = "BlockStream"  # the stream stops at the poison message until replay or discard
+    HOLD = "Hold"  # the message is parked on the hold queue and the stream goes on
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the text names the flag, its variable and the value."""
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    name: str = "broker"
+    cluster: str = "cluster"
+    account: str = ""
+    company: str = ""
+    data_dir: Path = Path("/var/lib/broker")
+    message_log_dir: Path | None = None
+    backend_url: str = ""
+    cloud_url: str = ""
+    token: str = ""
+    lease_seconds: float = 5.0
+    max_deliveries: int = 5
+    on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
+    # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
+    # does not name them; tests and benchmarks pass them as flags.
+    body_limit_bytes: int = 16 * 1024 * 1024
+    forward_bundle_max: int = 2000
+    forward_concurrency: int = 4
+    poll_max: int = 500
+    poll_idle_seconds: float = 0.2
+    retry_base_seconds: float = 0.05
+    retry_max_seconds: float = 2.0
+    relay_timeout_seconds: float = 5.0
+    journal_rotate_bytes: int = 64 * 1024 * 1024
+    segment_max_bytes: int = 32 * 1024 * 1024
+    segment_max_seconds: float = 30.0
+    drain_seconds: float = 5.0
+
+    @property
+    def pair_fixed(self) -> bool:
+        """Whether bundles must name this broker's (account, company); unset means any pair."""
+        return bool(self.account or self.company)
+
+
+# (flag, env var, default) for the fixed interface; see the brief in docs/broker.md.
+_ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
+    ("--host", "BROKER_HOST", "0.0.0.0"),
+    ("--port", "BROKER_PORT", "8080"),
+    ("--name", "BROKER_NAME", None),
+    ("--cluster", "BROKER_CLUSTER", None),
+    ("--account", "BROKER_ACCOUNT", ""),
+    ("--company", "BROKER_COMPANY", ""),
+    ("--data-dir", "BROKER_DATA_DIR", None),
+    ("--message-log-dir", "BROKER_MESSAGE_LOG_DIR", None),
+    ("--backend-url", "BROKER_BACKEND_URL", ""),
+    ("--cloud-url", "BROKER_CLOUD_URL", ""),
+    ("--token-file", "BROKER_TOKEN_FILE", None),
+    ("--lease-seconds", "BROKER_LEASE_SECONDS", "5"),
+    ("--max-deliveries", "BROKER_MAX_DELIVERIES", "5"),
+    ("--on-poison", "BROKER_ON_POISON", PoisonPolicy.BLOCK_STREAM.value),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="broker-service",
+        description="The stateful message broker; switched Active/Inactive only by the operator's Heartbeat.",
+    )
+    for flag, env, default in _ENV_FLAGS:
+        parser.add_argument(flag, default=None, help=f"(env {env}, default {default!r})")
+    parser.add_argument("--body-limit-bytes", type=int, default=BrokerSettings.body_limit_bytes)
+    parser.add_argument("--forward-bundle-max", type=int, default=BrokerSettings.forward_bundle_max)
+    parser.add_argument("--forward-concurrency", type=int, default=BrokerSettings.forward_concurrency)
+    parser.add_argument("--poll-max", type=int, default=BrokerSettings.poll_max)
+    parser.add_argument("--poll-idle-seconds", type=float, default=BrokerSettings.poll_idle_seconds)
+    parser.add_argument("--retry-base-seconds", type=float, default=BrokerSettings.retry_base_seconds)
+    parser.add_argument("--retry-max-seconds", type=float, default=BrokerSettings.retry_max_seconds)
+    parser.add_argument("--relay-timeout-seconds", type=float, default=BrokerSettings.relay_timeout_seconds)
+    parser.add_argument("--journal-rotate-bytes", type=int, default=BrokerSettings.journal_rotate_bytes)
+    parser.add_argument("--segment-max-bytes", type=int, default=BrokerSettings.segment_max_bytes)
+    parser.add_argument("--segment-max-seconds", type=float, default=BrokerSettings.segment_max_seconds)
+    parser.add_argument("--drain-seconds", type=float, default=BrokerSettings.drain_seconds)
+    return parser
+
+
+def _number(text: str, flag: str, env: str, kind: type[int] | type[float], minimum: float) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise SettingsError(f"{flag} / {env} = {text!r} is not a {kind.__name__}") from None
+    if value < minimum:
+        raise SettingsError(f"{flag} / {env} = {text!r} must be at least {minimum}")
+    return value
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> BrokerSettings:
+    """Settings from ``argv`` (flags) over ``environ`` (env vars) over the defaults."""
+    environ = os.environ if environ is None else environ
+    args = _parser().parse_args(argv)
+    raw: dict[str, str | None] = {}
+    for flag, env, default in _ENV_FLAGS:
+        key = flag.removeprefix("--").replace("-", "_")
+        flag_value = getattr(args, key)
+        raw[key] = flag_value if flag_value is not None else environ.get(env, default)
+
+    name = raw["name"] or environ.get("HOSTNAME", "broker")
+    if raw["data_dir"] is None:
+        raise SettingsError("--data-dir / BROKER_DATA_DIR is required: the journal and the epoch live there")
+    token = _read_token(raw["token_file"], environ)
+    try:
+        on_poison = PoisonPolicy(str(raw["on_poison"]))
+    except ValueError:
+        choices = [p.value for p in PoisonPolicy]
+        raise SettingsError(
+            f"--on-poison / BROKER_ON_POISON = {raw['on_poison']!r}; use one of {choices}"
+        ) from None
+    return BrokerSettings(
+        host=str(raw["host"]),
+        port=int(_number(str(raw["port"]), "--port", "BROKER_PORT", int, 0)),
+        name=name,
+        cluster=raw["cluster"] or name,
+        account=str(raw["account"]),
+        company=str(raw["company"]),
+        data_dir=Path(raw["data_dir"]),
+        message_log_dir=Path(raw["message_log_dir"]) if raw["message_log_dir"] else None,
+        backend_url=str(raw["backend_url"]).rstrip("/"),
+        cloud_url=str(raw["cloud_url"]).rstrip("/"),
+        token=token,
+        lease_seconds=_number(
+            str(raw["lease_seconds"]), "--lease-seconds", "BROKER_LEASE_SECONDS", float, 0.1
+        ),
+        max_deliveries=int(
+            _number(str(raw["max_deliveries"]), "--max-deliveries", "BROKER_MAX_DELIVERIES", int, 1)
+        ),
+        on_poison=on_poison,
+        body_limit_bytes=args.body_limit_bytes,
+        forward_bundle_max=args.forward_bundle_max,
+        forward_concurrency=args.forward_concurrency,
+        poll_max=args.poll_max,
+        poll_idle_seconds=args.poll_idle_seconds,
+        retry_base_seconds=args.retry_base_seconds,
+        retry_max_seconds=args.retry_max_seconds,
+        relay_timeout_seconds=args.relay_timeout_seconds,
+        journal_rotate_bytes=args.journal_rotate_bytes,
+        segment_max_bytes=args.segment_max_bytes,
+        segment_max_seconds=args.segment_max_seconds,
+        drain_seconds=args.drain_seconds,
+    )
+
+
+def _read_token(token_file: str | None, environ: Mapping[str, str]) -> str:
+    """The operator's credential: the mounted Secret file wins over ``BROKER_TOKEN``."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise SettingsError(
+                f"--token-file / BROKER_TOKEN_FILE = {token_file!r} cannot be read: {error}"
+            ) from None
+        if not token:
+            raise SettingsError(f"--token-file / BROKER_TOKEN_FILE = {token_file!r} is empty")
+        return token
+    token = environ.get("BROKER_TOKEN", "").strip()
+    if not token:
+        raise SettingsError(
+            "no credential: set --token-file / BROKER_TOKEN_FILE (the mounted Secret) or BROKER_TOKEN; "
+            "Heartbeat and the admin operations refuse every call without it"
+        )
+    return token

@@ -1,0 +1,89 @@
+"""Fixtures for the broker's integration tests: real processes on loopback, stopped in teardown.
+
+``processes`` is a :class:`tests.integration.processes.ProcessSet` rooted in the
+test's ``tmp_path``; everything started through it is SIGTERM-ed (then
+SIGKILL-ed) as a process group when the test ends, pass or fail.
+``relay_pair`` starts the two simulators and one broker wired to them, the
+setup most tests share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.integration.processes import ProcessSet, RunningProcess, free_port, loopback_host
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[ProcessSet]:
+    started = ProcessSet(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+@dataclass
+class Reserved:
+    """An address picked before the process that will listen on it exists (the backend needs it first)."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def reserve_address() -> Reserved:
+    host = loopback_host()
+    return Reserved(host, free_port(host))
+
+
+@dataclass
+class RelaySetup:
+    backend: RunningProcess
+    cloud: RunningProcess
+    broker: RunningProcess
+
+
+@pytest.fixture
+def reserve() -> type[Reserved]:
+    return Reserved
+
+
+def start_relay(
+    processes: ProcessSet,
+    tmp_path: Path,
+    *,
+    streams: int = 4,
+    messages_per_stream: int = 50,
+    backend_args: dict[str, object] | None = None,
+    cloud_args: dict[str, object] | None = None,
+    broker_args: dict[str, object] | None = None,
+) -> RelaySetup:
+    """Cloud simulator, backend simulator pointed at a broker, and that broker (Inactive)."""
+    address = reserve_address()
+    cloud = processes.start_cloud_simulator(tmp_path, **(cloud_args or {}))  # type: ignore[arg-type]
+    backend = processes.start_backend_simulator(
+        tmp_path,
+        broker_urls=[address.url],
+        streams=streams,
+        messages_per_stream=messages_per_stream,
+        **(backend_args or {}),  # type: ignore[arg-type]
+    )
+    broker = processes.start_broker(
+        tmp_path,
+        backend_url=backend.url,
+        cloud_url=cloud.url,
+        host=address.host,
+        port=address.port,
+        **(broker_args or {}),  # type: ignore[arg-type]
+    )
+    return RelaySetup(backend=backend, cloud=cloud, broker=broker)

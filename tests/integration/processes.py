@@ -1,0 +1,406 @@
+"""Start brokers and simulators as real processes on loopback, for any integration test or benchmark.
+
+Each process gets its own loopback address (``127.x.y.z``; the whole 127/8 is
+loopback on Linux) and a free port on it, runs in its own session (so it and
+anything it forks share one process group), logs to a file next to its data,
+and is only returned once its health endpoint answers. :meth:`RunningProcess.stop`
+sends SIGTERM to the group and escalates to SIGKILL; :meth:`RunningProcess.kill`
+sends any signal to the group (``SIGKILL`` for crash tests, ``SIGSTOP`` /
+``SIGCONT`` for partitions). :class:`ProcessSet` tracks everything a test
+started and stops it all in teardown, so no process outlives its test.
+
+Usage from any test, either with a :class:`ProcessSet` (the ``processes``
+fixture in ``tests/integration/broker/conftest.py`` is one) or with the
+module-level functions (then call :func:`stop_all_started` in teardown)::
+
+    cloud = start_cloud_simulator(tmp_path)
+    backend = start_backend_simulator(tmp_path, broker_urls=[...])   # sends after POST /sim/start
+    broker = start_broker(tmp_path, name="b0", backend_url=backend.url, cloud_url=cloud.url,
+                          token="secret", lease_seconds=3)
+    broker.url, broker.soap_url, broker.pid, broker.kill(signal.SIGSTOP), broker.stop()
+
+A broker activates only if its backend and cloud answer (the activation sends
+the resend request and probes the cloud), so start both simulators for a
+broker you want to heartbeat into Active. Heartbeat it with zeep built from
+``broker.soap_url + "?wsdl"`` and ``Authorization: Bearer <token>``.
+
+Not here: assertions or SOAP clients; see ``tests/integration/broker/helpers.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PYTHON = sys.executable
+DEFAULT_TOKEN = "integration-test-token"
+
+
+def loopback_host() -> str:
+    """A random address in 127.0.0.0/8 (avoiding .0 and .255), so parallel processes rarely share one."""
+    return f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class RunningProcess:
+    name: str
+    argv: list[str]
+    host: str
+    port: int
+    log_path: Path
+    popen: subprocess.Popen[bytes]
+    ready_path: str = "/healthz"
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def soap_url(self) -> str:
+        return f"{self.url}/soap"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (the process runs in its own session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+        if sig == signal.SIGKILL:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the group (SIGCONT first, in case a test stopped it), then SIGKILL after ``timeout``."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGCONT)
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+        # Children that ignored SIGTERM still die with the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        return self.popen.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 20.0, path: str | None = None) -> None:
+        """Poll ``path`` (default the health endpoint) until HTTP 200, or fail with the process log."""
+        deadline = time.monotonic() + timeout
+        target = self.url + (path or self.ready_path)
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                code = self.popen.returncode
+                raise RuntimeError(
+                    f"{self.name} exited with {code} before it was ready; log:\n{self.log_text()}"
+                )
+            try:
+                with urllib.request.urlopen(target, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready at {target} within {timeout}s; log:\n{self.log_text()}")
+
+    def restart(self, timeout: float = 20.0) -> RunningProcess:
+        """Start the same command again (same address, port, data); for crash/restart tests."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env or None
+        )
+        log.close()
+        self.wait_ready(timeout)
+        return self
+
+
+def _launch(name: str, argv: list[str], host: str, port: int, workdir: Path) -> RunningProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / f"{name}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
+    log.close()
+    return RunningProcess(
+        name=name, argv=argv, host=host, port=port, log_path=log_path, popen=popen, env=full_env
+    )
+
+
+def broker_argv(
+    *,
+    host: str,
+    port: int,
+    name: str,
+    data_dir: Path,
+    backend_url: str,
+    cloud_url: str,
+    token_file: Path,
+    cluster: str,
+    account: str,
+    company: str,
+    lease_seconds: float,
+    max_deliveries: int,
+    on_poison: str,
+    message_log_dir: Path | None,
+    extra: Sequence[str],
+) -> list[str]:
+    argv = [
+        PYTHON,
+        "-m",
+        "broker_service",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--name",
+        name,
+        "--cluster",
+        cluster,
+        "--account",
+        account,
+        "--company",
+        company,
+        "--data-dir",
+        str(data_dir),
+        "--backend-url",
+        backend_url,
+        "--cloud-url",
+        cloud_url,
+        "--token-file",
+        str(token_file),
+        "--lease-seconds",
+        str(lease_seconds),
+        "--max-deliveries",
+        str(max_deliveries),
+        "--on-poison",
+        on_poison,
+    ]
+    if message_log_dir is not None:
+        argv += ["--message-log-dir", str(message_log_dir)]
+    return argv + list(extra)
+
+
+class ProcessSet:
+    """Everything one test started; :meth:`stop_all` in teardown leaves nothing running."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.started: list[RunningProcess] = []
+
+    def _track(self, process: RunningProcess, timeout: float) -> RunningProcess:
+        self.started.append(process)
+        process.wait_ready(timeout)
+        return process
+
+    def start_broker(
+        self,
+        tmp_path: Path | None = None,
+        *,
+        name: str = "broker-0",
+        backend_url: str = "",
+        cloud_url: str = "",
+        token: str = DEFAULT_TOKEN,
+        lease_seconds: float = 5.0,
+        cluster: str = "acme-1000",
+        account: str = "acme",
+        company: str = "1000",
+        max_deliveries: int = 5,
+        on_poison: str = "BlockStream",
+        data_dir: Path | None = None,
+        message_log_dir: Path | None = None,
+        extra_args: Sequence[str] = (),
+        host: str | None = None,
+        port: int | None = None,
+        timeout: float = 20.0,
+    ) -> RunningProcess:
+        """A ``broker-service`` process, Inactive, with its own data dir under ``tmp_path/name``."""
+        workdir = (tmp_path or self.root) / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        token_file = workdir / "token"
+        token_file.write_text(token + "\n")
+        host = host or loopback_host()
+        port = port or free_port(host)
+        argv = broker_argv(
+            host=host,
+            port=port,
+            name=name,
+            data_dir=data_dir or workdir / "data",
+            backend_url=backend_url,
+            cloud_url=cloud_url,
+            token_file=token_file,
+            cluster=cluster,
+            account=account,
+            company=company,
+            lease_seconds=lease_seconds,
+            max_deliveries=max_deliveries,
+            on_poison=on_poison,
+            message_log_dir=message_log_dir,
+            extra=extra_args,
+        )
+        return self._track(_launch(name, argv, host, port, workdir), timeout)
+
+    def start_backend_simulator(
+        self,
+        tmp_path: Path | None = None,
+        *,
+        name: str = "backend",
+        broker_urls: Sequence[str] = (),
+        streams: int = 4,
+        messages_per_stream: int = 100,
+        bundle_size: int = 100,
+        per_stream_in_bundle: int = 10,
+        payload_bytes: int = 100,
+        lanes: int = 4,
+        account: str = "acme",
+        company: str = "1000",
+        autostart: bool = False,
+        poison: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
+        timeout: float = 20.0,
+    ) -> RunningProcess:
+        """A ``backend-simulator``; it sends only after ``POST /sim/start`` unless ``autostart``."""
+        workdir = (tmp_path or self.root) / name
+        host = loopback_host()
+        port = free_port(host)
+        argv = [
+            PYTHON,
+            "-m",
+            "broker_simulators.backend",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--account",
+            account,
+            "--company",
+            company,
+            "--streams",
+            str(streams),
+            "--messages-per-stream",
+            str(messages_per_stream),
+            "--bundle-size",
+            str(bundle_size),
+            "--per-stream-in-bundle",
+            str(per_stream_in_bundle),
+            "--payload-bytes",
+            str(payload_bytes),
+            "--lanes",
+            str(lanes),
+            "--record-dir",
+            str(workdir),
+        ]
+        for url in broker_urls:
+            argv += ["--broker-url", url]
+        for spec in poison:
+            argv += ["--poison", spec]
+        if autostart:
+            argv.append("--autostart")
+        return self._track(_launch(name, argv + list(extra_args), host, port, workdir), timeout)
+
+    def start_cloud_simulator(
+        self,
+        tmp_path: Path | None = None,
+        *,
+        name: str = "cloud",
+        inbound_streams: int = 0,
+        inbound_messages_per_stream: int = 0,
+        poison: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
+        timeout: float = 20.0,
+    ) -> RunningProcess:
+        workdir = (tmp_path or self.root) / name
+        host = loopback_host()
+        port = free_port(host)
+        argv = [
+            PYTHON,
+            "-m",
+            "broker_simulators.cloud",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--inbound-streams",
+            str(inbound_streams),
+            "--inbound-messages-per-stream",
+            str(inbound_messages_per_stream),
+            "--record-dir",
+            str(workdir),
+        ]
+        for spec in poison:
+            argv += ["--poison", spec]
+        return self._track(_launch(name, argv + list(extra_args), host, port, workdir), timeout)
+
+    def stop_all(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+        self.started.clear()
+
+
+@contextlib.contextmanager
+def running(root: Path) -> Iterator[ProcessSet]:
+    """A :class:`ProcessSet` that stops everything it started on exit (for scripts and benchmarks)."""
+    processes = ProcessSet(root)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+# Module-level conveniences with the promised signatures: ``start_broker(tmp_path, name=..., ...)``.
+# Processes started this way are tracked here; stop them with ``.stop()`` or :func:`stop_all_started`
+# (call it in your fixture's teardown). An atexit hook stops any that are left, as a last resort.
+_STARTED = ProcessSet(Path("."))
+atexit.register(_STARTED.stop_all)
+
+
+def start_broker(tmp_path: Path, **options: Any) -> RunningProcess:
+    """A broker process (Inactive) under ``tmp_path/<name>``; see :meth:`ProcessSet.start_broker`."""
+    return _STARTED.start_broker(tmp_path, **options)
+
+
+def start_backend_simulator(tmp_path: Path, **options: Any) -> RunningProcess:
+    """See :meth:`ProcessSet.start_backend_simulator`."""
+    return _STARTED.start_backend_simulator(tmp_path, **options)
+
+
+def start_cloud_simulator(tmp_path: Path, **options: Any) -> RunningProcess:
+    """See :meth:`ProcessSet.start_cloud_simulator`."""
+    return _STARTED.start_cloud_simulator(tmp_path, **options)
+
+
+def stop_all_started() -> None:
+    """Stop every process the module-level ``start_*`` functions started."""
+    _STARTED.stop_all()

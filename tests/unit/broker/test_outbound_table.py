@@ -1,0 +1,135 @@
+"""The outbound stream table's rules, without I/O: seq cursor, bundling, settling, holds, watermarks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker_contracts.soap import AcceptStatus
+from broker_service.journal import RecoveredJournal
+from broker_service.outbound import OutboundTable
+from broker_service.settings import PoisonPolicy
+
+
+class ManualClock:
+    """Collects ``call_later`` callbacks so a test fires them when it wants (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.pending.append(callback)
+
+    def fire_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for callback in pending:
+            callback()
+
+
+def table(
+    policy: PoisonPolicy = PoisonPolicy.BLOCK_STREAM, max_deliveries: int = 2
+) -> tuple[OutboundTable, ManualClock]:
+    clock = ManualClock()
+    return (
+        OutboundTable(
+            max_deliveries=max_deliveries,
+            on_poison=policy,
+            retry_base_seconds=0.01,
+            retry_max_seconds=0.1,
+            schedule=clock.call_later,
+            on_ready=lambda: None,
+        ),
+        clock,
+    )
+
+
+def accept(t: OutboundTable, stream: str, seqs: list[int]) -> list[tuple[str, int, AcceptStatus, int | None]]:
+    results, accepted, _ = t.reserve([stream] * len(seqs), seqs, [f"m{s}" for s in seqs], ["p"] * len(seqs))
+    t.commit(accepted)
+    return results
+
+
+def test_seq_rule() -> None:
+    t, _ = table()
+    assert [r[2] for r in accept(t, "s", [1, 2, 2, 1, 3])] == [
+        "Accepted",
+        "Accepted",
+        "Duplicate",
+        "Duplicate",
+        "Accepted",
+    ]
+    assert accept(t, "s", [5]) == [("s", 5, AcceptStatus.GAP, 4)]
+    assert [m[1] for m in t.streams["s"].queue] == [1, 2, 3]
+
+
+def test_a_stream_is_in_one_bundle_at_a_time_and_order_is_kept() -> None:
+    t, _ = table()
+    accept(t, "a", [1, 2, 3])
+    accept(t, "b", [1])
+    first = t.take_bundle(limit=2)
+    assert [(s.name, [m[1] for m in ms]) for s, ms in first] == [("a", [1, 2])]
+    second = t.take_bundle(limit=10)
+    assert [(s.name, [m[1] for m in ms]) for s, ms in second] == [("b", [1])]  # a is in flight
+    t.settle(first, ["ok", "ok"], {})
+    assert [m[1] for _, ms in t.take_bundle(limit=10) for m in ms] == [3]
+
+
+def test_rejection_retries_then_blocks_the_stream_and_replay_releases_it() -> None:
+    t, clock = table(PoisonPolicy.BLOCK_STREAM, max_deliveries=2)
+    accept(t, "s", [1, 2, 3])
+    bundle = t.take_bundle(10)
+    outcome = t.settle(bundle, ["ok", "rejected", "skipped"], {"1": "bad"})
+    assert outcome.rejected == 1 and not outcome.held
+    assert t.take_bundle(10) == []  # waiting for its retry
+    clock.fire_all()
+    bundle = t.take_bundle(10)
+    assert [m[1] for _, ms in bundle for m in ms] == [2, 3]
+    outcome = t.settle(bundle, ["rejected", "skipped"], {})
+    assert [(e.seq, e.attempts) for e in outcome.held] == [(2, 2)]
+    assert t.take_bundle(10) == []  # blocked
+    assert t.watermarks() == {"s": 1}
+
+    t.replay("s", 2)
+    bundle = t.take_bundle(10)
+    t.settle(bundle, ["ok", "ok"], {})
+    assert t.watermarks() == {"s": 3}
+
+
+def test_hold_policy_goes_on_and_the_watermark_waits_for_the_discard() -> None:
+    t, _ = table(PoisonPolicy.HOLD, max_deliveries=1)
+    accept(t, "s", [1, 2, 3])
+    t.settle(t.take_bundle(10), ["ok", "rejected", "skipped"], {})
+    assert [e.seq for e in t.holds.entries()] == [2]
+    t.settle(t.take_bundle(10), ["ok"], {})  # seq 3 went on
+    assert t.watermarks() == {"s": 1}
+    t.discard("s", 2)
+    assert t.watermarks() == {"s": 3}
+    done = t.confirmed({"s": 3})
+    assert [m[1] for m in done] == [1, 2, 3]
+
+
+def test_resend_cursors_drop_what_another_broker_delivered() -> None:
+    t, _ = table()
+    recovered = RecoveredJournal()
+    for seq in range(1, 11):
+        recovered.pending.setdefault("s", {})[seq] = ("s", seq, f"m{seq}", "p")
+    recovered.last_accepted["s"] = 10
+    t.load(recovered)
+    moved = t.apply_resend_cursors({"s": 8, "fresh": 40})
+    assert moved == {"s": 7, "fresh": 39}
+    assert [m[1] for m in t.streams["s"].queue] == [8, 9, 10]
+    assert t.streams["s"].expected == 11
+    assert accept(t, "fresh", [40]) == [("fresh", 40, AcceptStatus.ACCEPTED, None)]
+
+
+def test_snapshot_reproduces_unconfirmed_messages() -> None:
+    from broker_service.journal import recover, scan
+
+    t, _ = table()
+    accept(t, "s", [1, 2, 3])
+    t.settle(t.take_bundle(10), ["ok", "ok", "ok"], {})
+    t.confirmed({"s": 2})
+    recovered = RecoveredJournal()
+    scan(b"".join(t.snapshot_frames()), recovered, source="snapshot")
+    assert sorted(recovered.pending["s"]) == [3]
+    assert recovered.confirmed == {"s": 2}
+    assert callable(recover)  # imported for the reader: recovery uses the same scan

@@ -1,0 +1,42 @@
+"""Settings: flags win over env vars, errors name the flag, the variable and the value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker_service.settings import PoisonPolicy, SettingsError, parse_settings
+
+
+def test_flags_win_over_environment(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_PORT": "9000", "BROKER_TOKEN_FILE": str(token)}
+    settings = parse_settings(["--port", "9100", "--on-poison", "Hold"], env)
+    assert (settings.port, settings.token, settings.on_poison) == (9100, "s3cret", PoisonPolicy.HOLD)
+    assert settings.data_dir == tmp_path
+
+
+def test_token_from_env_when_no_file(tmp_path: Path) -> None:
+    settings = parse_settings([], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t"})
+    assert settings.token == "t"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {"BROKER_TOKEN": "t"}, "--data-dir / BROKER_DATA_DIR is required"),
+        ([], {"BROKER_DATA_DIR": "/x"}, "no credential"),
+        (
+            ["--lease-seconds", "soon"],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"},
+            "'soon' is not a float",
+        ),
+        (["--on-poison", "Drop"], {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"}, "'Drop'; use one of"),
+        (["--token-file", "/nonexistent/t"], {"BROKER_DATA_DIR": "/x"}, "cannot be read"),
+    ],
+)
+def test_errors_name_what_is_wrong(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        parse_settings(argv, env)

@@ -1,0 +1,126 @@
+"""The broker's SOAP codec against the shared WSDL: zeep builds what we parse and parses what we render."""
+
+from __future__ import annotations
+
+import pytest
+import zeep
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lxml import etree
+
+from broker_contracts import wsdl_path
+from broker_contracts.soap import AcceptStatus, FaultCode
+from broker_service import soap_codec
+from broker_service.soap_codec import HeartbeatRequest, SendMessagesRequest, SoapFaultError
+from broker_simulators.backend import build_envelope
+
+CLIENT = zeep.Client(str(wsdl_path()))
+OPERATIONS = CLIENT.service._binding._operations  # zeep keeps the bound operations here
+
+
+def zeep_request(operation: str, **values: object) -> bytes:
+    return etree.tostring(CLIENT.create_message(CLIENT.service, operation, **values))
+
+
+def test_heartbeat_built_by_zeep_is_parsed() -> None:
+    parsed = soap_codec.parse_request(zeep_request("Heartbeat", active=False, epoch=12, operatorId="op-7"))
+    assert parsed == HeartbeatRequest(active=False, epoch=12, operator_id="op-7")
+
+
+def test_send_messages_built_by_zeep_is_parsed_in_bundle_order() -> None:
+    messages = [
+        {"stream": "b", "seq": 4, "msgId": "m4", "payload": "<x>&amp;</x>"},
+        {"stream": "a", "seq": 1, "msgId": "m1", "payload": ""},
+    ]
+    parsed = soap_codec.parse_request(
+        zeep_request("SendMessages", account="acme", company="1000", message=messages)
+    )
+    assert parsed == SendMessagesRequest(
+        "acme", "1000", ["b", "a"], [4, 1], ["m4", "m1"], ["<x>&amp;</x>", ""]
+    )
+
+
+def test_the_backend_simulators_envelope_is_what_zeep_would_send() -> None:
+    ours = soap_codec.parse_request(
+        build_envelope("acme", "1000", [("s", 1, "m1", "p1"), ("s", 2, "m2", "p2")])
+    )
+    theirs = soap_codec.parse_request(
+        zeep_request(
+            "SendMessages",
+            account="acme",
+            company="1000",
+            message=[
+                {"stream": "s", "seq": 1, "msgId": "m1", "payload": "p1"},
+                {"stream": "s", "seq": 2, "msgId": "m2", "payload": "p2"},
+            ],
+        )
+    )
+    assert ours == theirs
+
+
+def test_rendered_responses_are_read_by_zeep() -> None:
+    heartbeat = OPERATIONS["Heartbeat"].process_reply(
+        etree.fromstring(soap_codec.render_heartbeat("Unavailable", 4, "STALE_EPOCH", "epoch 3 < 4 & more"))
+    )
+    assert (heartbeat.state, heartbeat.epoch, heartbeat.unavailabilityCode) == (
+        "Unavailable",
+        4,
+        "STALE_EPOCH",
+    )
+    assert heartbeat.unavailabilityMessage == "epoch 3 < 4 & more"
+    sent = OPERATIONS["SendMessages"].process_reply(
+        etree.fromstring(
+            soap_codec.render_send_messages(
+                9, [("s<1>", 1, AcceptStatus.ACCEPTED, None), ("s<1>", 3, AcceptStatus.GAP, 2)]
+            )
+        )
+    )
+    assert sent.epoch == 9
+    assert [(r.stream, r.seq, r.status, r.expectedSeq) for r in sent.result] == [
+        ("s<1>", 1, "Accepted", None),
+        ("s<1>", 3, "Gap", 2),
+    ]
+
+
+def test_faults_are_read_by_zeep_with_the_broker_fault_detail() -> None:
+    fault = SoapFaultError(FaultCode.BROKER_INACTIVE, "broker b is Inactive", client=False)
+    with pytest.raises(zeep.exceptions.Fault) as raised:
+        CLIENT.service._binding.process_error(
+            etree.fromstring(soap_codec.render_fault(fault)), OPERATIONS["SendMessages"]
+        )
+    assert raised.value.message == "broker b is Inactive"
+    assert raised.value.detail.find(".//{*}code").text == "BROKER_INACTIVE"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "b">]><x>&a;</x>', FaultCode.HOSTILE_XML),
+        (b"<x><y></x>", FaultCode.MALFORMED_REQUEST),
+        (b"", FaultCode.MALFORMED_REQUEST),
+        (b"<Envelope/>", FaultCode.MALFORMED_REQUEST),
+    ],
+)
+def test_hostile_and_malformed_bodies(body: bytes, code: FaultCode) -> None:
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(body)
+    assert raised.value.code is code
+
+
+def test_two_operations_in_one_body_are_refused() -> None:
+    one = zeep_request("Heartbeat", active=True, epoch=1, operatorId="a")
+    root = etree.fromstring(one)
+    body = root[-1]
+    body.append(etree.fromstring(etree.tostring(body[0])))
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(etree.tostring(root))
+    assert raised.value.code is FaultCode.MALFORMED_REQUEST
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_escape_as_anything_but_a_fault(body: bytes) -> None:
+    try:
+        soap_codec.parse_request(body)
+    except SoapFaultError as fault:
+        assert fault.code in FaultCode
