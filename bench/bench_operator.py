@@ -17,8 +17,9 @@ per heartbeat and per wall second, the p99 heartbeat latency (send to parsed
 reply), the achieved heartbeat rate per cluster, and peak RSS. N passes when
 p99 < 100 ms, CPU < 1 core, and every cluster's active got >= 0.95 heartbeats/s.
 By default the operator process calls ``gc.freeze()`` once its clusters are up,
-as the operator's main should: without it, full collections over the start-up
-objects pause the event loop for 60+ ms (``--no-freeze-gc`` to compare).
+as the operator's main does (``broker_operator.__main__``): without it, full
+collections over the start-up objects pause the event loop for 60+ ms
+(``--no-freeze-gc`` to compare).
 The last line is the headline ``operator_clusters_at_1hz=N``, the largest N that
 passed. Every process it starts is stopped at the end of its round.
 """
@@ -269,7 +270,7 @@ def measure(clusters: int, warmup: float, window: float, freeze_gc: bool) -> dic
             raise RuntimeError(
                 f"the operator process for N={clusters} printed no report (exit {operator.returncode})"
             )
-        return json.loads(lines[-1])  # type: ignore[no-any-return]
+        return json.loads(lines[-1])
     finally:
         for standin in standins:
             stop(standin)
@@ -288,7 +289,7 @@ def main() -> int:
         "--no-freeze-gc",
         dest="freeze_gc",
         action="store_false",
-        help="do not gc.freeze() in the operator after warm-up (the operator's main should freeze)",
+        help="do not gc.freeze() in the operator after warm-up (the operator's main freezes)",
     )
     args = parser.parse_args()
     if args.standin:

@@ -12,9 +12,12 @@ It does not decide anything itself: see ``controller/`` for Kubernetes and
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import kopf
 import kubernetes
@@ -32,11 +35,43 @@ def load_api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient()
 
 
+def freeze_long_lived_objects() -> None:
+    """Move every object alive now out of the cyclic collector's sight (``gc.freeze()``).
+
+    Why: the operator is one event loop heartbeating every cluster. A full (gen-2)
+    collection scans every tracked object, and after start-up those are mostly
+    long-lived ones (modules, kopf's registry, the Kubernetes client, the zeep
+    schema, each cluster's engine). bench/bench_operator.py measured the pauses at
+    60+ ms, which pushed the heartbeat p99 at 1,000 clusters from 46 ms to
+    360-450 ms. Frozen objects are never collected, so garbage is collected first
+    and only what is alive is frozen; objects created later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def register_gc_freeze(registry: kopf.OperatorRegistry, clusters_started_within: float) -> None:
+    """Freeze once kopf has started, and again once the existing clusters' engines have started.
+
+    The first freeze covers the start-up objects; the engines of the BrokerClusters that
+    already exist start within ``clusters_started_within`` seconds (the daemons' start-up
+    grace, see ``controller/daemon.py``), and their long-lived state is frozen then.
+    Not part of ``register_handlers``: tests run the handlers inside pytest's process,
+    whose collector they have no business changing.
+    """
+
+    @kopf.on.startup(registry=registry)
+    async def freeze_start_up_objects(**_: Any) -> None:
+        freeze_long_lived_objects()
+        asyncio.get_running_loop().call_later(clusters_started_within + 5.0, freeze_long_lived_objects)
+
+
 def run_operator(settings: ControllerSettings, api_client: kubernetes.client.ApiClient) -> None:
     """Run kopf with the controller's handlers until it is told to stop."""
     # The process-wide registry is the one with kopf's fallback logins (kubeconfig, service account).
     registry = kopf.get_default_registry()
     register_handlers(registry, reconcile_seconds=settings.reconcile_seconds)
+    register_gc_freeze(registry, settings.startup_grace_seconds)
     kopf_settings = kopf.OperatorSettings()
     configure_kopf(kopf_settings)
     if settings.metrics_port:

@@ -70,7 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Event reasons the core emits when the active changed (see core/observe.py).
-_CHANGES_OF_ACTIVE = frozenset({"Failover", "Switchover", "Failback"})
+_CHANGES_OF_ACTIVE = frozenset(metrics.CHANGES_OF_ACTIVE)
 
 
 class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/shell contract
@@ -184,22 +184,31 @@ class ClusterLoop:
                     pass
 
     async def _carry_out(self, actions: Sequence[object]) -> list[Observation]:
+        # The label move runs alongside the heartbeats rather than after them: the
+        # backend reaches the new active only once the label has moved, and a
+        # heartbeat of the same step to a frozen broker takes a whole timeout.
         calls = [
-            self._heartbeat(action) if isinstance(action, SendHeartbeat) else self._allocate(action)
+            self._heartbeat(action)
+            if isinstance(action, SendHeartbeat)
+            else self._allocate(action)
+            if isinstance(action, AllocateEpoch)
+            else self._move_label(action)
             for action in actions
-            if isinstance(action, SendHeartbeat | AllocateEpoch)
+            if isinstance(action, SendHeartbeat | AllocateEpoch | MoveActiveLabel)
         ]
-        observations: list[Observation] = list(await asyncio.gather(*calls))
+        observations = [outcome for outcome in await asyncio.gather(*calls) if outcome is not None]
         for action in actions:
-            if isinstance(action, MoveActiveLabel):
-                try:
-                    await self._shell.move_active_label(action.active)
-                    observations.append(LabelMoved(action.active))
-                except Exception:  # the core retries once per interval
-                    logger.exception("%s: moving the active label to %s failed", self.cluster, action.active)
-            elif isinstance(action, RecordEvent):
+            if isinstance(action, RecordEvent):
                 await self._event(action)
         return observations
+
+    async def _move_label(self, action: MoveActiveLabel) -> Observation | None:
+        try:
+            await self._shell.move_active_label(action.active)
+        except Exception:  # the core retries once per interval
+            logger.exception("%s: moving the active label to %s failed", self.cluster, action.active)
+            return None
+        return LabelMoved(action.active)
 
     async def _heartbeat(self, action: SendHeartbeat) -> Observation:
         target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)

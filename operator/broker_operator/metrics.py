@@ -54,12 +54,26 @@ def set_phase(cluster: str, phase: str) -> None:
         PHASE.labels(cluster, candidate.value).set(1.0 if candidate.value == phase else 0.0)
 
 
+# The label values the engine uses with the per-cluster metrics (engine.py), so that
+# a deleted cluster's series can be dropped one by one (prometheus_client has no
+# "remove by one label" call).
+HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed")
+CHANGES_OF_ACTIVE: Final = ("Failover", "Switchover", "Failback")
+
+
 def forget_cluster(cluster: str) -> None:
-    """Drop a deleted cluster's series so /metrics does not grow without bound."""
-    for metric, label_sets in (
-        (EPOCH, [(cluster,)]),
-        (PHASE, [(cluster, p.value) for p in Phase]),
-    ):
-        for labels in label_sets:
-            with contextlib.suppress(KeyError):  # never set: nothing to drop
-                metric.remove(*labels)
+    """Drop every series of a deleted cluster so /metrics does not grow without bound.
+
+    Call it only after the cluster's engine stopped: a running loop would set its
+    gauges again at its next step.
+    """
+    label_sets: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
+        (EPOCH, (cluster,)),
+        (HEARTBEAT_FAILURES, (cluster,)),
+        *((PHASE, (cluster, p.value)) for p in Phase),
+        *((HEARTBEATS, (cluster, outcome)) for outcome in HEARTBEAT_OUTCOMES),
+        *((FAILOVERS, (cluster, kind)) for kind in CHANGES_OF_ACTIVE),
+    ]
+    for metric, labels in label_sets:
+        with contextlib.suppress(KeyError):  # never set: nothing to drop
+            metric.remove(*labels)

@@ -9,7 +9,11 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   or the spec changes (``retarget``), and wakes it at once when the active's
   pod dies (``wake``, called by the pod watch), so a kill -9 fails over
   without waiting for heartbeat failures;
-- stops the engine if an older BrokerCluster takes the pair (``Conflict``).
+- stops the engine if an older BrokerCluster takes the pair (``Conflict``);
+- once the engine has stopped because the BrokerCluster was deleted, drops the
+  cluster's metric series (``metrics.forget_cluster``). Here rather than in the
+  delete handler: kopf runs that handler while the daemon is still stopping, and
+  a loop that steps once more would create the series again.
 
 On stop it cancels the engine, which leaves brokers as they are: a restarted
 operator picks up from ``status`` (``ClusterStatus.from_status``) and the
@@ -24,6 +28,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import kopf
+
+from broker_operator import metrics
 from broker_operator.controller import names
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
@@ -134,26 +141,37 @@ async def run_cluster_heartbeats(
     ``spec`` is kopf's live view of the BrokerCluster's spec; ``ref_of`` and
     ``claims`` are read again on every check for the same reason.
     """
-    while not stopped:
-        ready = await _ready_to_run(
-            context=context, ref_of=ref_of, spec=spec, claims=claims, stopped=stopped, logger=logger
-        )
-        if ready is None:
-            return
-        parsed, settings, token = ready
-        ref = ref_of()
-        await _run_engine(
-            context=context,
-            ref_of=ref_of,
-            spec=spec,
-            claims=claims,
-            stopped=stopped,
-            logger=logger,
-            parsed=parsed,
-            settings=settings,
-            token=token,
-        )
-        logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
+    try:
+        while not stopped:
+            ready = await _ready_to_run(
+                context=context, ref_of=ref_of, spec=spec, claims=claims, stopped=stopped, logger=logger
+            )
+            if ready is None:
+                return
+            parsed, settings, token = ready
+            ref = ref_of()
+            await _run_engine(
+                context=context,
+                ref_of=ref_of,
+                spec=spec,
+                claims=claims,
+                stopped=stopped,
+                logger=logger,
+                parsed=parsed,
+                settings=settings,
+                token=token,
+            )
+            logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
+    finally:
+        # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again.
+        if cluster_deleted(stopped):
+            metrics.forget_cluster(ref_of().name)
+
+
+def cluster_deleted(stopped: Any) -> bool:
+    """Whether kopf stopped the daemon because its BrokerCluster was deleted (not an operator exit)."""
+    reason = getattr(stopped, "reason", None)
+    return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
 async def _run_engine(

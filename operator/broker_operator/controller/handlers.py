@@ -125,6 +125,8 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         context = context_from(memo)
         meta = body["metadata"]
         context.observations.pop((meta["namespace"], meta["name"]), None)
+        # The heartbeat daemon drops the series again once its engine has stopped
+        # (daemon.run_cluster_heartbeats); this covers a cluster whose daemon had ended.
         metrics.forget_cluster(meta["name"])
 
     @kopf.daemon(*RESOURCE, id="heartbeats", registry=registry, cancellation_timeout=10.0)

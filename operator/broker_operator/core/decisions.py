@@ -40,6 +40,7 @@ from broker_operator.core.knowledge import (
     Move,
     MoveKind,
     apply_pod_facts,
+    preference_order,
     reconcile_targets,
 )
 from broker_operator.core.model import FailbackMode, PodFacts
@@ -87,6 +88,7 @@ class _Plan:
         self.actions: list[Action] = []
         self.contacted: set[str] = set()
         self.candidate: str | None = None  # the broker the move is about to (or would) activate
+        self.activating = False  # this step sends the candidate active=true
 
     def heartbeat(self, broker: BrokerKnowledge, active: bool, epoch: int) -> None:
         # One request per broker per step: the loop runs a step's actions concurrently.
@@ -112,8 +114,7 @@ def choose_next_active(state: EngineState, move: Move) -> str | None:
     ]
     if not eligible:
         return None
-    designated = move.kind.planned or move.kind is MoveKind.STARTUP
-    if designated and move.order and eligible[0] == move.order[0]:
+    if move.first is not None and eligible[0] == move.first:
         return eligible[0]
     ready = [name for name in eligible if (b := state.broker(name)) is not None and b.ready]
     return (ready or eligible)[0]
@@ -133,20 +134,6 @@ def epoch_usable(state: EngineState, candidate: str) -> bool:
     return broker is None or broker.reported_epoch <= state.epoch
 
 
-def _preference_order(
-    config: ClusterConfig, first: str | None, exclude: str | None = None
-) -> tuple[str, ...]:
-    names = [t.name for t in config.targets if t.name != exclude]
-    preferred = config.preferred_active
-    if preferred in names and preferred != first:
-        names.remove(preferred)
-        names.insert(0, preferred)
-    if first in names:
-        names.remove(first)
-        names.insert(0, first)
-    return tuple(names)
-
-
 def _check_active(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
     """Start a failover when the active is gone from the spec, dead, or failed too often."""
     if state.active is None:
@@ -157,6 +144,10 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         reason, detail = "RemovedFromSpec", "was removed from the spec"
     elif broker.dead:
         reason, detail = broker.code or "CONTAINER_TERMINATED", broker.message or "its container is dead"
+    elif broker.earlier_address_possibly_active(now):
+        # Renewing at the new address could activate a second process while the
+        # one at the old address is still active: fail over through the gate.
+        reason, detail = "AddressChanged", f"moved to {broker.url} in the spec"
     elif broker.failures >= threshold:
         reason = broker.code or "HEARTBEAT_FAILED"
         detail = f"failed {broker.failures} heartbeats in a row (last: {broker.message or broker.state})"
@@ -170,7 +161,7 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         from_=old,
         reason=reason,
         started_at=now,
-        order=_preference_order(config, None),
+        order=preference_order(config, None),
         tried=frozenset({old}),
     )
     state = replace(state, active=None, move=move)
@@ -234,7 +225,12 @@ def _consider_planned_move(state: EngineState, config: ClusterConfig, now: float
             return state
         kind, reason, goal = MoveKind.FAILBACK, "HigherPriorityReady", found
     move = Move(
-        kind, from_=state.active, reason=reason, started_at=now, order=_preference_order(config, goal)
+        kind,
+        from_=state.active,
+        reason=reason,
+        started_at=now,
+        order=preference_order(config, goal),
+        first=goal,
     )
     return replace(state, move=move)
 
@@ -272,13 +268,16 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
         # it is fenced like any other broker that may still be active.
         state = state.with_broker(state.active, next_fence_at=now)
         state = replace(state, active=None)
-    if any(b.name != candidate and b.possibly_active(now) for b in state.brokers):
-        plan.state = state  # _fence_and_probe sends the active=false calls
-        return
     target = state.broker(candidate)
     assert target is not None
+    if target.earlier_address_possibly_active(now) or any(
+        b.name != candidate and b.possibly_active(now) for b in state.brokers
+    ):
+        plan.state = state  # _fence_and_probe sends the active=false calls
+        return
     plan.state = replace(state, epoch_holder=candidate, move=replace(move, candidate=candidate))
     plan.heartbeat(target, active=True, epoch=state.epoch)
+    plan.activating = True
 
 
 def _walk_exhausted(state: EngineState, config: ClusterConfig, move: Move, now: float) -> EngineState:
@@ -322,6 +321,13 @@ def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
     """active=false to every broker that may be active but should not be; standby probes when due."""
     settings, now = config.settings, plan.now
     state = plan.state
+    if plan.activating:
+        # The loop folds a step's outcomes in when its slowest call ends, so an
+        # active=false to a frozen broker would hold the activation's answer (and
+        # the label move) back by a whole timeout. The gate has just established
+        # that nobody else may be active: these calls can wait for the next step,
+        # which runs as soon as the activation is answered.
+        return
     pending_switchover = (
         config.preferred_active
         if config.preferred_active != state.honoured_preferred and state.move is None
@@ -368,8 +374,9 @@ def _wake_at(state: EngineState, config: ClusterConfig, now: float) -> float:
     if state.epoch_retry_at > now:
         times.append(state.epoch_retry_at)
     for broker in state.brokers:
-        if broker.possibly_active_until is not None and broker.possibly_active_until > now:
-            times.append(broker.possibly_active_until)
+        for bound in (broker.possibly_active_until, broker.earlier_address_active_until):
+            if bound is not None and bound > now:
+                times.append(bound)
         if broker.needs_fencing(now):
             times.append(broker.next_fence_at)
         elif settings.standby_probe_seconds > 0:

@@ -90,8 +90,20 @@ class BrokerKnowledge:
     next_probe_at: float = 0.0  # standby probe with active=false
     next_fence_at: float = 0.0  # active=false to a broker that may still be active
 
+    # The spec moved this broker to a new address while a process at the old one
+    # may still be active: until then it counts as possibly active whatever the
+    # new address answers, because active=false can no longer reach the old one.
+    earlier_address_active_until: float | None = None
+
     def possibly_active(self, now: float) -> bool:
-        return not self.dead and self.possibly_active_until is not None and self.possibly_active_until > now
+        if self.dead:
+            return False
+        bounds = (self.possibly_active_until, self.earlier_address_active_until)
+        return any(bound is not None and bound > now for bound in bounds)
+
+    def earlier_address_possibly_active(self, now: float) -> bool:
+        bound = self.earlier_address_active_until
+        return not self.dead and bound is not None and bound > now
 
     def needs_fencing(self, now: float) -> bool:
         return not self.dead and (self.possibly_active(now) or self.unanswered_activation)
@@ -110,11 +122,14 @@ class Move:
     from_: str | None
     reason: str
     started_at: float
-    order: tuple[str, ...]  # preference order fixed when the move started
+    order: tuple[str, ...]  # preference order; re-derived when the spec's brokers change
     tried: frozenset[str] = frozenset()
     candidate: str | None = None  # sent active=true this step; awaiting its answer
     rounds: int = 1  # > 1: every candidate failed at least once (phase Unavailable)
     retry_at: float = 0.0  # after an exhausted round, when to walk again
+    # The designated first choice (switchover/failback target, the active before
+    # an engine restart), tried before ready standbys; None for a failover.
+    first: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +189,7 @@ def initial_state(
     )
     if config.target(last_active or "") is None:
         last_active = None
-    order = ((last_active,) if last_active else ()) + tuple(
-        t.name for t in config.targets if t.name != last_active
-    )
+    startup = Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=())
     return EngineState(
         brokers=brokers,
         epoch=epoch,
@@ -184,18 +197,62 @@ def initial_state(
         # A preferredActive already set before the restart was honoured by the
         # previous engine; do not switch over again just because we restarted.
         honoured_preferred=config.preferred_active,
-        move=Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=order),
+        move=reorder_move(startup, config),
         failovers=failovers,
         wall_offset=wall_now - now,
     )
 
 
+def preference_order(
+    config: ClusterConfig, first: str | None, *, hoist_preferred: bool = True
+) -> tuple[str, ...]:
+    """Brokers in the order a move tries them: ``first``, then ``preferredActive``, then by priority."""
+    names = [t.name for t in config.targets]
+    preferred = config.preferred_active
+    if hoist_preferred and preferred in names and preferred != first:
+        names.remove(preferred)
+        names.insert(0, preferred)
+    if first in names:
+        names.remove(first)
+        names.insert(0, first)
+    return tuple(names)
+
+
+def reorder_move(move: Move, config: ClusterConfig) -> Move:
+    """The move's candidate order for the spec's current brokers.
+
+    Derived from the spec rather than fixed when the move started: an engine
+    started with no brokers (pods without IPs yet) must walk the brokers that
+    arrive later, and a removed broker must not stay a candidate.
+    """
+    names = {t.name for t in config.targets}
+    if move.kind is MoveKind.STARTUP:
+        # After a restart the recorded active goes first (renew, do not re-elect);
+        # otherwise the highest-priority broker, preferredActive having been
+        # honoured by whoever set it before this engine started.
+        first = move.from_ if move.from_ in names else (config.targets[0].name if config.targets else None)
+        return replace(move, first=first, order=preference_order(config, first, hoist_preferred=False))
+    first = move.first if move.first in names else None
+    return replace(move, first=first, order=preference_order(config, first))
+
+
 def reconcile_targets(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
-    """Follow a spec change: add new brokers, re-rank, and keep removed ones until fenced."""
+    """Follow a spec change: add new brokers, re-rank, re-address, keep removed ones until fenced.
+
+    Safety, per ARCHITECTURE.md rule 2: a broker that may be active is never
+    forgotten. A removed broker that may be active (the active among them), or
+    whose activation is in flight, stays known (``in_spec=False``) and is fenced
+    with ``active=false`` until it is known not active; the failover away from a
+    removed or re-addressed active goes through the gate like any other. A new
+    broker, or a known one at a new address, may be active through someone
+    else's doing, so it is fenced for one period unless it answers sooner.
+    """
     followed = [(b.name, b.url, b.priority) for b in state.brokers if b.in_spec]
     wanted = [(t.name, t.url, t.priority) for t in config.targets]
     if len(followed) == len(state.brokers) and followed == wanted:
         return state  # the common case, every step: nothing to follow
+    fence_until = now + config.settings.fence_seconds
+    in_flight = state.move.candidate if state.move is not None else None
     known = {b.name: b for b in state.brokers}
     brokers: list[BrokerKnowledge] = []
     for target in config.targets:
@@ -204,17 +261,58 @@ def reconcile_targets(state: EngineState, config: ClusterConfig, now: float) -> 
             # A broker we never talked to may be active (someone else's doing):
             # treat it like every broker at start-up until it answers.
             current = BrokerKnowledge(
-                target.name,
-                target.url,
-                target.priority,
-                possibly_active_until=now + config.settings.fence_seconds,
+                target.name, target.url, target.priority, possibly_active_until=fence_until
             )
-        brokers.append(replace(current, url=target.url, priority=target.priority, in_spec=True))
+        elif current.url != target.url:
+            # The active's renewal or the candidate's activation may be in flight to the old
+            # address; its outcome is folded in only after this, into the new address's knowledge.
+            in_flight_to_old = current.name in (state.active, in_flight)
+            current = _readdressed(current, target.url, fence_until, now, in_flight=in_flight_to_old)
+        brokers.append(replace(current, priority=target.priority, in_spec=True))
     for leftover in known.values():
-        if leftover.possibly_active(now):
+        if leftover.needs_fencing(now) or leftover.name in (state.active, in_flight):
             brokers.append(replace(leftover, in_spec=False))
     brokers.sort(key=lambda b: (not b.in_spec, b.priority, b.name))
-    return replace(state, brokers=tuple(brokers))
+    state = replace(state, brokers=tuple(brokers))
+    move = state.move
+    if move is None:
+        return state
+    if move.kind.planned and state.active is not None and config.target(move.first or "") is None:
+        # The switchover or failback target left the spec before the active was
+        # drained: nothing to move to, the active stays.
+        return replace(state, move=None)
+    return replace(state, move=reorder_move(move, config))
+
+
+def _readdressed(
+    broker: BrokerKnowledge, url: str, fence_until: float, now: float, *, in_flight: bool
+) -> BrokerKnowledge:
+    """The spec gave a known broker a new address: a process we cannot tell from a new broker.
+
+    Whatever may be active at the old address stays possibly active until its
+    bound (an ``active=true`` in flight or unanswered there gets a fresh fence
+    period), and the new address is fenced like a new broker's.
+    """
+    bounds = [b for b in (broker.possibly_active_until, broker.earlier_address_active_until) if b is not None]
+    if broker.unanswered_activation or in_flight:
+        bounds.append(fence_until)
+    earlier = (
+        max(bounds) if broker.possibly_active(now) or broker.unanswered_activation or in_flight else None
+    )
+    return replace(
+        broker,
+        url=url,
+        state=UNKNOWN_STATE,
+        code=None,
+        message=None,
+        possibly_active_until=fence_until,
+        earlier_address_active_until=earlier,
+        failures=0,
+        ready_since=None,
+        unanswered_activation=False,
+        next_probe_at=0.0,
+        next_fence_at=0.0,
+    )
 
 
 def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> EngineState:
@@ -234,6 +332,7 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
                 broker.name,
                 dead=True,
                 possibly_active_until=None,
+                earlier_address_active_until=None,
                 unanswered_activation=False,
                 state=BrokerState.UNAVAILABLE.value,
                 code=code,

@@ -105,12 +105,15 @@ class BrokerTrio:
         settings: HeartbeatSettings = SETTINGS,
         preferred: str | None = None,
         state_name: str = "state.json",
+        targets: list[BrokerTarget] | None = None,
     ) -> tuple[ClusterLoop, ProcessShell]:
+        """Run a ClusterLoop over all three brokers, or over ``targets`` (possibly none) if given."""
         state = StateFile(self.tmp_path / state_name)
         _epoch, status = state.load()
         shell = ProcessShell(state, self.brokers, pods)
         client = HeartbeatClient(DEFAULT_TOKEN, "integration-test", settings.timeout_seconds)
-        loop = ClusterLoop("acme-1000", self.targets(), settings, shell, client, status, preferred)
+        brokers = self.targets() if targets is None else targets
+        loop = ClusterLoop("acme-1000", brokers, settings, shell, client, status, preferred)
         task = asyncio.create_task(loop.run())
         self.loops.append(task)
         self.clients.append(client)

@@ -12,7 +12,11 @@ processes, which the integration tests run for real.
 Faults modelled: crash (connection refused), restart (Inactive, epoch kept),
 partition (the request is lost; the caller times out), slow replies (the broker
 acts, the reply arrives after the timeout), activation failures (Unavailable),
-epoch-allocation conflicts, and clock steps (everyone's time jumps).
+epoch-allocation conflicts, and clock steps (everyone's time jumps). Spec
+changes: brokers added, removed (the process keeps running and may stay active
+until fenced or self-fenced) and re-addressed (a new process at the new
+address; in endpoints mode the old one keeps running unreachable, in pods mode
+it is gone, as a pod name is reused only after the old pod is deleted).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ from broker_operator.core import (
 )
 
 RTT = 0.002  # a loopback round trip, in simulated seconds
+NAMES_POOL = ["b0", "b1", "b2", "b3", "b4", "b5"]  # priority = index
+
+
+def pool_url(name: str) -> str:
+    """The first address of a pooled broker; re-addressing gives it others."""
+    return f"http://127.0.0.1:{9000 + NAMES_POOL.index(name)}/soap"
 
 
 @dataclass
@@ -94,6 +104,12 @@ class World:
     epoch_owner: dict[int, str] = field(default_factory=dict)
     active_true_calls: list[tuple[float, str]] = field(default_factory=list)
     pending: list[Observation] = field(default_factory=list)
+    # Processes at addresses the spec no longer names: unreachable, still counted.
+    retired: list[SimBroker] = field(default_factory=list)
+    addresses: int = 0
+    # Requests go to whatever process listens at the URL the engine used: an engine
+    # that has not seen a re-addressing yet still reaches the old process.
+    by_url: dict[str, SimBroker] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -105,25 +121,64 @@ class World:
         preferred: str | None = None,
         stored_epoch: int = 0,
         last_active: str | None = None,
+        processes: tuple[str, ...] = (),
     ) -> World:
-        targets = [BrokerTarget(name, f"http://127.0.0.1:{9000 + i}/soap", i) for i, name in enumerate(names)]
+        targets = [
+            BrokerTarget(
+                name, f"http://127.0.0.1:{9000 + NAMES_POOL.index(name)}/soap", NAMES_POOL.index(name)
+            )
+            for name in names
+        ]
         config = ClusterConfig.of("sim", targets, settings, preferred)
         now = 1000.0
         state = initial_state(config, now=now, wall_now=1.7e9, epoch=stored_epoch, last_active=last_active)
-        brokers = {name: SimBroker(name, settings.lease_seconds) for name in names}
-        return cls(config, brokers, state, pod_mode=pod_mode, now=now, stored_epoch=stored_epoch)
+        # Processes may run before the spec names them (pods without IPs yet).
+        brokers = {name: SimBroker(name, settings.lease_seconds) for name in [*names, *processes]}
+        world = cls(config, brokers, state, pod_mode=pod_mode, now=now, stored_epoch=stored_epoch)
+        world.by_url = {pool_url(name): broker for name, broker in brokers.items()}
+        return world
 
     # -- the world's own view -------------------------------------------------
 
+    def processes(self) -> list[SimBroker]:
+        return [*self.brokers.values(), *self.retired]
+
     def actives(self) -> list[str]:
-        for broker in self.brokers.values():
+        for broker in self.processes():
             broker.fence(self.now)
-        return [b.name for b in self.brokers.values() if b.active and b.alive]
+        return [b.name for b in self.processes() if b.active and b.alive]
+
+    def set_targets(self, names: list[str], readdress: frozenset[str] = frozenset()) -> None:
+        """A spec change: these brokers (created if new), some of them at a new address."""
+        config = self.config
+        old = {t.name: t for t in config.targets}
+        targets = []
+        for name in names:
+            if name not in self.brokers:
+                self.brokers[name] = self.by_url[pool_url(name)] = SimBroker(
+                    name, config.settings.lease_seconds
+                )
+            current = self.brokers[name]
+            url = next(u for u, b in self.by_url.items() if b is current)
+            if name in old and name in readdress:
+                previous = self.brokers[name]
+                if self.pod_mode:
+                    previous.alive = previous.active = False  # the old pod is gone
+                self.retired.append(previous)
+                self.addresses += 1
+                url = f"http://127.0.1.{self.addresses}:{9000 + NAMES_POOL.index(name)}/soap"
+                fresh = SimBroker(name, config.settings.lease_seconds, epoch=previous.epoch)
+                self.brokers[name] = self.by_url[url] = fresh
+            targets.append(BrokerTarget(name, url, NAMES_POOL.index(name)))
+        self.config = ClusterConfig.of(config.cluster, targets, config.settings, config.preferred_active)
 
     def pod_facts(self) -> dict[str, PodFacts]:
         if not self.pod_mode:
             return {}
-        return {n: PodFacts(exists=True, container_terminated=not b.alive) for n, b in self.brokers.items()}
+        return {
+            t.name: PodFacts(exists=True, container_terminated=not self.brokers[t.name].alive)
+            for t in self.config.targets
+        }
 
     # -- faults ----------------------------------------------------------------
 
@@ -197,7 +252,7 @@ class World:
         return latency
 
     def _heartbeat(self, action: SendHeartbeat) -> float:
-        broker = self.brokers[action.broker]
+        broker = self.by_url[action.url]
         timeout = self.config.settings.timeout_seconds
         if not broker.alive:
             self.pending.append(HeartbeatFailed(action.broker, action.active, action.epoch, False, "refused"))
@@ -216,7 +271,8 @@ class World:
         return RTT
 
     def _check_activation(self, broker: SimBroker) -> None:
-        others = [name for name in self.actives() if name != broker.name]
+        self.actives()  # self-fence whoever's lease ran out
+        others = [b.name for b in self.processes() if b is not broker and b.active and b.alive]
         assert not others, f"{broker.name} activated at t={self.now:.3f} while {others} still active"
         owner = self.epoch_owner.setdefault(broker.epoch, broker.name)
         assert owner == broker.name, f"epoch {broker.epoch} given to both {owner} and {broker.name}"

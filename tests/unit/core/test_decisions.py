@@ -190,3 +190,35 @@ def test_walk_exhausted_reports_unavailable_and_keeps_retrying() -> None:
     world.brokers["b1"].activation_fails = False
     world.run(3.0)
     assert world.actives() == ["b1"]
+
+
+def test_brokers_given_after_an_empty_start_are_walked() -> None:
+    world = World.create([], FAST, processes=("b0", "b1"))
+    world.run(2.0)
+    assert world.actives() == [] and status_of(world.state, world.config).phase == "Unavailable"
+    world.set_targets(["b0", "b1"])
+    world.run(2.0)
+    assert world.actives() == ["b0"] and world.stored_epoch == 1
+
+
+def test_removed_active_is_fenced_before_the_next_is_activated() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.brokers["b0"].partitioned = True  # still active, cannot hear active=false
+    world.set_targets(["b1"])
+    world.run(FAST.fence_seconds + 2.0)  # the world asserts no overlap at b1's activation
+    assert world.actives() == ["b1"]
+    b0_last_contact = max(t for t, name in world.active_true_calls if name == "b0")
+    b1_activated = next(t for t, name, _ in world.activations if name == "b1")
+    assert b1_activated >= b0_last_contact + FAST.fence_seconds
+    assert [b.name for b in world.state.brokers] == ["b1"]  # forgotten once surely inactive
+
+
+def test_readdressed_active_fails_over_after_the_old_address_bound() -> None:
+    manual = HeartbeatSettings(**{**FAST.__dict__, "failback": FailbackMode.MANUAL})
+    world = World.create(["b0", "b1"], manual)
+    world.run(2.0)
+    world.set_targets(["b0", "b1"], readdress=frozenset({"b0"}))  # the old b0 keeps running
+    world.run(FAST.fence_seconds + 2.0)
+    assert world.actives() == ["b1"]
+    assert any(e.reason == "ActiveUnavailable" and "moved to" in e.message for e in world.events)

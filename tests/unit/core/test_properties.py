@@ -9,6 +9,10 @@ preferredActive changes and clock steps, and checks on every broker action that
   two brokers,
 - ``active=true`` goes only to the current active or the move's candidate (never
   to a standby that should stay inactive),
+- all of this also while the spec's broker set changes under the engine (brokers
+  added, removed, re-addressed, or none at all, as for a cluster whose pods have
+  no IPs yet): removed or re-addressed processes count as actives until they are
+  fenced or self-fenced,
 
 and, once the faults stop, that the cluster converges: under ``Automatic`` to the
 preferred broker or else the highest-priority one, under ``Manual`` to some
@@ -26,9 +30,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_operator.core import FailbackMode, HeartbeatSettings, Phase, status_of
-from tests.unit.core.simulation import World
+from tests.unit.core.simulation import NAMES_POOL, World
 
-NAMES = ["b0", "b1", "b2", "b3"]
+NAMES = NAMES_POOL[:4]
 
 
 @st.composite
@@ -55,7 +59,7 @@ class FailoverMachine(RuleBasedStateMachine):
     world: World
 
     @initialize(
-        count=st.integers(1, 4),
+        count=st.integers(0, 4),
         heartbeat=SETTINGS,
         pod_mode=st.booleans(),
         stored_epoch=st.integers(0, 3),
@@ -70,9 +74,14 @@ class FailoverMachine(RuleBasedStateMachine):
         restart_with_active: bool,
     ) -> None:
         names = NAMES[:count]
-        last_active = names[-1] if restart_with_active and stored_epoch > 0 else None
+        last_active = names[-1] if names and restart_with_active and stored_epoch > 0 else None
         self.world = World.create(
-            names, heartbeat, pod_mode=pod_mode, stored_epoch=stored_epoch, last_active=last_active
+            names,
+            heartbeat,
+            pod_mode=pod_mode,
+            stored_epoch=stored_epoch,
+            last_active=last_active,
+            processes=tuple(NAMES),
         )
         if last_active:
             # A previous operator left this broker active with the stored epoch.
@@ -81,6 +90,7 @@ class FailoverMachine(RuleBasedStateMachine):
         self.world.run(0.5)
 
     def _name(self, data: st.DataObject) -> str:
+        # Faults hit processes the spec names or used to name; the retired ones are out of reach.
         return data.draw(st.sampled_from(sorted(self.world.brokers)))
 
     @rule(seconds=st.floats(0.05, 3.0))
@@ -124,6 +134,15 @@ class FailoverMachine(RuleBasedStateMachine):
         config = self.world.config
         self.world.config = type(config).of(config.cluster, config.targets, config.settings, preferred)
 
+    @rule(
+        names=st.lists(st.sampled_from(NAMES_POOL), unique=True, max_size=4),
+        readdress=st.frozensets(st.sampled_from(NAMES_POOL)),
+    )
+    def change_targets(self, names: list[str], readdress: frozenset[str]) -> None:
+        # Pods getting or losing IPs, scale up/down, endpoints edited; `readdress`
+        # moves some of the brokers that stay to a new address (a new process).
+        self.world.set_targets(names, readdress)
+
     @invariant()
     def at_most_one_active(self) -> None:
         assert len(self.world.actives()) <= 1, self.world.actives()
@@ -151,6 +170,10 @@ class FailoverMachine(RuleBasedStateMachine):
         )
         world.run(settle + 5)
         actives = world.actives()
+        if not world.config.targets:
+            assert actives == [], f"brokers {actives} active with none in the spec"
+            assert status_of(world.state, world.config).phase == Phase.UNAVAILABLE.value
+            return
         assert len(actives) == 1, f"no single active after faults stopped: {actives}"
         assert world.state.active == actives[0], (world.state.active, actives)
         status = status_of(world.state, world.config)
@@ -158,7 +181,9 @@ class FailoverMachine(RuleBasedStateMachine):
         # Failback needs evidence that the better broker is healthy: with standby
         # probes off (standbyProbeSeconds 0) the engine stays where it is.
         if heartbeat.failback is FailbackMode.AUTOMATIC and heartbeat.standby_probe_seconds > 0:
-            expected = world.config.preferred_active or world.config.targets[0].name
+            preferred = world.config.preferred_active
+            in_spec = preferred is not None and world.config.target(preferred) is not None
+            expected = preferred if in_spec else world.config.targets[0].name
             assert actives[0] == expected, f"Automatic should converge to {expected}, is on {actives[0]}"
         # Quiet period: nothing moves any more, and no standby gets active=true.
         calls_before = len(world.active_true_calls)
