@@ -10,46 +10,22 @@ the ClusterRole shows up here as a cluster that never gets an active broker.
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.e2e.support import free_port, get_json, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
-
-
-def wait_for(description: str, probe: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def get_json(cluster: LocalCluster, namespace: str, *what: str) -> Any:
-    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def test_chart_lints_and_renders_the_crd_from_crds_folder(kube_cluster: LocalCluster) -> None:

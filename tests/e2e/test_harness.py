@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,25 +27,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e.support import get_json, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster, built_tools_dir
 from tests.harness.control_plane import ControlPlaneSettings, ControlPlaneStartError, start_control_plane
 from tests.harness.processes import process_group_alive
 
 pytestmark = pytest.mark.e2e
-
-WAIT_SECONDS = 60.0
-
-
-def wait_for(description: str, probe: Callable[[], Any], timeout: float = WAIT_SECONDS) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``description``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
 
 
 @pytest.fixture
@@ -61,11 +47,6 @@ def namespace(kube_cluster: LocalCluster) -> Iterator[str]:
 
 def apply(cluster: LocalCluster, namespace: str, *documents: dict[str, Any]) -> None:
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump_all(documents))
-
-
-def get_json(cluster: LocalCluster, namespace: str, *what: str) -> dict[str, Any] | None:
-    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def pod_manifest(name: str, script: str, *, restart_policy: str = "Always", **spec: Any) -> dict[str, Any]:

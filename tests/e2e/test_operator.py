@@ -13,7 +13,6 @@ Waits are bounded failure limits, not performance assertions.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -33,36 +32,13 @@ from kubernetes.client.exceptions import ApiException
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.engine import EpochConflict
+from tests.e2e.support import WAIT_SECONDS, free_port, get_json, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
 
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
-WAIT_SECONDS = 60.0
-
-
-def wait_for(description: str, probe: Callable[[], Any], timeout: float = WAIT_SECONDS) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``description``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def get_json(cluster: LocalCluster, namespace: str, *what: str) -> Any:
-    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def apply(

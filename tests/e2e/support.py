@@ -1,0 +1,46 @@
+"""Small helpers every e2e test module uses: bounded polling, `kubectl get -o json`, a free port.
+
+Waits here are failure limits (how long before a test gives up), never
+performance assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.harness.cluster import LocalCluster
+
+WAIT_SECONDS = 60.0
+
+
+def wait_for(
+    description: str, probe: Callable[[], Any], timeout: float = WAIT_SECONDS, interval: float = 0.25
+) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``description`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
+
+
+def get_json(cluster: LocalCluster, namespace: str, *what: str) -> Any:
+    """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None when kubectl fails (e.g. not found)."""
+    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (pods share this host's network in the harness)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
