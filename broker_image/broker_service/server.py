@@ -44,12 +44,18 @@ _XML = "text/xml; charset=utf-8"
 
 
 def _fault_response(fault: SoapFaultError) -> web.Response:
-    return web.Response(
+    response = web.Response(
         status=fault.http_status,
         body=soap_codec.render_fault(fault),
         content_type="text/xml",
         charset="utf-8",
     )
+    if fault.code == FaultCode.BROKER_INACTIVE:
+        # Close the connection: kube-proxy pins a keep-alive connection to the pod it first
+        # chose, so a backend that kept it would hear "inactive" from this broker forever
+        # instead of reconnecting through the <cluster>-active Service to the new active.
+        response.force_close()
+    return response
 
 
 def _authorized(request: web.Request, token: str) -> bool:

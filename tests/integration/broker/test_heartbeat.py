@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import signal
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,35 @@ def test_sigterm_deactivates_drains_and_exits_zero(processes: ProcessSet, tmp_pa
     relay.broker.kill(signal.SIGTERM)
     assert relay.broker.popen.wait(timeout=20) == 0
     assert "deactivated (epoch 2)" in relay.broker.log_text()
+
+
+def test_inactive_fault_closes_the_connection_so_the_backend_reconnects_through_the_service(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    """kube-proxy pins a kept-alive connection to one pod: an Inactive broker must drop it."""
+    relay = start_relay(processes, tmp_path)
+    envelope = build_envelope("acme", "1000", [("orders-0000", 1, "m-1", "hello")])
+    url = urllib.parse.urlsplit(relay.broker.soap_url)
+
+    def send_on(connection: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        connection.request("POST", url.path, body=envelope, headers={"Content-Type": "text/xml"})
+        response = connection.getresponse()
+        response.read()
+        return response
+
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        refused = send_on(connection)
+        assert refused.status == 500
+        assert refused.getheader("Connection") == "close"
+    finally:
+        connection.close()
+
+    assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        accepted = send_on(connection)
+        assert accepted.status == 200
+        assert accepted.getheader("Connection") != "close"  # the active broker keeps its clients
+    finally:
+        connection.close()
