@@ -87,7 +87,7 @@ from tests.integration.processes import (  # noqa: E402
 LEASE = 2.0
 SETTINGS = HeartbeatSettings(
     interval_seconds=0.2,
-    timeout_seconds=0.15,
+    timeout_seconds=0.1,
     failure_threshold=2,
     lease_seconds=LEASE,
     standby_probe_seconds=0.5,
@@ -96,7 +96,7 @@ SETTINGS = HeartbeatSettings(
     lease_margin_seconds=0.25,
 )
 STREAMS = 10
-BACKEND_TIMEOUT = 0.5  # the backend simulator's request timeout (its default is 10 s)
+BACKEND_TIMEOUT = 0.25  # the backend simulator's request timeout (its default is 10 s)
 # Headers the SOAP exchange needs passed through; hop-by-hop ones are the proxy's own.
 FORWARDED_HEADERS = ("Content-Type", "SOAPAction")
 TICK = 0.1  # seconds between produce calls
@@ -462,7 +462,8 @@ class FailoverBench:
             " failback=Manual"
         )
         print(
-            f"backend simulator: request timeout {BACKEND_TIMEOUT}s, backoff 20-500 ms, sending only to an"
+            f"backend simulator: request timeout {BACKEND_TIMEOUT}s, retried at once after a timeout,"
+            " backoff 20-250 ms after a fast failure, sending only to an"
             " emulated <cluster>-active Service (an HTTP proxy re-pointed per request the moment the"
             " engine moves the role=active label; no kube-proxy delay, no per-connection pinning)"
         )

@@ -174,10 +174,12 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -
         latencies: list[float] = []  # noqa: RUF012 - one instance per process
         active_calls = 0
 
-        async def heartbeat(self, target: BrokerTarget, active: bool, epoch: int) -> HeartbeatReply:
+        async def heartbeat(
+            self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+        ) -> HeartbeatReply:
             started = time.perf_counter()
             try:
-                return await super().heartbeat(target, active, epoch)
+                return await super().heartbeat(target, active, epoch, renew=renew)
             finally:
                 if self.recording:
                     self.latencies.append(time.perf_counter() - started)

@@ -18,7 +18,9 @@ compact UTF-8, orjson when installed, the same text either way.)
 Group commit: :meth:`Journal.append` queues a frame and waits; one writer task
 writes every queued frame with one ``write`` and one ``fsync`` (in a worker
 thread, so the event loop keeps accepting bundles meanwhile) and then wakes
-all waiters. Under load one fsync covers many bundles.
+all waiters. Under load one fsync covers many bundles. Writes complete in the
+order their frames were queued; :meth:`Journal.flushed` waits for everything
+queued so far without adding a frame.
 
 Recovery (:func:`recover`) reads the files in order and stops at the first bad
 frame. A bad frame at the very end of the last file, or followed only by zero
@@ -268,6 +270,19 @@ class Journal:
         self._wakeup.set()
         await future
 
+    async def flushed(self) -> None:
+        """Return once every frame queued before this call is on disk; raise the journal's failure.
+
+        For an answer that acknowledges messages another caller queued (a ``Duplicate`` of a
+        seq whose bundle is still being journaled): it must not go out before they are durable.
+        """
+        if self.failure is not None:
+            raise self.failure
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wakeup.set()
+        await future
+
     def append_lazily(self, record: bytes) -> None:
         """Queue ``record`` to go out with the next group commit, without waiting for it."""
         if self.failure is None:
@@ -286,6 +301,12 @@ class Journal:
             await self._wakeup.wait()
             self._wakeup.clear()
             if not self._frames:
+                # Only :meth:`flushed` waiters: what was queued before them went out in a write
+                # that has finished (writes run one at a time, in this loop).
+                waiters, self._waiters = self._waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
                 continue
             frames, waiters = self._frames, self._waiters
             self._frames, self._waiters = [], []

@@ -2,24 +2,47 @@
 
 This is the heartbeat contract of ARCHITECTURE.md, carried out:
 
-* ``active=true, epoch=e``: below the stored epoch is ``Unavailable /
-  STALE_EPOCH`` and changes nothing. Otherwise ``e`` is stored durably first,
-  then an inactive broker activates synchronously (the heartbeat answers only
-  when it is done): probe the cloud, send the resend request to the backend,
-  apply its cursors, start the forwarders and the cloud poller, accept
-  bundles. A failed step answers ``Unavailable`` with its code and leaves the
-  broker inactive. Every accepted call renews the lease.
+* ``active=true, epoch=e`` (``renewLease`` absent or true): below the stored
+  epoch is ``Unavailable / STALE_EPOCH`` and changes nothing. Otherwise ``e``
+  is stored durably first, then an inactive broker activates synchronously
+  (the heartbeat answers only when it is done): probe the cloud, send the
+  resend request to the backend, apply its cursors, start the forwarders and
+  the cloud poller, accept bundles. A failed step answers ``Unavailable`` with
+  its code and leaves the broker inactive. Every accepted call renews the
+  lease, counted from the moment its handler started (never later than the
+  operator's own count, which starts when it sees the answer).
+* ``active=true, renewLease=false``: a pure check of the active. It answers
+  ``Active`` only while the broker is Active, in lease and not stalled; it
+  activates, stores and renews nothing and does not wait for the heartbeat
+  lock, so a check never queues behind an activation and a late copy of it
+  cannot extend a lease the operator is waiting out.
 * ``active=false``: stop accepting and polling, drain in-flight bundles and
   confirmations (bounded), answer ``Inactive``.
-* Lease: an active broker with no renewing heartbeat for ``leaseSeconds``
-  deactivates itself (self-fencing); so does one a target tells about a higher
-  epoch (another broker is active).
+* Self-fencing: an Active broker deactivates itself when its lease runs out,
+  when a target reports a higher epoch (another broker is active), or when its
+  event loop was stalled (SIGSTOP, a VM pause, a long GC) for longer than the
+  lease margin, ``max(0.25 s, 10 % of the lease)``, the slack the operator
+  allows on top of the lease. A stall is seen by the lease watcher (the gap
+  between two of its ticks) or, if a request got scheduled before the watcher
+  after the loop resumed, by that request's handler; a renewing heartbeat or a
+  bundle handled then is refused instead of acted on, since it may have sat in
+  the socket buffer since before the operator's fence. Once fenced at stored
+  epoch ``e``, only an ``active=true`` with an epoch above ``e`` activates the
+  broker again (``LEASE_EXPIRED``): the operator gives every new activation
+  ``epoch+1``, and a copy of an old renewal must not revive the fenced term.
+  ``active=false`` does not create that restriction; it lives in memory only
+  (a restarted broker starts Inactive anyway).
 
-Heartbeats and fencing are serialized by one lock, so activation and
-deactivation never interleave. ``SendMessages`` does not take the lock (it is
-the hot path); it checks the state on entry, and deactivation waits for the
-bundles already past that check to be journaled, so every acknowledged message
-is durable.
+Heartbeats and deactivation are serialized by one lock, so activation and
+draining never interleave. A self-fence does not wait for it: it stops the
+broker being Active at once (synchronously) and leaves the drain to a task
+that takes the lock; a heartbeat that gets the lock first finishes that drain
+before it does anything else. ``SendMessages`` does not take the lock (it is
+the hot path); it checks the state, the lease and the stall on entry, and
+deactivation waits for the bundles already past that check to be journaled,
+so every acknowledged message is durable. A ``Duplicate`` is an
+acknowledgement too: a bundle whose duplicates name seqs still being
+journaled by another bundle answers only once the journal has them.
 
 Not here: parsing SOAP (:mod:`broker_service.soap_codec`), HTTP
 (:mod:`broker_service.server`), and the outbound/inbound delivery loops.
@@ -30,8 +53,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 from broker_contracts.message_log import Direction, Event
 from broker_contracts.soap import BrokerState, FaultCode, UnavailabilityCode
@@ -83,12 +108,27 @@ class Broker:
         )
         self._lock = asyncio.Lock()
         self._lease_deadline = 0.0
+        # Stall detection: the lease watcher's period, the gap between two of its ticks beyond
+        # which the event loop counts as stalled (a tick plus the lease margin), the time of
+        # its last tick, and the last stall it found (when, and how long).
+        self._tick = settings.lease_tick_seconds
+        self._stall_limit = settings.lease_margin_seconds
+        self._stalled_after = self._tick + self._stall_limit
+        self._last_tick = time.monotonic()
+        self._stall_seen_at = -math.inf
+        self._stall_seconds = 0.0
+        # The stored epoch at which this broker last fenced itself, and why: only a higher
+        # epoch activates it again. None once a higher epoch has activated it.
+        self._fenced_epoch: int | None = None
+        self._fence_reason = ""
+        # A deactivation whose first half (stop being Active) is done and whose drain is not.
+        self._pending_drain: str | None = None
         self._accepting = 0
         self._accepts_idle = asyncio.Event()
         self._accepts_idle.set()
         self._shutting_down = False
         self._background: list[asyncio.Task[None]] = []
-        self._fences: set[asyncio.Task[None]] = set()
+        self._drains: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         self.outbound = OutboundTable(
             max_deliveries=settings.max_deliveries,
@@ -158,6 +198,7 @@ class Broker:
             self.journal_error = str(error)
             logger.error("journal cannot be used; this broker will refuse activation: %s", error)
         loop = asyncio.get_running_loop()
+        self._last_tick = time.monotonic()  # recovery may have taken long; that was no stall
         self._background.append(loop.create_task(self._watch_lease(), name="lease-watch"))
 
     async def stop(self) -> None:
@@ -166,6 +207,8 @@ class Broker:
         async with self._lock:
             if self.state is BrokerState.ACTIVE:
                 await self._deactivate("the broker is shutting down (SIGTERM)")
+            else:
+                await self._finish_deactivation()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -177,15 +220,58 @@ class Broker:
     # ---- heartbeat ---------------------------------------------------------------------------
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
-        async with self._lock:
-            reply = await self._heartbeat_locked(request)
+        started = time.monotonic()
+        if not request.active:
+            async with self._lock:
+                reply = await self._heartbeat_locked(request, started)
+        elif not request.renew_lease:
+            reply = self._check(request, started)
+        elif stalled := self._stalled_for(started):
+            # Before anything else: this call may have sat in the socket buffer through the stall.
+            reply = self._refuse_stalled(stalled)
+        else:
+            if self.state is BrokerState.ACTIVE and started > self._lease_deadline:
+                # The watcher has not run yet; the lease is over all the same.
+                self._self_fence(self._lease_expired_reason())
+            async with self._lock:
+                reply = await self._heartbeat_locked(request, started)
         self.metrics.heartbeats.labels(reply.state.value).inc()
         return reply
 
     def _unavailable(self, code: UnavailabilityCode, message: str) -> HeartbeatReply:
         return HeartbeatReply(BrokerState.UNAVAILABLE, self.epoch, code.value, message)
 
-    async def _heartbeat_locked(self, request: HeartbeatRequest) -> HeartbeatReply:  # noqa: PLR0911
+    def _journal_unusable(self) -> HeartbeatReply | None:
+        if self.journal_error or not self.journal.is_open:
+            detail = self.journal_error or (
+                str(self.journal.failure) if self.journal.failure else "journal not open"
+            )
+            return self._unavailable(UnavailabilityCode.JOURNAL_ERROR, detail[:500])
+        return None
+
+    def _stale(self, epoch: int) -> HeartbeatReply | None:
+        if epoch < self.epoch:
+            return self._unavailable(
+                UnavailabilityCode.STALE_EPOCH,
+                f"heartbeat epoch {epoch} is below this broker's stored epoch {self.epoch}; "
+                "a newer operator decision exists",
+            )
+        return None
+
+    def _fenced_term(self, epoch: int) -> HeartbeatReply | None:
+        """``LEASE_EXPIRED`` for an ``active=true`` that would revive the term this broker fenced."""
+        fenced = self._fenced_epoch
+        if fenced is None or epoch > fenced:
+            return None
+        return self._unavailable(
+            UnavailabilityCode.LEASE_EXPIRED,
+            f"this broker deactivated itself at epoch {fenced} ({self._fence_reason}); epoch {epoch} "
+            f"cannot make it Active again: activate it with an epoch above {fenced}",
+        )
+
+    async def _heartbeat_locked(self, request: HeartbeatRequest, started: float) -> HeartbeatReply:  # noqa: PLR0911
+        # A self-fence's drain goes first: a new term never starts on top of the old one's work.
+        await self._finish_deactivation()
         if not request.active:
             if self.state is BrokerState.ACTIVE:
                 await self._deactivate(f"heartbeat active=false from operator {request.operator_id!r}")
@@ -198,17 +284,13 @@ class Broker:
 
         if self._shutting_down:
             return self._unavailable(UnavailabilityCode.SHUTTING_DOWN, "the broker is shutting down")
-        if request.epoch < self.epoch:
-            return self._unavailable(
-                UnavailabilityCode.STALE_EPOCH,
-                f"heartbeat epoch {request.epoch} is below this broker's stored epoch {self.epoch}; "
-                "a newer operator decision exists",
-            )
-        if self.journal_error or not self.journal.is_open:
-            detail = self.journal_error or (
-                str(self.journal.failure) if self.journal.failure else "journal not open"
-            )
-            return self._unavailable(UnavailabilityCode.JOURNAL_ERROR, detail[:500])
+        # A broken journal is named before a fenced term: it is why a journal failure fenced it.
+        if (
+            refusal := self._stale(request.epoch)
+            or self._journal_unusable()
+            or self._fenced_term(request.epoch)
+        ):
+            return refusal
         if request.epoch > self.epoch:
             try:
                 self._store_epoch(request.epoch)
@@ -218,8 +300,64 @@ class Broker:
             failure = await self._activate()
             if failure is not None:
                 return failure
-        self._lease_deadline = time.monotonic() + self.settings.lease_seconds
+        self._fenced_epoch = None  # an epoch above the fenced one is Active now
+        # Counted from when this call started to be handled: the operator counts from when it
+        # saw the answer, which is later, so the broker's lease always ends first.
+        self._lease_deadline = max(self._lease_deadline, started + self.settings.lease_seconds)
         return HeartbeatReply(BrokerState.ACTIVE, self.epoch)
+
+    def _check(self, request: HeartbeatRequest, now: float) -> HeartbeatReply:
+        """``active=true, renewLease=false``: is this broker Active? Changes nothing but a due fence."""
+        if self._shutting_down:
+            return self._unavailable(UnavailabilityCode.SHUTTING_DOWN, "the broker is shutting down")
+        if refusal := self._stale(request.epoch) or self._journal_unusable():
+            return refusal
+        if self.state is BrokerState.ACTIVE:
+            if stalled := self._stalled_for(now):
+                return self._refuse_stalled(stalled)
+            if now > self._lease_deadline:
+                self._self_fence(self._lease_expired_reason())
+            else:
+                return HeartbeatReply(BrokerState.ACTIVE, self.epoch)
+        return self._fenced_term(request.epoch) or HeartbeatReply(BrokerState.INACTIVE, self.epoch)
+
+    def _stalled_for(self, now: float) -> float:
+        """How long the event loop was stalled, if a call handled ``now`` may have waited it out; else 0.
+
+        Either the watcher has not ticked since the loop resumed (this handler got scheduled
+        first), or it found a stall less than one tick ago: what queued up in the socket
+        buffers during a stall is read in the loop's first iterations after it.
+        """
+        gap = now - self._last_tick
+        if gap > self._stalled_after:
+            return gap
+        if now - self._stall_seen_at <= self._tick:
+            return self._stall_seconds
+        return 0.0
+
+    def _stall_reason(self, stalled: float) -> str:
+        return (
+            f"event loop stalled for {stalled:.2f}s, longer than the lease margin of {self._stall_limit:g}s"
+        )
+
+    def _lease_expired_reason(self) -> str:
+        return f"lease expired: no active=true heartbeat for {self.settings.lease_seconds:g}s"
+
+    def _refuse_stalled(self, stalled: float) -> HeartbeatReply:
+        reason = self._stall_reason(stalled)
+        if self.state is BrokerState.ACTIVE:
+            self._self_fence(reason)
+            outcome = (
+                f"the broker deactivated itself at epoch {self.epoch}: activate it with an epoch "
+                f"above {self.epoch}"
+            )
+        else:
+            outcome = "nothing changed"
+        return self._unavailable(
+            UnavailabilityCode.EVENT_LOOP_STALLED,
+            f"{reason} when this call was handled; a call that waited that long may be older than "
+            f"the operator's fence, so it was not acted on; {outcome}",
+        )
 
     def _store_epoch(self, epoch: int) -> None:
         self.epochs.store(epoch)
@@ -250,10 +388,18 @@ class Broker:
         logger.info("activated with epoch %d (%d streams known from the backend)", epoch, len(cursors))
         return None
 
-    async def _deactivate(self, reason: str) -> None:
-        """Stop accepting and polling; drain in-flight work within ``drain_seconds``."""
+    def _stop_accepting(self, reason: str) -> None:
+        """The first half of a deactivation, synchronous: no longer Active from this instant."""
         self.state = BrokerState.INACTIVE
         self.metrics.active.set(0)
+        self._pending_drain = reason
+
+    async def _finish_deactivation(self) -> None:
+        """The second half, under the lock: drain in-flight work within ``drain_seconds``."""
+        reason = self._pending_drain
+        if reason is None:
+            return
+        self._pending_drain = None
         drain = self.settings.drain_seconds
         # Bundles past the state check finish journaling, so their acknowledgements stay true.
         with contextlib.suppress(TimeoutError):
@@ -263,43 +409,66 @@ class Broker:
         self.message_log.close_segment()
         logger.info("deactivated (epoch %d): %s", self.epoch, reason)
 
-    def fence(self, reason: str) -> None:
-        """A target saw a higher epoch: another broker is active. Deactivate without waiting for it."""
-        task = asyncio.get_running_loop().create_task(self._fence(reason), name="fence")
-        # The loop keeps only weak references to tasks; hold this one until it is done.
-        self._fences.add(task)
-        task.add_done_callback(self._fences.discard)
+    async def _deactivate(self, reason: str) -> None:
+        """Stop accepting and polling; drain in-flight work within ``drain_seconds`` (under the lock)."""
+        self._stop_accepting(reason)
+        await self._finish_deactivation()
 
-    async def _fence(self, reason: str) -> None:
+    def fence(self, reason: str) -> None:
+        """A target saw a higher epoch, or the journal failed: deactivate without waiting for anyone."""
+        self._self_fence(reason)
+
+    def _self_fence(self, reason: str) -> None:
+        """Stop being Active now, remember the fenced epoch, and drain in a task under the lock."""
+        if self.state is not BrokerState.ACTIVE:
+            return
+        self._fenced_epoch = self.epoch
+        self._fence_reason = reason
+        logger.warning("fencing itself at epoch %d: %s", self.epoch, reason)
+        self._stop_accepting(reason)
+        task = asyncio.get_running_loop().create_task(self._drain_after_fence(), name="fence-drain")
+        # The loop keeps only weak references to tasks; hold this one until it is done.
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    async def _drain_after_fence(self) -> None:
         async with self._lock:
-            if self.state is BrokerState.ACTIVE:
-                logger.warning("fencing: %s", reason)
-                await self._deactivate(reason)
+            await self._finish_deactivation()
 
     async def _watch_lease(self) -> None:
-        tick = min(0.1, self.settings.lease_seconds / 10)
+        """Every tick: find stalls and run-out leases, and close a message-log segment that is due.
+
+        Kept to a few comparisons: it runs every 100 ms (or lease/10) on every broker.
+        """
+        tick = self._tick
+        stalled_after = self._stalled_after
         while True:
             await asyncio.sleep(tick)
+            now = time.monotonic()
+            gap = now - self._last_tick
+            self._last_tick = now
+            if gap > stalled_after:
+                self._stall_seen_at, self._stall_seconds = now, gap
+                self.metrics.stalls.inc()
+                logger.warning("the event loop was stalled for %.2fs (limit %.2fs)", gap, stalled_after)
+                self._self_fence(self._stall_reason(gap))
+            elif self.state is BrokerState.ACTIVE and now > self._lease_deadline:
+                self._self_fence(self._lease_expired_reason())
             self.message_log.close_if_due()
-            if self.state is BrokerState.ACTIVE and time.monotonic() > self._lease_deadline:
-                async with self._lock:
-                    if self.state is BrokerState.ACTIVE and time.monotonic() > self._lease_deadline:
-                        await self._deactivate(
-                            f"lease expired: no active=true heartbeat for {self.settings.lease_seconds}s"
-                        )
 
     # ---- SendMessages ------------------------------------------------------------------------
 
     async def send_messages(self, request: SendMessagesRequest) -> tuple[int, list[AcceptResult]]:
-        # The lease is checked here too, not only by the watcher: a broker resumed after a pause
-        # (SIGSTOP, a VM stall) must not accept a single bundle on a lease that ran out meanwhile.
-        if self.state is not BrokerState.ACTIVE or time.monotonic() > self._lease_deadline:
-            raise SoapFaultError(
-                FaultCode.BROKER_INACTIVE,
-                f"broker {self.settings.name!r} is {self.state.value}, not Active; send to the active broker "
-                f"(Service {self.settings.cluster}-active) and retry",
-                client=False,
-            )
+        # The lease and the stall are checked here too, not only by the watcher: a broker resumed
+        # after a pause (SIGSTOP, a VM stall) must not accept a single bundle on a lease that ran
+        # out meanwhile, nor one that sat in the socket buffer through the pause.
+        now = time.monotonic()
+        if (
+            self.state is not BrokerState.ACTIVE
+            or now > self._lease_deadline
+            or now - self._last_tick > self._stalled_after
+        ):
+            self._refuse_bundle(now)
         settings = self.settings
         if settings.pair_fixed and (request.account, request.company) != (settings.account, settings.company):
             raise SoapFaultError(
@@ -307,14 +476,18 @@ class Broker:
                 f"bundle is for account {request.account!r} company {request.company!r}; this broker serves "
                 f"account {settings.account!r} company {settings.company!r}",
             )
-        results, accepted, indices = self.outbound.reserve(
+        results, accepted, indices, unsettled_duplicate = self.outbound.reserve(
             request.streams, request.seqs, request.msg_ids, request.payloads
         )
-        if accepted:
+        if accepted or unsettled_duplicate:
             self._accepting += 1
             self._accepts_idle.clear()
             try:
-                await self.journal.append(bundle_frame(request.raw, indices))
+                if accepted:
+                    # Writes complete in order: this one also covers what a duplicate waits for.
+                    await self.journal.append(bundle_frame(request.raw, indices))
+                else:
+                    await self.journal.flushed()
             except JournalError as error:
                 self.journal_error = str(error)
                 self.fence(f"journal failed: {error}")
@@ -325,6 +498,7 @@ class Broker:
                 self._accepting -= 1
                 if not self._accepting:
                     self._accepts_idle.set()
+        if accepted:
             self.outbound.commit(accepted)
             epoch = self.epoch
             self.message_log.messages(Event.ACCEPTED, epoch, Direction.OUTBOUND, accepted, first=True)
@@ -332,6 +506,20 @@ class Broker:
         if len(accepted) != len(results):
             self._count_refusals(results)
         return self.epoch, results
+
+    def _refuse_bundle(self, now: float) -> NoReturn:
+        """``BROKER_INACTIVE``; an Active broker whose lease ran out or whose loop stalled fences itself."""
+        if self.state is BrokerState.ACTIVE:
+            if now > self._lease_deadline:
+                self._self_fence(self._lease_expired_reason())
+            else:
+                self._self_fence(self._stall_reason(now - self._last_tick))
+        raise SoapFaultError(
+            FaultCode.BROKER_INACTIVE,
+            f"broker {self.settings.name!r} is {self.state.value}, not Active; send to the active broker "
+            f"(Service {self.settings.cluster}-active) and retry",
+            client=False,
+        )
 
     def _count_refusals(self, results: list[AcceptResult]) -> None:
         gaps = sum(1 for r in results if r[3] is not None)

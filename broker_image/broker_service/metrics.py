@@ -18,6 +18,11 @@ class BrokerMetrics:
         self.active = Gauge("broker_active", "1 while this broker is Active, else 0", registry=r)
         self.epoch = Gauge("broker_epoch", "The broker's durably stored epoch", registry=r)
         self.heartbeats = Counter("broker_heartbeats", "Heartbeat calls by answer", ["state"], registry=r)
+        self.stalls = Counter(
+            "broker_event_loop_stalls",
+            "Lease-watcher ticks that found the event loop stalled longer than the lease margin",
+            registry=r,
+        )
         self.accepted = Counter("broker_messages_accepted", "Messages journaled and acknowledged", registry=r)
         self.duplicates = Counter("broker_messages_duplicate", "Old seqs acknowledged again", registry=r)
         self.gaps = Counter("broker_messages_gap", "Messages refused because of a seq gap", registry=r)

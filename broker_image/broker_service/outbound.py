@@ -9,6 +9,11 @@ I/O so that its rules can be read (and unit-tested) in one place:
   enter ``unconfirmed`` at once (so a journal snapshot taken at any moment
   covers them) but enter the delivery ``queue`` only in :meth:`commit`, after
   the journal says they are durable: nothing is forwarded before it is safe.
+  A duplicate is an acknowledgement too, so it must not be answered before
+  the message is durable: when a duplicate's ``seq`` was reserved by a bundle
+  whose journal write has not finished (a backend retrying a timed-out bundle
+  while the first copy is still being journaled), ``reserve`` says so and the
+  caller waits for the journal before it answers.
 * :meth:`take_bundle` builds one cloud bundle across streams; a stream is in
   at most one bundle at a time, which is what keeps its order when several
   bundles are in flight.
@@ -46,6 +51,7 @@ _REJECTED = DeliveryStatus.REJECTED.value
 class OutboundStream:
     name: str
     expected: int = 1  # the next seq this broker accepts
+    durable: int = 0  # every seq up to this one is journaled (or confirmed by the backend)
     unconfirmed: deque[JournalMessage] = field(default_factory=deque)  # accepted, not confirmed to backend
     queue: deque[JournalMessage] = field(default_factory=deque)  # durable, not yet taken by the cloud
     in_flight: bool = False
@@ -107,14 +113,17 @@ class OutboundTable:
 
     def reserve(
         self, streams: list[str], seqs: list[int], msg_ids: list[str], payloads: list[str]
-    ) -> tuple[list[AcceptResult], list[JournalMessage], list[int]]:
+    ) -> tuple[list[AcceptResult], list[JournalMessage], list[int], bool]:
         """Apply the seq rule to one bundle; accepted messages must be journaled, then :meth:`commit`-ed.
 
-        Returns the per-message results, the accepted messages, and their indices in the bundle.
+        Returns the per-message results, the accepted messages, their indices in the bundle, and
+        whether a ``Duplicate`` names a seq that is not durable yet: then the answer must wait
+        until every journal write queued so far is on disk (and fail if that write fails).
         """
         results: list[AcceptResult] = []
         accepted: list[JournalMessage] = []
         indices: list[int] = []
+        unsettled_duplicate = False
         table = self.streams
         accepted_status, duplicate_status, gap_status = (
             AcceptStatus.ACCEPTED,
@@ -134,9 +143,11 @@ class OutboundTable:
                 results.append((name, seq, accepted_status, None))
             elif seq < expected:
                 results.append((name, seq, duplicate_status, None))
+                if seq > stream.durable:
+                    unsettled_duplicate = True
             else:
                 results.append((name, seq, gap_status, expected))
-        return results, accepted, indices
+        return results, accepted, indices, unsettled_duplicate
 
     def commit(self, accepted: list[JournalMessage]) -> None:
         """The journal has these messages durably: queue them for the cloud."""
@@ -144,6 +155,8 @@ class OutboundTable:
         for message in accepted:
             stream = table[message[0]]
             stream.queue.append(message)
+            # Journal writes complete in the order they were queued, so this only moves forward.
+            stream.durable = message[1]
             if not stream.ready:
                 self._mark_ready(stream)
         if accepted:
@@ -323,6 +336,7 @@ class OutboundTable:
             pending = [recovered.pending[name][seq] for seq in sorted(recovered.pending.get(name, {}))]
             stream.confirmed = stream.last_delivered = confirmed
             stream.expected = max(recovered.last_accepted.get(name, 0), confirmed) + 1
+            stream.durable = stream.expected - 1  # all of it came from the journal
             stream.unconfirmed = deque(pending)
             stream.queue = deque(pending)
             self._mark_ready(stream)
@@ -347,6 +361,8 @@ class OutboundTable:
                     stream.blocked = False
                 moved[name] = done
             stream.expected = max(stream.expected, first_unconfirmed)
+            # Below the backend's cursor everything is confirmed end to end: a duplicate is true.
+            stream.durable = max(stream.durable, first_unconfirmed - 1)
             self._mark_ready(stream)
         return moved
 

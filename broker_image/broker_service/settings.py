@@ -63,6 +63,24 @@ class BrokerSettings:
     drain_seconds: float = 5.0
 
     @property
+    def lease_margin_seconds(self) -> float:
+        """How late a self-fence may be and still be safe: ``max(0.25, 0.1 * lease_seconds)``.
+
+        The operator activates another broker only after (outcome of its last ``active=true``)
+        + ``leaseSeconds`` + this margin, with the same formula on its side. So a broker whose
+        event loop was stalled longer than the margin (SIGSTOP, VM pause, long GC) cannot know
+        that the operator has not moved on meanwhile, and must fence itself rather than act on
+        anything that waited out the stall; that is the broker's stall limit. One derivation,
+        here, so the lease watcher, the heartbeat and ``SendMessages`` agree.
+        """
+        return max(0.25, 0.1 * self.lease_seconds)
+
+    @property
+    def lease_tick_seconds(self) -> float:
+        """How often the lease watcher runs: ``min(0.1, lease_seconds / 10)``."""
+        return min(0.1, self.lease_seconds / 10)
+
+    @property
     def pair_fixed(self) -> bool:
         """Whether bundles must name this broker's (account, company); unset means any pair."""
         return bool(self.account or self.company)

@@ -61,6 +61,9 @@ class HeartbeatRequest:
     active: bool
     epoch: int
     operator_id: str
+    # WSDL ``renewLease`` (absent = true). With ``active=true``, false makes the call a pure
+    # check that activates, stores and renews nothing; with ``active=false`` it is ignored.
+    renew_lease: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,7 @@ def parse_request(body: bytes) -> SoapRequest:
             active=_boolean(_required(operation, "active"), "active"),
             epoch=_long(_required(operation, "epoch"), "epoch"),
             operator_id=_text(operation, "operatorId") or "",
+            renew_lease=_optional_boolean(operation, "renewLease", default=True),
         )
     if name == "ListHeld":
         return ListHeldRequest(stream=_text(operation, "stream"))
@@ -229,6 +233,11 @@ def _boolean(text: str, name: str) -> bool:
     raise SoapFaultError(
         FaultCode.MALFORMED_REQUEST, f"{name} = {text!r} is not an xsd:boolean (true/false/1/0)"
     )
+
+
+def _optional_boolean(parent: etree._Element, name: str, *, default: bool) -> bool:
+    text = _text(parent, name)
+    return default if text is None else _boolean(text.strip(), name)
 
 
 def _long(text: str, name: str) -> int:

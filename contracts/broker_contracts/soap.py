@@ -45,6 +45,13 @@ class UnavailabilityCode(StrEnum):
     CLOUD_UNREACHABLE = "CLOUD_UNREACHABLE"
     JOURNAL_ERROR = "JOURNAL_ERROR"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    # The broker fenced itself at its stored epoch (lease ran out, or its process was
+    # paused longer than the lease margin); only a higher epoch activates it again.
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    # This call was handled right after the broker's event loop had been stalled longer than
+    # the lease margin: it may be older than the operator's fence, so it was not acted on (an
+    # Active broker fenced itself instead, and then needs a higher epoch like LEASE_EXPIRED).
+    EVENT_LOOP_STALLED = "EVENT_LOOP_STALLED"
 
 
 class FaultCode(StrEnum):

@@ -216,17 +216,29 @@ class ClusterLoop:
         timeout = self._config.settings.timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                reply = await self._heartbeats.heartbeat(target, action.active, action.epoch)
+                reply = await self._heartbeats.heartbeat(
+                    target, action.active, action.epoch, renew=action.renew
+                )
         except TimeoutError:
             outcome: Observation = HeartbeatFailed(
-                action.broker, action.active, action.epoch, reached=True, reason=f"timeout after {timeout:g}s"
+                action.broker,
+                action.active,
+                action.epoch,
+                reached=True,
+                reason=f"timeout after {timeout:g}s",
+                renew=action.renew,
             )
         except HeartbeatError as error:
             outcome = HeartbeatFailed(
-                action.broker, action.active, action.epoch, reached=error.reached, reason=error.reason
+                action.broker,
+                action.active,
+                action.epoch,
+                reached=error.reached,
+                reason=error.reason,
+                renew=action.renew,
             )
         else:
-            outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply)
+            outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
         metrics.HEARTBEAT_LATENCY.observe(time.perf_counter() - started)
         if isinstance(outcome, HeartbeatAnswered):
             metrics.HEARTBEATS.labels(self.cluster, outcome.reply.state.lower()).inc()

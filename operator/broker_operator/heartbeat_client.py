@@ -6,7 +6,7 @@ parses each reply (including SOAP faults and the WSDL's types), while the bytes
 travel over one shared aiohttp session. That split is deliberate: zeep's own
 AsyncClient over httpx collapsed beyond ~200 brokers in our measurements, while
 zeep's messages over one aiohttp session kept 1,000 brokers at 1 Hz. Envelopes
-depend only on (active, epoch), so the serialized bytes are cached per pair.
+depend only on (active, epoch, renew), so the serialized bytes are cached.
 
 Every failure becomes a :class:`HeartbeatError` whose ``reached`` says whether the
 request may have been received: only a failed connect proves it was not, and the
@@ -97,14 +97,25 @@ class HeartbeatClient:
         return self._session
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - the client lives as long as the process
-    def _envelope(self, active: bool, epoch: int) -> bytes:
+    def _envelope(self, active: bool, epoch: int, renew: bool) -> bytes:
+        # renewLease is sent only when false: absent means true, and a renewal stays
+        # the message every broker built against the first WSDL understands.
+        extra = {} if renew else {"renewLease": False}
         message = self._client.create_message(
-            self._client.service, "Heartbeat", active=active, epoch=epoch, operatorId=self._operator_id
+            self._client.service,
+            "Heartbeat",
+            active=active,
+            epoch=epoch,
+            operatorId=self._operator_id,
+            **extra,
         )
         return bytes(etree.tostring(message, xml_declaration=True, encoding="utf-8"))
 
-    async def heartbeat(self, target: BrokerTarget, active: bool, epoch: int) -> HeartbeatReply:
-        body = self._envelope(active, epoch)
+    async def heartbeat(
+        self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+    ) -> HeartbeatReply:
+        """``renew=False`` (with ``active=True``) checks the active without renewing its lease."""
+        body = self._envelope(active, epoch, renew)
         try:
             async with self._session_now().post(target.url, data=body, headers=self._headers) as response:
                 content = await response.content.read(_MAX_REPLY_BYTES + 1)

@@ -14,6 +14,15 @@ the expected ``seq``, and on ``BROKER_INACTIVE`` or a connection failure moves
 on to the next ``--broker-url`` (the way the ``<cluster>-active`` Service would
 route it to the new active).
 
+Retries: a request that timed out is retried at once, on a new connection:
+the timeout has already waited, and the old connection may be pinned (by
+kube-proxy) to a frozen pod. So each lane has a client session of its own
+(one connection, as it has one bundle in flight) and replaces it after a
+timeout, without touching the other lanes' connections. Fast failures (a
+refused connection, a 5xx, ``BROKER_INACTIVE``) are retried after an
+exponential backoff from 20 ms, capped at 250 ms, so that a broker in trouble
+is not hammered; what the lanes waited shows in ``/sim/status``.
+
 Inbound (cloud to backend): ``POST /relay/inbound`` takes deliveries through
 the shared :class:`~broker_simulators.target_rules.Receiver` (in order, dedup,
 poison, recorded to ``<record-dir>/inbound-received.log``).
@@ -57,6 +66,9 @@ from broker_simulators.target_rules import (
 )
 
 logger = logging.getLogger("backend-simulator")
+
+_BACKOFF_FIRST_SECONDS = 0.02
+_BACKOFF_MAX_SECONDS = 0.25
 
 _NS = {"t": soap.NAMESPACE, "s": soap.SOAP_ENV_NAMESPACE}
 _RESULTS = "/s:Envelope/s:Body/t:SendMessagesResponse/t:result"
@@ -149,7 +161,6 @@ class BackendSimulator:
         self._poison = {(s, q): n for s, q, n in settings.poison}
         self._broker_index = 0
         self._lanes: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
         self._started_at: float | None = None
         self._all_confirmed_at: float | None = None
         self.latencies: list[float] = []
@@ -160,6 +171,10 @@ class BackendSimulator:
         self.rewinds_below_confirmed = 0
         self.faults: dict[str, int] = {}
         self.resends = 0
+        self.timeout_retries = 0  # requests retried at once after a timeout
+        self.backoffs = 0  # waits before retrying a fast failure, their total and longest
+        self.backoff_seconds = 0.0
+        self.backoff_max_seconds = 0.0
         self._wake = asyncio.Event()
 
     # ---- outbound sending --------------------------------------------------------------------
@@ -227,50 +242,79 @@ class BackendSimulator:
         if self._broker_url() == failed_url:
             self._broker_index += 1
 
+    def _lane_session(self) -> aiohttp.ClientSession:
+        """A lane's own session: one connection, since a lane has one bundle in flight."""
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1),
+            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds),
+        )
+
+    async def _back_off(self, delay: float) -> float:
+        """Wait ``delay`` before retrying a fast failure; return the next delay (doubled, capped)."""
+        self.backoffs += 1
+        self.backoff_seconds += delay
+        self.backoff_max_seconds = max(self.backoff_max_seconds, delay)
+        await asyncio.sleep(delay)
+        return min(_BACKOFF_MAX_SECONDS, delay * 2)
+
+    def _count_fault(self, name: str) -> None:
+        self.faults[name] = self.faults.get(name, 0) + 1
+
     async def _lane(self, lane_sources: list[StreamSource]) -> None:
-        assert self._session is not None
+        session = self._lane_session()
         start = 0
-        backoff = 0.02
-        while True:
-            picked = self._bundle_for(lane_sources, start)
-            start += 1
-            if not picked:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            generations = {source.name: source.generation for source, _, _ in picked}
-            body, count = self._bundle_body(picked)
-            url = self._broker_url()
-            sent = time.perf_counter()
-            try:
-                async with self._session.post(
-                    url,
-                    data=body,
-                    headers={
-                        "Content-Type": "text/xml; charset=utf-8",
-                        "SOAPAction": f"{soap.NAMESPACE}/SendMessages",
-                    },
-                ) as response:
-                    reply = await response.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                self.faults[type(error).__name__] = self.faults.get(type(error).__name__, 0) + 1
-                self._next_broker(url)
-                await asyncio.sleep(backoff)
-                backoff = min(0.5, backoff * 2)
-                continue
-            elapsed = time.perf_counter() - sent
-            if not self._take_reply(
-                reply,
-                status=response.status,
-                sent=count,
-                elapsed=elapsed,
-                generations=generations,
-                url=url,
-            ):
-                await asyncio.sleep(backoff)
-                backoff = min(0.5, backoff * 2)
-                continue
-            backoff = 0.02
+        backoff = _BACKOFF_FIRST_SECONDS
+        try:
+            while True:
+                picked = self._bundle_for(lane_sources, start)
+                start += 1
+                if not picked:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                generations = {source.name: source.generation for source, _, _ in picked}
+                body, count = self._bundle_body(picked)
+                url = self._broker_url()
+                sent = time.perf_counter()
+                try:
+                    async with session.post(
+                        url,
+                        data=body,
+                        headers={
+                            "Content-Type": "text/xml; charset=utf-8",
+                            "SOAPAction": f"{soap.NAMESPACE}/SendMessages",
+                        },
+                    ) as response:
+                        reply = await response.read()
+                except TimeoutError as error:
+                    # The timeout already waited: retry at once, and on a new connection, since
+                    # the old one may be pinned to a frozen pod (aiohttp's timeout errors are
+                    # TimeoutErrors, so this comes before ClientError).
+                    self._count_fault(type(error).__name__)
+                    self.timeout_retries += 1
+                    self._next_broker(url)
+                    await session.close()
+                    session = self._lane_session()
+                    continue
+                except (aiohttp.ClientError, OSError) as error:
+                    self._count_fault(type(error).__name__)
+                    self._next_broker(url)
+                    backoff = await self._back_off(backoff)
+                    continue
+                elapsed = time.perf_counter() - sent
+                if not self._take_reply(
+                    reply,
+                    status=response.status,
+                    sent=count,
+                    elapsed=elapsed,
+                    generations=generations,
+                    url=url,
+                ):
+                    backoff = await self._back_off(backoff)
+                    continue
+                backoff = _BACKOFF_FIRST_SECONDS
+        finally:
+            await session.close()
 
     def _take_reply(
         self,
@@ -289,12 +333,12 @@ class BackendSimulator:
             try:
                 root = etree.fromstring(reply)
             except etree.XMLSyntaxError:
-                self.faults["unparseable-reply"] = self.faults.get("unparseable-reply", 0) + 1
+                self._count_fault("unparseable-reply")
                 return False
             streams = _X_RESULT_STREAMS(root)
             if status != 200 or not streams:
                 code = str(_X_FAULT_CODE(root)) or f"HTTP {status}"
-                self.faults[code] = self.faults.get(code, 0) + 1
+                self._count_fault(code)
                 if code in (FaultCode.BROKER_INACTIVE, FaultCode.JOURNAL_ERROR) or status >= 500:
                     self._next_broker(url)
                 return False
@@ -435,6 +479,10 @@ class BackendSimulator:
             "rewindsBelowConfirmed": self.rewinds_below_confirmed,
             "resends": self.resends,
             "faults": self.faults,
+            "timeoutRetries": self.timeout_retries,
+            "backoffs": self.backoffs,
+            "backoffSeconds": round(self.backoff_seconds, 6),
+            "backoffMaxSeconds": self.backoff_max_seconds,
             "seenEpoch": self.fence.seen,
             "staleEpochRefusals": self.fence.refused,
             "bundles": len(latencies),
@@ -470,9 +518,6 @@ class BackendSimulator:
         app.router.add_get("/sim/received", self.sim_received)
 
         async def on_startup(app: web.Application) -> None:
-            connector = aiohttp.TCPConnector(limit=max(8, self.settings.lanes * 2))
-            timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
             if self.settings.autostart:
                 self.start_sending()
 
@@ -482,8 +527,6 @@ class BackendSimulator:
             for lane in self._lanes:
                 with contextlib.suppress(asyncio.CancelledError):
                     await lane
-            if self._session is not None:
-                await self._session.close()
             self.inbound.close()
 
         app.on_startup.append(on_startup)

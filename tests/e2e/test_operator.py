@@ -376,6 +376,26 @@ def assert_children_owned(cluster: LocalCluster, namespace: str, uid: str) -> No
     assert selector["role"] == "active"
 
 
+def assert_deleted_services_come_back(kube_cluster: LocalCluster, namespace: str) -> None:
+    """Services of cluster ``orders`` deleted by hand are created again (new uids), selectors intact."""
+    old_uids = {
+        name: get_json(kube_cluster, namespace, "service", name)["metadata"]["uid"]
+        for name in ("orders-active", "orders-brokers")
+    }
+    kube_cluster.kubectl("-n", namespace, "delete", "service", "orders-active", "orders-brokers")
+    for name, old_uid in old_uids.items():
+        wait_for(
+            f"service/{name} created again",
+            lambda name=name, old_uid=old_uid: (
+                (body := get_json(kube_cluster, namespace, "service", name))
+                and body["metadata"]["uid"] != old_uid
+            ),
+            timeout=30,
+        )
+    selector = get_json(kube_cluster, namespace, "service", "orders-active")["spec"]["selector"]
+    assert selector["role"] == "active"
+
+
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
@@ -491,6 +511,9 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     assert 'broker_failover_phase{cluster="orders",phase="Healthy"}' in metrics
     assert 'broker_failover_failovers_total{cluster="orders",kind="Failover"}' in metrics
     assert "broker_failover_heartbeats_total" in metrics
+
+    # Children deleted by hand come back (the operator runs with --reconcile-seconds 2).
+    assert_deleted_services_come_back(kube_cluster, namespace)
 
 
 def test_a_second_cluster_for_the_same_pair_is_a_conflict(

@@ -25,6 +25,16 @@ def test_heartbeat_request_serialises_with_the_contract_namespace() -> None:
     assert [child.text for child in heartbeat] == ["true", "7", "op-1"]
 
 
+def test_heartbeat_check_carries_renew_lease_false_as_the_fourth_element() -> None:
+    client = zeep.Client(str(wsdl_path()))
+    envelope = client.create_message(
+        client.service, "Heartbeat", active=True, epoch=7, operatorId="op-1", renewLease=False
+    )
+    heartbeat = envelope.find(f"{{{soap.SOAP_ENV_NAMESPACE}}}Body")[0]
+    assert [child.tag.split("}")[1] for child in heartbeat] == ["active", "epoch", "operatorId", "renewLease"]
+    assert heartbeat[3].text == "false"
+
+
 def _record(**overrides: object) -> dict[str, object]:
     record: dict[str, object] = {
         "event": "accepted",

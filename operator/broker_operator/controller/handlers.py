@@ -11,7 +11,11 @@ Handlers:
 - create / update / resume / timer: ``reconcile_cluster``;
 - update of ``spec``: also hand the running engine its new settings;
 - daemon: ``run_cluster_heartbeats``, one per BrokerCluster;
-- pod events: record the pod, wake the engine when the active's pod dies.
+- pod events: record the pod, wake the engine when the active's pod dies;
+- deletions of Services and PVCs: forget that they were ensured, so the next
+  periodic reconcile creates them again. Secrets are not watched (that would
+  stream every Secret of the cluster through the operator); the token Secret is
+  re-ensured whenever a pod is created, the only time it is needed.
 
 Progress and the last-handled spec are kept in annotations, not in status,
 so that the status schema stays exactly the design's. Every handler that
@@ -180,3 +184,29 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         # A dead active must not wait for `failureThreshold` heartbeats: the engine re-evaluates now.
         if death_changed and observations.wake is not None:
             observations.wake()
+
+    for kind, plural in (("Service", "services"), ("PersistentVolumeClaim", "persistentvolumeclaims")):
+        _register_child_deletion(registry, kind, plural)
+
+
+def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:
+    """A child deleted by hand comes back: the controller remembers which children it
+    ensured (to spare the API server a create per child per reconcile), so a deletion
+    must make it forget that one."""
+
+    @kopf.on.event(
+        "v1",
+        plural,
+        id=f"forget-deleted-{plural}",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        registry=registry,
+    )
+    async def forget_deleted_child(
+        *, event: kopf.RawEvent, name: str, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+    ) -> None:
+        if event.get("type") != "DELETED":
+            return
+        context = context_from(memo)
+        key = (namespace or "", labels[names.LABEL_CLUSTER])
+        if key in context.observations:  # else: the cluster itself is gone, and its children with it
+            context.observations[key].ensured.discard(f"{kind}/{name}")

@@ -135,7 +135,9 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
 
     Services, claims and the Secret are created once per spec generation and then remembered, so
     that a thousand clusters do not cost five API calls each per reconcile; pods are checked on
-    every pass against the pod watch.
+    every pass against the pod watch. A Service or claim deleted by hand is forgotten by its
+    watch (``handlers``) and so created again here; before a pod is created, its claim and the
+    token Secret are created if absent whatever is remembered, as the pod cannot start without.
     """
     observations = context.observations_for(ref.namespace, ref.name)
     generation = ref.body["metadata"].get("generation")
@@ -162,6 +164,16 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         name = names.pod_name(ref.name, ordinal)
         if name in observations.pods:
             continue
+        needed = [builders.build_journal_claim(owner, ordinal, spec)]
+        if spec.token_secret is None:
+            needed.append(builders.build_token_secret(owner))
+        for manifest in needed:
+            if await context.api.create(manifest):
+                kopf.info(
+                    owner,
+                    reason="Created",
+                    message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
+                )
         pod = builders.build_pod(owner, ordinal, spec, active=name == active)
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")

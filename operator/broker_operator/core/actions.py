@@ -24,6 +24,9 @@ class SendHeartbeat:
     url: str
     active: bool
     epoch: int
+    # False: a pure check of the active (WSDL ``renewLease=false``), sent after a
+    # renewal failed; it cannot renew the lease, so it does not extend the fence.
+    renew: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class HeartbeatAnswered:
     active: bool  # what was asked
     epoch: int
     reply: HeartbeatReply
+    renew: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class HeartbeatFailed:
     # refused): then an active=true call cannot have renewed its lease.
     reached: bool
     reason: str
+    renew: bool = True
 
 
 @dataclass(frozen=True)

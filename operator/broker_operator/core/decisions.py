@@ -90,11 +90,11 @@ class _Plan:
         self.candidate: str | None = None  # the broker the move is about to (or would) activate
         self.activating = False  # this step sends the candidate active=true
 
-    def heartbeat(self, broker: BrokerKnowledge, active: bool, epoch: int) -> None:
+    def heartbeat(self, broker: BrokerKnowledge, active: bool, epoch: int, *, renew: bool = True) -> None:
         # One request per broker per step: the loop runs a step's actions concurrently.
         assert broker.name not in self.contacted, broker.name
         self.contacted.add(broker.name)
-        self.actions.append(SendHeartbeat(broker.name, broker.url, active, epoch))
+        self.actions.append(SendHeartbeat(broker.name, broker.url, active, epoch, renew))
 
 
 def choose_next_active(state: EngineState, move: Move) -> str | None:
@@ -128,7 +128,7 @@ def epoch_usable(state: EngineState, candidate: str) -> bool:
     do not count: brokers also store the epoch of an ``active=false`` probe (so that
     a stale operator cannot activate them), which binds nothing.
     """
-    if state.epoch_holder not in (None, candidate) or state.epoch <= 0:
+    if state.epoch_ended or state.epoch_holder not in (None, candidate) or state.epoch <= 0:
         return False
     broker = state.broker(candidate)
     return broker is None or broker.reported_epoch <= state.epoch
@@ -164,7 +164,7 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         order=preference_order(config, None),
         tried=frozenset({old}),
     )
-    state = replace(state, active=None, move=move)
+    state = replace(state, active=None, move=move, epoch_ended=state.epoch_ended or state.epoch_holder == old)
     return state.with_event("ActiveUnavailable", f"active broker {old} {detail}; failing over", True)
 
 
@@ -314,7 +314,11 @@ def _renew_active(plan: _Plan, config: ClusterConfig) -> None:
     interval = config.settings.interval_seconds
     due = state.next_active_heartbeat_at + interval
     plan.state = replace(state, next_active_heartbeat_at=due if due > now else now + interval)
-    plan.heartbeat(broker, active=True, epoch=state.active_epoch)
+    # Once a renewal has failed, the active is only checked (renewLease=false) until it
+    # answers again: every renewal that may arrive extends the fence by a whole lease,
+    # so renewing a broker that stopped answering would only delay its failover. One
+    # skipped renewal is harmless, as the lease outlasts failureThreshold intervals.
+    plan.heartbeat(broker, active=True, epoch=state.active_epoch, renew=broker.failures == 0)
 
 
 def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:

@@ -159,6 +159,10 @@ class EngineState:
     failovers: int = 0
     wall_offset: float = 0.0  # wall-clock seconds minus the engine clock, fixed at start
     events_due: tuple[tuple[str, str, bool], ...] = field(default=())
+    # The holder's term at ``epoch`` is over (a failover away from it, or it refused the
+    # epoch as the one it fenced itself at): the next activation, of the holder too,
+    # needs a new epoch, as the design's "epoch+1" for every failover says.
+    epoch_ended: bool = False
 
     def broker(self, name: str) -> BrokerKnowledge | None:
         return next((b for b in self.brokers if b.name == name), None)
@@ -355,3 +359,4 @@ def failure_code(reason: str, reached: bool) -> str:
 
 
 STALE = UnavailabilityCode.STALE_EPOCH.value
+LEASE_EXPIRED = UnavailabilityCode.LEASE_EXPIRED.value

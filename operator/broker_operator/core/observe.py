@@ -4,7 +4,8 @@ This is the "learn" half of a step; :mod:`.decisions` is the "act" half. The rul
 follow ARCHITECTURE.md, "The heartbeat contract":
 
 - an ``active=true`` call that may have reached a broker makes it possibly active
-  for one fence period from the moment we saw the outcome;
+  for one fence period from the moment we saw the outcome, except a check
+  (``renewLease=false``), which cannot renew a lease;
 - only a non-``Active`` answer to ``active=false`` (or a confirmed dead container)
   proves a broker not active;
 - a renewal of the active that is not answered ``Active`` counts one failure;
@@ -27,6 +28,7 @@ from broker_operator.core.actions import (
     Observation,
 )
 from broker_operator.core.knowledge import (
+    LEASE_EXPIRED,
     STALE,
     ClusterConfig,
     EngineState,
@@ -51,11 +53,13 @@ def observe(state: EngineState, config: ClusterConfig, observation: Observation,
             return _failed(state, config, observation, now)
         case EpochGranted(epoch=epoch):
             # A grant below what we know changes nothing (max); above, nobody holds it yet.
-            return replace(state, epoch=epoch, epoch_holder=None) if epoch > state.epoch else state
+            if epoch <= state.epoch:
+                return state
+            return replace(state, epoch=epoch, epoch_holder=None, epoch_ended=False)
         case EpochRefused(current=current, reason=reason):
             state = replace(state, epoch_retry_at=now + config.settings.interval_seconds)
             if current is not None and current > state.epoch:
-                state = replace(state, epoch=current, epoch_holder=None)
+                state = replace(state, epoch=current, epoch_holder=None, epoch_ended=False)
             return state.with_event(
                 "EpochConflict",
                 f"allocating epoch {state.epoch + 1} failed: {reason}; retrying in"
@@ -95,7 +99,10 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         changes["ready_since"] = (broker.ready_since or now) if ready else None
         return state.with_broker(broker.name, **changes)
 
-    changes.update(possibly_active_until=fence_until, ready_since=None, unanswered_activation=False)
+    if seen.renew:
+        changes.update(possibly_active_until=fence_until, ready_since=None, unanswered_activation=False)
+    else:
+        changes.update(ready_since=None)
     if seen.broker == state.active:
         changes["failures"] = 0 if is_active else broker.failures + 1
         return state.with_broker(broker.name, **changes)
@@ -104,8 +111,18 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         return state
     if is_active:
         return complete_move(state, config, seen.broker, seen.epoch, now)
+    return _candidate_refused(state, seen)
+
+
+def _candidate_refused(state: EngineState, seen: HeartbeatAnswered) -> EngineState:
+    move = state.move
+    assert move is not None
+    reply = seen.reply
     # A stale epoch is retried with a higher one (the reported epoch forces a new
-    # allocation); any other refusal moves the walk on to the next candidate.
+    # allocation), and so is the epoch a broker fenced itself at (LEASE_EXPIRED ends
+    # it); any other refusal moves the walk on to the next candidate.
+    if reply.unavailability_code == LEASE_EXPIRED and seen.epoch == state.epoch:
+        return replace(state, move=replace(move, candidate=None), epoch_ended=True)
     stale_retry = reply.unavailability_code == STALE and reply.epoch >= seen.epoch
     tried = move.tried if stale_retry else move.tried | {seen.broker}
     return replace(state, move=replace(move, candidate=None, tried=tried))
@@ -121,7 +138,7 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
         "message": seen.reason,
         "ready_since": None,
     }
-    if seen.active and seen.reached:
+    if seen.active and seen.reached and seen.renew:
         changes.update(
             possibly_active_until=now + config.settings.fence_seconds,
             unanswered_activation=True,

@@ -8,10 +8,13 @@ broker renders, these helpers fail. Hostile and malformed requests are sent raw
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +24,7 @@ import zeep
 from lxml import etree
 from zeep.transports import Transport
 
-from broker_contracts import soap
+from broker_contracts import soap, wsdl_path
 from tests.integration.processes import DEFAULT_TOKEN, RunningProcess
 
 BINDING = f"{{{soap.NAMESPACE}}}BrokerBinding"
@@ -32,12 +35,92 @@ def soap_service(broker: RunningProcess, token: str | None = DEFAULT_TOKEN) -> A
     session = requests.Session()
     if token is not None:
         session.headers[soap.AUTH_HEADER] = f"{soap.AUTH_SCHEME} {token}"
-    client = zeep.Client(broker.soap_url + "?wsdl", transport=Transport(session=session, timeout=10))
+    transport = Transport(session=session, timeout=10, operation_timeout=30)  # every wait bounded
+    client = zeep.Client(broker.soap_url + "?wsdl", transport=transport)
     return client.create_service(BINDING, broker.soap_url)
 
 
-def heartbeat(broker: RunningProcess, active: bool, epoch: int, token: str | None = DEFAULT_TOKEN) -> Any:
-    return soap_service(broker, token).Heartbeat(active=active, epoch=epoch, operatorId="test-operator")
+def heartbeat(
+    broker: RunningProcess,
+    active: bool,
+    epoch: int,
+    token: str | None = DEFAULT_TOKEN,
+    *,
+    renew: bool | None = None,
+) -> Any:
+    """One Heartbeat through zeep; ``renew=False`` sends ``renewLease=false`` (a check), ``None`` omits it."""
+    extra = {} if renew is None else {"renewLease": renew}
+    return soap_service(broker, token).Heartbeat(
+        active=active, epoch=epoch, operatorId="test-operator", **extra
+    )
+
+
+def heartbeat_envelope(active: bool, epoch: int, *, renew: bool | None = None) -> bytes:
+    """The Heartbeat request zeep builds from the shared WSDL, to send raw (:class:`QueuedRequest`)."""
+    extra = {} if renew is None else {"renewLease": renew}
+    client = zeep.Client(str(wsdl_path()))
+    message = client.create_message(
+        client.service, "Heartbeat", active=active, epoch=epoch, operatorId="test-operator", **extra
+    )
+    return bytes(etree.tostring(message))
+
+
+class QueuedRequest:
+    """A POST sent from a thread; to a stopped broker it waits in the socket buffer until SIGCONT.
+
+    The kernel completes the TCP handshake and buffers the request while the process is
+    stopped, so :meth:`wait_sent` returns as soon as the bytes are out; the answer (or the
+    client's timeout, as an operator's heartbeat would give up) comes later.
+    """
+
+    def __init__(self, url: str, body: bytes, *, timeout: float, token: str | None = DEFAULT_TOKEN) -> None:
+        self.url = urllib.parse.urlsplit(url)
+        self.body = body
+        self.timeout = timeout
+        self.token = token
+        self.sent = threading.Event()
+        self.status: int | None = None
+        self.reply = b""
+        self.error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="queued-request", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        headers = {"Content-Type": "text/xml; charset=utf-8"}
+        if self.token is not None:
+            headers[soap.AUTH_HEADER] = f"{soap.AUTH_SCHEME} {self.token}"
+        connection = http.client.HTTPConnection(self.url.hostname or "", self.url.port, timeout=self.timeout)
+        try:
+            connection.request("POST", self.url.path, body=self.body, headers=headers)
+            self.sent.set()
+            response = connection.getresponse()
+            self.status, self.reply = response.status, response.read()
+        except OSError as error:  # a timeout included
+            self.error = error
+        finally:
+            self.sent.set()
+            connection.close()
+
+    def wait_sent(self, timeout: float = 10.0) -> None:
+        assert self.sent.wait(timeout), f"request to {self.url.geturl()} not sent within {timeout}s"
+
+    @property
+    def pending(self) -> bool:
+        return self._thread.is_alive()
+
+    def answer(self, timeout: float = 30.0) -> tuple[int | None, bytes]:
+        """``(HTTP status, body)``, or ``(None, b"")`` if the client gave up first."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"no answer from {self.url.geturl()} within {timeout}s"
+        return self.status, self.reply
+
+
+def reply_state(body: bytes) -> tuple[str, str | None]:
+    """``(state, unavailabilityCode)`` of a raw HeartbeatResponse."""
+    state = re.search(rb"<tns:state>(\w+)</tns:state>", body)
+    assert state, body[:500]
+    code = re.search(rb"<tns:unavailabilityCode>(\w+)</tns:unavailabilityCode>", body)
+    return state.group(1).decode(), code.group(1).decode() if code else None
 
 
 def fault_code(fault: zeep.exceptions.Fault) -> str:

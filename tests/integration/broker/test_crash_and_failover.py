@@ -182,3 +182,6 @@ def test_partitioned_active_fences_itself_and_the_new_active_carries_on(
     wait_until(lambda: "deactivated (epoch 1)" in broker_a.log_text(), 10, what="A fenced itself")
     assert metric(broker_a, "broker_active") == 0
     assert backend_status(backend)["rewindsBelowConfirmed"] == 0
+    # A's fenced term stays fenced: a renewal at epoch 1 (say, a late copy) cannot revive it.
+    reply = heartbeat(broker_a, active=True, epoch=1)
+    assert (reply.state, reply.unavailabilityCode) == ("Unavailable", "LEASE_EXPIRED")

@@ -1,4 +1,4 @@
-"""The heartbeat contract on a real broker process: activation, epochs, lease, deactivation, SIGTERM."""
+"""The heartbeat contract on a real broker process: activation, epochs, lease, checks, stalls, SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zeep
@@ -14,13 +15,17 @@ import zeep
 from broker_simulators.backend import build_envelope
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
+    QueuedRequest,
     backend_status,
     fault_code,
     get_json,
     get_text,
     heartbeat,
+    heartbeat_envelope,
     metric,
     post_raw,
+    reply_state,
+    soap_service,
     wait_until,
 )
 from tests.integration.processes import ProcessSet
@@ -85,8 +90,159 @@ def test_lease_expiry_deactivates_and_bundles_are_then_refused(processes: Proces
     status, body = post_raw(relay.broker.soap_url, envelope)
     assert status == 500 and b"BROKER_INACTIVE" in body and b"not Active" in body
     assert "lease expired" in relay.broker.log_text()
-    # The operator can take it back with a fresh heartbeat.
+    resends = backend_status(relay.backend)["resends"]
+
+    # The fenced term stays fenced: a (late copy of a) renewal at epoch 1 changes nothing ...
+    reply = heartbeat(relay.broker, active=True, epoch=1)
+    assert (reply.state, reply.unavailabilityCode, reply.epoch) == ("Unavailable", "LEASE_EXPIRED", 1)
+    assert "above 1" in reply.unavailabilityMessage and "lease expired" in reply.unavailabilityMessage
+    # ... and neither does an active=false in between; only a higher epoch activates it again.
+    assert heartbeat(relay.broker, active=False, epoch=1).state == "Inactive"
+    assert heartbeat(relay.broker, active=True, epoch=1).unavailabilityCode == "LEASE_EXPIRED"
+    assert metric(relay.broker, "broker_active") == 0
+    assert backend_status(relay.backend)["resends"] == resends  # no activation was attempted
+
+    reply = heartbeat(relay.broker, active=True, epoch=2)
+    assert (reply.state, reply.epoch) == ("Active", 2)
+    assert backend_status(relay.backend)["resends"] == resends + 1
+    envelope = build_envelope("acme", "1000", [("orders-0000", 2, "m-2", "again")])
+    assert post_raw(relay.broker.soap_url, envelope)[0] == 200
+
+
+def test_a_drained_broker_is_activated_again_at_the_same_epoch(processes: ProcessSet, tmp_path: Path) -> None:
+    """Only self-fencing forbids the same epoch again; the operator's own active=false does not."""
+    relay = start_relay(processes, tmp_path)
+    assert heartbeat(relay.broker, active=True, epoch=3).state == "Active"
+    assert heartbeat(relay.broker, active=False, epoch=3).state == "Inactive"
+
+    reply = heartbeat(relay.broker, active=True, epoch=3)
+
+    assert (reply.state, reply.epoch) == ("Active", 3)
+    assert backend_status(relay.backend)["resends"] == 2
+
+
+def test_a_check_answers_active_and_never_renews_activates_or_stores(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    relay = start_relay(processes, tmp_path, broker_args={"lease_seconds": 1.0})
+    service = soap_service(relay.broker)
+
+    def check(epoch: int) -> Any:
+        return service.Heartbeat(active=True, epoch=epoch, operatorId="test-operator", renewLease=False)
+
+    # On an Inactive broker a check activates nothing and stores nothing.
+    reply = check(4)
+    assert (reply.state, reply.epoch, reply.unavailabilityCode) == ("Inactive", 0, None)
+    assert metric(relay.broker, "broker_epoch") == 0
+    assert backend_status(relay.backend)["resends"] == 0
+
+    assert heartbeat(relay.broker, active=True, epoch=4).state == "Active"
+    stale = check(3)
+    assert (stale.state, stale.unavailabilityCode) == ("Unavailable", "STALE_EPOCH")
+
+    # Nothing but checks from here on: the lease must run out under them.
+    answers: list[Any] = []
+
+    def lease_ran_out() -> bool:
+        answers.append(check(4))
+        return bool(answers[-1].state != "Active")
+
+    wait_until(lease_ran_out, 15, 0.05, what="the lease to run out while only checks arrive")
+    assert (answers[0].state, answers[0].epoch) == ("Active", 4)
+    assert (answers[-1].state, answers[-1].unavailabilityCode) == ("Unavailable", "LEASE_EXPIRED")
+    assert metric(relay.broker, "broker_active") == 0
+    assert "lease expired" in relay.broker.log_text()
+    assert backend_status(relay.backend)["resends"] == 1
+
+
+def test_a_check_does_not_queue_behind_an_activation(processes: ProcessSet, tmp_path: Path) -> None:
+    relay = start_relay(processes, tmp_path, broker_args={"extra_args": ["--relay-timeout-seconds", "60"]})
+    relay.cloud.kill(signal.SIGSTOP)  # the activation will hang at its cloud probe, holding the lock
+    try:
+        activation = QueuedRequest(relay.broker.soap_url, heartbeat_envelope(True, 1), timeout=90)
+        # The epoch is stored before the activation steps: from then on the activation holds the lock.
+        wait_until(lambda: metric(relay.broker, "broker_epoch") == 1, 10, what="activation under way")
+
+        reply = heartbeat(relay.broker, active=True, epoch=1, renew=False)  # zeep gives up after 30 s
+
+        assert (reply.state, reply.epoch) == ("Inactive", 1)
+        assert activation.pending  # the activation it did not wait for is still going on
+    finally:
+        relay.cloud.kill(signal.SIGCONT)
+    status, body = activation.answer(60)
+    assert status == 200 and reply_state(body) == ("Active", None)
+    assert heartbeat(relay.broker, active=True, epoch=1, renew=False).state == "Active"
+
+
+def test_a_sigstopped_active_is_not_active_after_resume_whatever_queued_meanwhile(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    """The operator waits out the lease of a silent active, then activates another broker.
+
+    Whatever reached the stopped broker meanwhile sits in its socket buffers: a renewal the
+    operator sent before it noticed (and gave up on), a check, a bundle. On resume none of it
+    may make the broker Active again. The stop (1.5 s) is shorter than the lease (3 s) and
+    longer than a tick plus the lease margin (0.1 + 0.3 s): only the stall rule can catch it.
+    """
+    relay = start_relay(processes, tmp_path, streams=0, broker_args={"lease_seconds": 3.0})
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
+    url = relay.broker.soap_url
+    bundle = build_envelope("acme", "1000", [("orders-0000", 1, "m-1", "hello")])
+
+    relay.broker.kill(signal.SIGSTOP)
+    try:
+        renewal = QueuedRequest(url, heartbeat_envelope(True, 1), timeout=60)
+        abandoned = QueuedRequest(url, heartbeat_envelope(True, 1), timeout=0.3)  # as the operator's
+        queued_check = QueuedRequest(url, heartbeat_envelope(True, 1, renew=False), timeout=60)
+        queued_bundle = QueuedRequest(url, bundle, timeout=60, token=None)
+        for request in (renewal, abandoned, queued_check, queued_bundle):
+            request.wait_sent()
+        time.sleep(1.5)  # the stall itself (setup, not an assertion)
+    finally:
+        relay.broker.kill(signal.SIGCONT)
+
+    for request in (renewal, queued_check):
+        status, body = request.answer()
+        assert status == 200
+        state, code = reply_state(body)
+        assert (state, code) in {("Unavailable", "EVENT_LOOP_STALLED"), ("Unavailable", "LEASE_EXPIRED")}
+    status, body = queued_bundle.answer()
+    assert status == 500 and b"BROKER_INACTIVE" in body
+    abandoned.answer()  # whatever it got (most likely nothing), the state below is what counts
+
+    check = heartbeat(relay.broker, active=True, epoch=1, renew=False)
+    assert (check.state, check.unavailabilityCode) == ("Unavailable", "LEASE_EXPIRED")
+    assert "stalled" in check.unavailabilityMessage
+    assert metric(relay.broker, "broker_active") == 0
+    assert metric(relay.broker, "broker_event_loop_stalls_total") >= 1
+    status, body = post_raw(url, bundle, token=None)
+    assert status == 500 and b"BROKER_INACTIVE" in body
+    assert heartbeat(relay.broker, active=True, epoch=1).state == "Unavailable"
+    assert "fencing itself at epoch 1: event loop stalled" in relay.broker.log_text()
+
+    # The operator's next activation carries a higher epoch, and that works.
+    wait_until(lambda: heartbeat(relay.broker, active=True, epoch=2).state == "Active", 10, what="epoch 2")
+    assert post_raw(url, bundle, token=None)[0] == 200
+
+
+def test_an_activation_that_waited_out_a_stall_is_refused(processes: ProcessSet, tmp_path: Path) -> None:
+    """A stopped standby gets an activation, the operator gives up on it and moves on: on resume
+    the stale activation must not make this broker a second active."""
+    relay = start_relay(processes, tmp_path, broker_args={"lease_seconds": 3.0})
+    relay.broker.kill(signal.SIGSTOP)
+    try:
+        activation = QueuedRequest(relay.broker.soap_url, heartbeat_envelope(True, 5), timeout=60)
+        activation.wait_sent()
+        time.sleep(1.5)  # the stall (setup)
+    finally:
+        relay.broker.kill(signal.SIGCONT)
+
+    status, body = activation.answer()
+    assert status == 200 and reply_state(body) == ("Unavailable", "EVENT_LOOP_STALLED")
+    assert b"nothing changed" in body
+    assert metric(relay.broker, "broker_active") == 0
+    assert metric(relay.broker, "broker_epoch") == 0  # not even the epoch was stored
+    assert backend_status(relay.backend)["resends"] == 0
 
 
 def test_active_false_deactivates_and_inactive_broker_refuses_bundles(

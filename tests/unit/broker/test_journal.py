@@ -1,4 +1,4 @@
-"""The journal on real files: group commit, recovery, torn tails cut, real damage refused, rotation."""
+"""The journal on real files: group commit, recovery, torn tails, real damage refused, rotation, flushed()."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from broker_service.journal import (
     KIND_BUNDLE,
     Journal,
     JournalCorruptError,
+    JournalError,
     accepted_frame,
     confirmed_frame,
     frame,
     recover,
 )
+from tests.unit.broker.gated_disk import GatedDisk
 
 
 def messages(stream: str, first: int, count: int) -> list[tuple[str, int, str, str]]:
@@ -129,3 +131,43 @@ def test_a_frame_of_several_parts_is_the_frame_of_their_concatenation() -> None:
     payload = KIND_BUNDLE + joined
     assert frame(KIND_BUNDLE, *body) == struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
     assert frame(KIND_BUNDLE, *body) == frame(KIND_BUNDLE, joined)
+
+
+async def gated_journal(directory: Path) -> tuple[Journal, GatedDisk]:
+    _, last = recover(directory)
+    journal = Journal(directory, rotate_bytes=1 << 30, snapshot=list)
+    journal.open(last)
+    return journal, GatedDisk.install(journal)
+
+
+async def test_flushed_waits_for_the_write_in_progress_and_adds_nothing(tmp_path: Path) -> None:
+    journal, disk = await gated_journal(tmp_path)
+    append = asyncio.create_task(journal.append(accepted_frame(messages("s", 1, 3))))
+    await asyncio.to_thread(disk.started.wait, 10)  # the write is under way
+    flushed = asyncio.create_task(journal.flushed())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not flushed.done()  # nothing it waits for is on disk yet
+
+    disk.gate.set()
+    await asyncio.wait_for(asyncio.gather(append, flushed), timeout=10)
+    await asyncio.wait_for(journal.flushed(), timeout=10)  # nothing queued: returns at once
+    await journal.close()
+    assert disk.writes == 1  # flushed() never caused a write of its own
+    recovered, _ = recover(tmp_path)
+    assert sorted(recovered.pending["s"]) == [1, 2, 3]
+
+
+async def test_flushed_fails_with_the_write_it_waits_for(tmp_path: Path) -> None:
+    journal, disk = await gated_journal(tmp_path)
+    append = asyncio.create_task(journal.append(accepted_frame(messages("s", 1, 3))))
+    await asyncio.to_thread(disk.started.wait, 10)
+    flushed = asyncio.create_task(journal.flushed())
+    disk.fail = True
+    disk.gate.set()
+    for waiter in (append, flushed):
+        with pytest.raises(JournalError, match="injected"):
+            await asyncio.wait_for(waiter, timeout=10)
+    with pytest.raises(JournalError):
+        await journal.flushed()  # a failed journal fails at once
+    await journal.close()

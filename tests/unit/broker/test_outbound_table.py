@@ -43,7 +43,9 @@ def table(
 
 
 def accept(t: OutboundTable, stream: str, seqs: list[int]) -> list[tuple[str, int, AcceptStatus, int | None]]:
-    results, accepted, _ = t.reserve([stream] * len(seqs), seqs, [f"m{s}" for s in seqs], ["p"] * len(seqs))
+    results, accepted, _, _ = t.reserve(
+        [stream] * len(seqs), seqs, [f"m{s}" for s in seqs], ["p"] * len(seqs)
+    )
     t.commit(accepted)
     return results
 
@@ -133,3 +135,32 @@ def test_snapshot_reproduces_unconfirmed_messages() -> None:
     assert sorted(recovered.pending["s"]) == [3]
     assert recovered.confirmed == {"s": 2}
     assert callable(recover)  # imported for the reader: recovery uses the same scan
+
+
+def test_a_duplicate_of_a_seq_not_yet_journaled_is_flagged_until_it_is_committed() -> None:
+    t, _ = table()
+    names, seqs, ids, payloads = ["s"] * 3, [1, 2, 3], ["m1", "m2", "m3"], ["p"] * 3
+    first = t.reserve(names, seqs, ids, payloads)
+    assert [r[2] for r in first[0]] == ["Accepted"] * 3 and first[3] is False
+
+    # The same bundle again while the first copy is still being journaled: acknowledging these
+    # "Duplicate"s now would acknowledge messages that are not durable yet.
+    retry = t.reserve(names, seqs, ids, payloads)
+    assert [r[2] for r in retry[0]] == ["Duplicate"] * 3 and retry[1] == [] and retry[3] is True
+    assert t.reserve(["s"], [4], ["m4"], ["p"])[3] is False  # an Accepted is never "unsettled"
+
+    t.commit(first[1])  # the journal has seqs 1..3
+    settled = t.reserve(names, seqs, ids, payloads)
+    assert [r[2] for r in settled[0]] == ["Duplicate"] * 3 and settled[3] is False
+    assert t.reserve(["s"], [4], ["m4"], ["p"])[3] is True  # seq 4 is reserved, not committed
+
+
+def test_recovered_and_backend_confirmed_seqs_count_as_durable() -> None:
+    t, _ = table()
+    recovered = RecoveredJournal()
+    recovered.pending["s"] = {seq: ("s", seq, f"m{seq}", "p") for seq in (1, 2, 3)}
+    recovered.last_accepted["s"] = 3
+    t.load(recovered)
+    assert t.reserve(["s", "s"], [1, 3], ["m1", "m3"], ["p", "p"])[3] is False
+    t.apply_resend_cursors({"fresh": 40})  # the backend had 1..39 of "fresh" confirmed elsewhere
+    assert t.reserve(["fresh"], [39], ["m39"], ["p"])[3] is False

@@ -40,3 +40,16 @@ def test_token_from_env_when_no_file(tmp_path: Path) -> None:
 def test_errors_name_what_is_wrong(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         parse_settings(argv, env)
+
+
+@pytest.mark.parametrize(
+    ("lease", "margin", "tick"), [(1.0, 0.25, 0.1), (2.0, 0.25, 0.1), (5.0, 0.5, 0.1), (0.5, 0.25, 0.05)]
+)
+def test_the_lease_margin_is_the_operators(tmp_path: Path, lease: float, margin: float, tick: float) -> None:
+    # The operator waits lease + max(0.25 s, 10 % of the lease) before activating another broker;
+    # a broker stalled for longer than that margin fences itself.
+    settings = parse_settings(
+        ["--lease-seconds", str(lease)], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t"}
+    )
+    assert settings.lease_margin_seconds == pytest.approx(margin)
+    assert settings.lease_tick_seconds == pytest.approx(tick)

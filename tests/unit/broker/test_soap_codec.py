@@ -27,6 +27,32 @@ def test_heartbeat_built_by_zeep_is_parsed() -> None:
     assert parsed == HeartbeatRequest(active=False, epoch=12, operator_id="op-7")
 
 
+@pytest.mark.parametrize(
+    ("values", "renew"), [({}, True), ({"renewLease": False}, False), ({"renewLease": True}, True)]
+)
+def test_heartbeat_renew_lease_is_optional_and_true_when_absent(values: dict[str, bool], renew: bool) -> None:
+    body = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", **values)
+    assert (b"renewLease" in body) == bool(values)
+    assert soap_codec.parse_request(body) == HeartbeatRequest(
+        active=True, epoch=3, operator_id="op", renew_lease=renew
+    )
+
+
+@pytest.mark.parametrize("text", ["0", " false "])
+def test_heartbeat_renew_lease_takes_every_xsd_boolean_form(text: str) -> None:
+    body = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", renewLease=True)
+    body = body.replace(b">true</ns0:renewLease>", f">{text}</ns0:renewLease>".encode())
+    parsed = soap_codec.parse_request(body)
+    assert isinstance(parsed, HeartbeatRequest) and parsed.renew_lease is False
+
+
+def test_heartbeat_renew_lease_must_be_a_boolean() -> None:
+    body = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", renewLease=True)
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(body.replace(b">true</ns0:renewLease>", b">later</ns0:renewLease>"))
+    assert raised.value.code is FaultCode.MALFORMED_REQUEST
+
+
 def test_send_messages_built_by_zeep_is_parsed_in_bundle_order() -> None:
     messages = [
         {"stream": "b", "seq": 4, "msgId": "m4", "payload": "<x>&amp;</x>"},

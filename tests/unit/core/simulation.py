@@ -4,15 +4,24 @@ The decision core is pure, so it can be run against a model of the brokers with 
 simulated clock: every ``SendHeartbeat`` is answered by a :class:`SimBroker` that
 follows ARCHITECTURE.md "Broker rules" (stale epochs refused, epoch stored on
 ``active=true``, synchronous activation that may fail, self-fencing after the
-lease). The world checks the safety properties at the only moments they can
-break (when a broker acts on a request) and records what happened for the
-convergence checks. Nothing here mocks our code: it stands in for broker
-processes, which the integration tests run for real.
+lease) and the rules docs/broker.md adds: a ``renewLease=false`` check changes
+nothing; a broker whose process was stalled longer than the lease margin fences
+itself before it handles anything; and a self-fenced term is never revived by
+an ``active=true`` at the epoch it fenced at (``LEASE_EXPIRED``). The world
+checks the safety properties at the only moments they can break (when a
+broker acts on a request) and records what happened for the convergence
+checks. Nothing here mocks our code: it stands in for broker processes, which
+the integration tests run for real.
 
 Faults modelled: crash (connection refused), restart (Inactive, epoch kept),
 partition (the request is lost; the caller times out), slow replies (the broker
-acts, the reply arrives after the timeout), activation failures (Unavailable),
-epoch-allocation conflicts, and clock steps (everyone's time jumps). Spec
+acts, the reply arrives after the timeout), pauses (SIGSTOP: requests queue
+unanswered and are handled when the process resumes, possibly long after the
+caller gave up), activation failures (Unavailable), epoch-allocation conflicts,
+and clock steps (everyone's time jumps). An activation tells the targets its
+epoch, and one below what they have seen fails, as with the real broker: that is
+what stops a paused candidate from acting on an activation it finds queued when
+it resumes, after another broker was activated with a newer epoch. Spec
 changes: brokers added, removed (the process keeps running and may stay active
 until fenced or self-fenced) and re-addressed (a new process at the new
 address; in endpoints mode the old one keeps running unreachable, in pods mode
@@ -65,28 +74,59 @@ class SimBroker:
     active: bool = False
     epoch: int = 0
     renewed_at: float = 0.0
+    fenced_epoch: int = -1  # the epoch of the last self-fenced term: never revived
+    paused_at: float | None = None  # SIGSTOPped since then; requests queue in `queued`
+    queued: list[SendHeartbeat] = field(default_factory=list)
 
     def fence(self, now: float) -> None:
         """Self-fencing: an active broker with no renewal for a lease deactivates itself."""
         if self.active and now - self.renewed_at >= self.lease:
-            self.active = False
+            self.self_fence()
 
-    def handle(self, active: bool, epoch: int, now: float) -> HeartbeatReply:
+    def self_fence(self) -> None:
+        if self.active:
+            self.active = False
+            self.fenced_epoch = self.epoch
+
+    def stalled(self, seconds: float, stall_limit: float) -> bool:
+        """The process did not run for ``seconds``: past the stall limit it fences itself first."""
+        if seconds > stall_limit:
+            self.self_fence()
+            return True
+        return False
+
+    def handle(
+        self, active: bool, epoch: int, now: float, renew: bool = True, target_epoch: int = 0
+    ) -> HeartbeatReply:
+        """``target_epoch``: the highest epoch the backend and cloud have seen; an activation
+        below it fails, as the real broker's resend request and cloud probe do (STALE_EPOCH)."""
         self.fence(now)
         if not active:
             self.active = False
             self.epoch = max(self.epoch, epoch)  # as the real broker: a probe raises the stored epoch
             return HeartbeatReply(BrokerState.INACTIVE, None, None, self.epoch)
-        if epoch < self.epoch:
-            code = UnavailabilityCode.STALE_EPOCH.value
-            return HeartbeatReply(BrokerState.UNAVAILABLE, code, f"epoch {epoch} < {self.epoch}", self.epoch)
-        self.epoch = epoch
-        if not self.active and self.activation_fails:
-            code = UnavailabilityCode.BACKEND_UNREACHABLE.value
-            return HeartbeatReply(BrokerState.UNAVAILABLE, code, "backend down", self.epoch)
+        if not renew:
+            state = BrokerState.ACTIVE if self.active else BrokerState.INACTIVE
+            return HeartbeatReply(state, None, None, self.epoch)
+        refusal = self._refusal(epoch, target_epoch)
+        if refusal is not None:
+            return HeartbeatReply(BrokerState.UNAVAILABLE, refusal, refusal, self.epoch)
         self.active = True
         self.renewed_at = now
         return HeartbeatReply(BrokerState.ACTIVE, None, None, self.epoch)
+
+    def _refusal(self, epoch: int, target_epoch: int) -> str | None:
+        """Why an ``active=true`` at ``epoch`` is refused (the epoch is stored first unless stale)."""
+        if epoch < self.epoch:
+            return UnavailabilityCode.STALE_EPOCH.value
+        if epoch <= self.fenced_epoch:
+            return UnavailabilityCode.LEASE_EXPIRED.value
+        self.epoch = epoch
+        if not self.active and epoch < target_epoch:
+            return UnavailabilityCode.STALE_EPOCH.value
+        if not self.active and self.activation_fails:
+            return UnavailabilityCode.BACKEND_UNREACHABLE.value
+        return None
 
 
 @dataclass
@@ -103,6 +143,8 @@ class World:
     activations: list[tuple[float, str, int]] = field(default_factory=list)
     epoch_owner: dict[int, str] = field(default_factory=dict)
     active_true_calls: list[tuple[float, str]] = field(default_factory=list)
+    renewals: list[tuple[float, str]] = field(default_factory=list)  # active=true that may renew a lease
+    target_epoch: int = 0  # the highest epoch the (simulated) backend and cloud were told of
     pending: list[Observation] = field(default_factory=list)
     # Processes at addresses the spec no longer names: unreachable, still counted.
     retired: list[SimBroker] = field(default_factory=list)
@@ -191,6 +233,35 @@ class World:
         broker = self.brokers[name]
         broker.alive = True
         broker.active = False  # a broker always starts Inactive with its stored epoch
+        broker.fenced_epoch = -1  # in memory only; a restarted broker is Inactive anyway
+        broker.paused_at, broker.queued = None, []
+
+    def pause(self, name: str) -> None:
+        broker = self.brokers[name]
+        if broker.paused_at is None:
+            broker.paused_at = self.now
+
+    def resume(self, name: str) -> None:
+        """SIGCONT: the stall check runs first, then the queued requests are handled (answers are lost).
+
+        After a stall longer than the limit the broker refuses every ``active=true`` that waited
+        it out (``EVENT_LOOP_STALLED``), an activation included; shorter pauses are handled as if
+        the requests had just arrived.
+        """
+        broker = self.brokers[name]
+        if broker.paused_at is None:
+            return
+        stalled = broker.stalled(self.now - broker.paused_at, self.config.settings.lease_margin_seconds)
+        broker.paused_at, queued, broker.queued = None, broker.queued, []
+        for action in queued:
+            if broker.alive and not (stalled and action.active):
+                self._act(broker, action)
+
+    def clock_step(self, seconds: float) -> None:
+        """Everyone's time jumps (a paused VM): every process notices its stall when it runs again."""
+        self.now += seconds
+        for broker in self.processes():
+            broker.stalled(seconds, self.config.settings.lease_margin_seconds)
 
     # -- driving the engine ----------------------------------------------------
 
@@ -224,6 +295,8 @@ class World:
             if isinstance(action, SendHeartbeat):
                 if action.active:
                     self.active_true_calls.append((self.now, action.broker))
+                    if action.renew:
+                        self.renewals.append((self.now, action.broker))
                     allowed = {state.active, move.candidate if move else None}
                     assert action.broker in allowed, (
                         f"active=true to {action.broker}: neither the active ({state.active}) nor candidate"
@@ -255,20 +328,33 @@ class World:
         broker = self.by_url[action.url]
         timeout = self.config.settings.timeout_seconds
         if not broker.alive:
-            self.pending.append(HeartbeatFailed(action.broker, action.active, action.epoch, False, "refused"))
+            self.pending.append(
+                HeartbeatFailed(action.broker, action.active, action.epoch, False, "refused", action.renew)
+            )
             return RTT
+        timed_out = HeartbeatFailed(action.broker, action.active, action.epoch, True, "timeout", action.renew)
         if broker.partitioned:
-            self.pending.append(HeartbeatFailed(action.broker, action.active, action.epoch, True, "timeout"))
+            self.pending.append(timed_out)
             return timeout
-        was_active = broker.active
-        reply = broker.handle(action.active, action.epoch, self.now)
-        if broker.active and not was_active:
-            self._check_activation(broker)
+        if broker.paused_at is not None:
+            broker.queued.append(action)
+            self.pending.append(timed_out)
+            return timeout
+        reply = self._act(broker, action)
         if broker.slow:
-            self.pending.append(HeartbeatFailed(action.broker, action.active, action.epoch, True, "timeout"))
+            self.pending.append(timed_out)
             return timeout
-        self.pending.append(HeartbeatAnswered(action.broker, action.active, action.epoch, reply))
+        answered = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
+        self.pending.append(answered)
         return RTT
+
+    def _act(self, broker: SimBroker, action: SendHeartbeat) -> HeartbeatReply:
+        was_active = broker.active
+        reply = broker.handle(action.active, action.epoch, self.now, action.renew, self.target_epoch)
+        if broker.active and not was_active:
+            self.target_epoch = max(self.target_epoch, broker.epoch)
+            self._check_activation(broker)
+        return reply
 
     def _check_activation(self, broker: SimBroker) -> None:
         self.actives()  # self-fence whoever's lease ran out

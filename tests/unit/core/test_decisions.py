@@ -20,7 +20,7 @@ from broker_operator.core import (
     step,
 )
 from broker_operator.core.status import BrokerStatus, LastFailover
-from tests.unit.core.simulation import World
+from tests.unit.core.simulation import RTT, World
 
 FAST = HeartbeatSettings(
     interval_seconds=0.5,
@@ -126,9 +126,53 @@ def test_silent_active_is_replaced_only_after_lease_and_margin() -> None:
     world.brokers["b0"].partitioned = True
     world.run(10.0)
     assert world.actives() == ["b1"]
-    b0_last_contact = max(t for t, name in world.active_true_calls if name == "b0")
+    b0_last_renewal = max(t for t, name in world.renewals if name == "b0")
     b1_activated = next(t for t, name, _ in world.activations if name == "b1")
-    assert b1_activated >= b0_last_contact + FAST.fence_seconds
+    # Counted from when the last renewal's outcome (a timeout) was seen.
+    assert b1_activated >= b0_last_renewal + FAST.timeout_seconds + FAST.fence_seconds
+
+
+def test_after_a_failed_renewal_the_active_is_only_checked_so_the_fence_is_not_extended() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.brokers["b0"].partitioned = True
+    partitioned_at = world.now
+    world.run(10.0)
+    assert world.actives() == ["b1"]
+    after = [t for t, name in world.active_true_calls if name == "b0" and t >= partitioned_at]
+    renewals_after = [t for t, name in world.renewals if name == "b0" and t >= partitioned_at]
+    # failureThreshold checks: the first is a renewal (not yet known to fail), the rest are checks.
+    assert len(after) == FAST.failure_threshold
+    assert len(renewals_after) == 1
+    b1_activated = next(t for t, name, _ in world.activations if name == "b1")
+    # Fenced from the one renewal's outcome, plus at most one interval before it was sent.
+    bound = partitioned_at + FAST.interval_seconds + FAST.timeout_seconds + FAST.fence_seconds
+    assert b1_activated <= bound + 2 * RTT
+
+
+def test_a_check_that_answers_active_resets_failures_and_renewals_resume() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.brokers["b0"].partitioned = True
+    world.run(FAST.interval_seconds)  # one renewal times out
+    assert world.state.broker("b0").failures == 1
+    world.brokers["b0"].partitioned = False
+    world.run(FAST.interval_seconds * 3)
+    assert world.state.active == "b0" and world.state.broker("b0").failures == 0
+    calls = [a for a in step(world.state, world.config, {}, world.state.next_active_heartbeat_at).actions]
+    assert any(getattr(a, "renew", False) and a.broker == "b0" for a in calls)
+    assert world.actives() == ["b0"]
+
+
+def test_a_paused_active_that_resumes_cannot_act_on_its_queued_renewal() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    world.pause("b0")
+    world.run(10.0)  # renewals and checks queue up in b0; b1 takes over after the fence
+    assert world.state.active == "b1"
+    world.resume("b0")  # handles the queued renewal at its old epoch: refused, it fenced itself
+    assert world.actives() == ["b1"]
+    assert world.brokers["b0"].fenced_epoch == world.brokers["b1"].epoch - 1
 
 
 def test_planned_switchover_allocates_then_drains_then_activates() -> None:
@@ -222,3 +266,15 @@ def test_readdressed_active_fails_over_after_the_old_address_bound() -> None:
     world.run(FAST.fence_seconds + 2.0)
     assert world.actives() == ["b1"]
     assert any(e.reason == "ActiveUnavailable" and "moved to" in e.message for e in world.events)
+
+
+def test_a_lone_broker_that_fenced_itself_after_a_stall_is_reactivated_with_a_new_epoch() -> None:
+    world = World.create(["b0"], FAST)
+    world.run(2.0)
+    first_epoch = world.brokers["b0"].epoch
+    world.clock_step(5.0)  # a VM pause: b0 fences itself at first_epoch when it runs again
+    assert world.actives() == []
+    world.run(FAST.fence_seconds + 5 * FAST.interval_seconds)
+    assert world.actives() == ["b0"]
+    assert world.state.active == "b0"
+    assert world.brokers["b0"].epoch > first_epoch  # the fenced epoch was never reused

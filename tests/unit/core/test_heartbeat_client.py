@@ -33,10 +33,24 @@ def client() -> HeartbeatClient:
 
 
 def test_request_is_the_wsdl_heartbeat(client: HeartbeatClient) -> None:
-    envelope = etree.fromstring(client._envelope(True, 42))
+    envelope = etree.fromstring(client._envelope(True, 42, True))
     heartbeat = envelope.find(f".//{{{NAMESPACE}}}Heartbeat")
     assert heartbeat is not None
+    # A renewal leaves renewLease out (absent = true): the message of the first WSDL.
     assert [child.text for child in heartbeat] == ["true", "42", "unit-test"]
+
+
+def test_a_check_carries_renew_lease_false(client: HeartbeatClient) -> None:
+    envelope = etree.fromstring(client._envelope(True, 42, False))
+    heartbeat = envelope.find(f".//{{{NAMESPACE}}}Heartbeat")
+    assert heartbeat is not None
+    assert [etree.QName(child).localname for child in heartbeat] == [
+        "active",
+        "epoch",
+        "operatorId",
+        "renewLease",
+    ]
+    assert [child.text for child in heartbeat] == ["true", "42", "unit-test", "false"]
 
 
 def test_parses_a_reply_with_codes(client: HeartbeatClient) -> None:

@@ -1,7 +1,7 @@
 """Stateful property tests: the decision core against simulated brokers under random faults.
 
 Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes,
-restarts, partitions, slow replies, activation failures, epoch conflicts,
+restarts, partitions, pauses (SIGSTOP), slow replies, activation failures, epoch conflicts,
 preferredActive changes and clock steps, and checks on every broker action that
 
 - no two brokers are ever active at the same instant (also during planned moves),
@@ -100,7 +100,7 @@ class FailoverMachine(RuleBasedStateMachine):
     @rule(seconds=st.floats(5.0, 40.0))
     def clock_steps(self, seconds: float) -> None:
         # Everyone's time jumps (a paused VM, a long GC): no step runs in between.
-        self.world.now += seconds
+        self.world.clock_step(seconds)
         self.world.run(0.1)
 
     @rule(data=st.data())
@@ -115,6 +115,12 @@ class FailoverMachine(RuleBasedStateMachine):
     @rule(data=st.data(), on=st.booleans())
     def partition(self, data: st.DataObject, on: bool) -> None:
         self.world.brokers[self._name(data)].partitioned = on
+
+    @rule(data=st.data(), on=st.booleans())
+    def pause(self, data: st.DataObject, on: bool) -> None:
+        # SIGSTOP / SIGCONT of one process; what it queued meanwhile is handled on resume.
+        name = self._name(data)
+        self.world.pause(name) if on else self.world.resume(name)
 
     @rule(data=st.data(), on=st.booleans())
     def slow_replies(self, data: st.DataObject, on: bool) -> None:
@@ -160,6 +166,7 @@ class FailoverMachine(RuleBasedStateMachine):
         world = self.world
         for broker in world.brokers.values():
             broker.partitioned = broker.slow = broker.activation_fails = False
+            world.resume(broker.name)
             if not broker.alive:
                 world.restart(broker.name)
         heartbeat = world.config.settings
