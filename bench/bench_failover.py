@@ -225,7 +225,11 @@ class BenchShell:
 
 
 class AcceptWatch:
-    """Polls every broker's accepted counter in a thread; remembers when each last went up."""
+    """Polls every broker's accepted counter, one thread per broker; remembers when each last went up.
+
+    One thread each, not one for all: a poll of a frozen (SIGSTOPped) broker hangs until its
+    timeout, and must not hold back the polls of the others that the partition figure is read from.
+    """
 
     def __init__(self, brokers: Mapping[str, RunningProcess]) -> None:
         self.brokers = brokers
@@ -233,21 +237,23 @@ class AcceptWatch:
         self.last_increase: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
+        self.threads = [
+            threading.Thread(target=self._poll, args=(name,), daemon=True, name=f"watch-{name}")
+            for name in brokers
+        ]
+        for thread in self.threads:
+            thread.start()
 
-    def _poll(self) -> None:
+    def _poll(self, name: str) -> None:
+        broker = self.brokers[name]
         while not self.stopping.is_set():
-            for name, broker in self.brokers.items():
-                if not broker.alive:
-                    continue
-                count = accepted_count(broker)
-                now = time.monotonic()
-                with self.lock:
-                    if count is not None and count > self.counts.get(name, 0.0):
-                        self.last_increase[name] = now
-                    if count is not None:
-                        self.counts[name] = count
+            count = accepted_count(broker) if broker.alive else None
+            now = time.monotonic()
+            with self.lock:
+                if count is not None and count > self.counts.get(name, 0.0):
+                    self.last_increase[name] = now
+                if count is not None:
+                    self.counts[name] = count
             time.sleep(0.005)
 
     def first_increase_after(self, names: set[str], since: float) -> float | None:
@@ -257,7 +263,8 @@ class AcceptWatch:
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join(timeout=2)
+        for thread in self.threads:
+            thread.join(timeout=2)
 
 
 async def wait_until(check, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -391,6 +398,8 @@ class FailoverBench:
         self.brokers[old].kill()
         elapsed = await self.first_bundle(set(self.brokers) - {old}, started, "a bundle at the new active")
         self.crash_ms.append(elapsed)
+        # Traffic can reach the new active before the engine has written the status that names it.
+        await wait_until(lambda: self.active() not in (None, old), 10, "the status naming the new active")
         print(f"kill -9 #{number}: {old} -> {self.active()} {elapsed:.0f} ms", flush=True)
         await asyncio.to_thread(self.brokers[old].restart)
         watch_exit(self.brokers[old], self.loop, self.engine)
@@ -407,6 +416,8 @@ class FailoverBench:
         finally:
             self.brokers[old].kill(signal.SIGCONT)
         self.partition_ms.append(elapsed)
+        # Traffic can reach the new active before the engine has written the status that names it.
+        await wait_until(lambda: self.active() not in (None, old), 10, "the status naming the new active")
         engine_ms = (self.shell.label_moved_at - started) * 1000
         self.partition_engine_ms.append(engine_ms)
         self.partition_backend_ms.append(elapsed - engine_ms)
@@ -503,11 +514,20 @@ async def bench(processes: ProcessSet, kills: int, stops: int, switchovers: int)
 
 
 def main() -> int:
+    global BACKEND_TIMEOUT  # noqa: PLW0603 - one setting, printed and used by the whole run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--stops", type=int, default=20)
     parser.add_argument("--switchovers", type=int, default=20)
+    parser.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=BACKEND_TIMEOUT,
+        help="the backend simulator's request timeout: after the label moves, a request hung on"
+        " the frozen broker keeps the backend away from the new active for up to this long",
+    )
     args = parser.parse_args()
+    BACKEND_TIMEOUT = args.backend_timeout
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as root, running(Path(root)) as processes:
         return asyncio.run(bench(processes, args.kills, args.stops, args.switchovers))
 
