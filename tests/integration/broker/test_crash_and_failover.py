@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet
+from tests.integration.processes import ProcessSet, RunningProcess
 
 pytestmark = pytest.mark.integration
 
@@ -150,6 +151,12 @@ def test_failover_to_second_broker_replays_unconfirmed_without_gap_or_duplicate(
     assert (reply.state, reply.unavailabilityCode) == ("Unavailable", "STALE_EPOCH")
 
 
+def keep_renewing(broker: RunningProcess, epoch: int, stop: threading.Event) -> None:
+    """Heartbeat ``broker`` with ``active=true`` every 0.2 s until ``stop``, as the operator would."""
+    while not stop.wait(0.2):
+        heartbeat(broker, active=True, epoch=epoch)
+
+
 def test_partitioned_active_fences_itself_and_the_new_active_carries_on(
     processes: ProcessSet, tmp_path: Path
 ) -> None:
@@ -176,7 +183,15 @@ def test_partitioned_active_fences_itself_and_the_new_active_carries_on(
     assert heartbeat(broker_b, active=True, epoch=2).state == "Active"
     broker_a.kill(signal.SIGCONT)  # the partition heals with A still believing it is active
 
-    wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via broker-b")
+    # The operator's part: renew B's 1 s lease while the rest goes through it (however slow CI is).
+    delivered = threading.Event()
+    renewals = threading.Thread(target=lambda: keep_renewing(broker_b, 2, delivered), daemon=True)
+    renewals.start()
+    try:
+        wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via B")
+    finally:
+        delivered.set()
+        renewals.join(timeout=5)
     assert_complete_and_ordered(cloud_received(cloud), streams, per_stream, "orders-")
     # A fences itself: its lease ran out while it was stopped, or a target refused its old epoch first.
     wait_until(lambda: "deactivated (epoch 1)" in broker_a.log_text(), 10, what="A fenced itself")
