@@ -168,6 +168,12 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
     return state.with_event("ActiveUnavailable", f"active broker {old} {detail}; failing over", True)
 
 
+def failback_holdoff(config: ClusterConfig) -> float:
+    """How long Automatic failback leaves a broker alone after it failed an activation."""
+    settings = config.settings
+    return max(settings.failback_stable_seconds, 10 * settings.interval_seconds)
+
+
 def failback_target(state: EngineState, config: ClusterConfig, now: float) -> str | None:
     """Under ``Automatic``: the broker to return to, once it has been ready for failbackStableSeconds."""
     settings = config.settings
@@ -177,6 +183,8 @@ def failback_target(state: EngineState, config: ClusterConfig, now: float) -> st
     if active is None:
         return None
 
+    holdoff = failback_holdoff(config)
+
     def stable(broker: BrokerKnowledge | None) -> bool:
         return (
             broker is not None
@@ -184,6 +192,7 @@ def failback_target(state: EngineState, config: ClusterConfig, now: float) -> st
             and broker.ready
             and broker.ready_since is not None
             and now - broker.ready_since >= settings.failback_stable_seconds
+            and (broker.activation_failed_at is None or now - broker.activation_failed_at >= holdoff)
         )
 
     preferred = config.preferred_active
@@ -285,6 +294,9 @@ def _walk_exhausted(state: EngineState, config: ClusterConfig, move: Move, now: 
         # A planned move found nobody to move to (its target died meanwhile): stay.
         return replace(state, move=None)
     interval = config.settings.interval_seconds
+    if move.kind is MoveKind.STARTUP and not any(b.in_spec for b in state.brokers):
+        # A new cluster whose pods have no addresses yet: still Pending, nothing to warn about.
+        return replace(state, move=replace(move, tried=frozenset(), retry_at=now + interval))
     why = "; ".join(
         f"{b.name}: {b.code or b.state}" + (f" ({b.message})" if b.message else "")
         for b in state.brokers

@@ -80,6 +80,10 @@ class BrokerKnowledge:
     possibly_active_until: float | None = None  # None = known not active
     failures: int = 0  # consecutive failed renewals while it is the active
     ready_since: float | None = None  # answering Inactive to probes without a break since
+    # When it last failed an activation (refused or no answer): Automatic failback to it
+    # waits FAILBACK_HOLDOFF after that, or a standby that answers probes but cannot
+    # activate would have the active drained and restored over and over.
+    activation_failed_at: float | None = None
     reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
     dead: bool = False  # Kubernetes says its container terminated or its pod is gone
     # An active=true call that may have arrived got no answer: a paused broker can

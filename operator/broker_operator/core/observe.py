@@ -111,10 +111,10 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         return state
     if is_active:
         return complete_move(state, config, seen.broker, seen.epoch, now)
-    return _candidate_refused(state, seen)
+    return _candidate_refused(state, seen, now)
 
 
-def _candidate_refused(state: EngineState, seen: HeartbeatAnswered) -> EngineState:
+def _candidate_refused(state: EngineState, seen: HeartbeatAnswered, now: float) -> EngineState:
     move = state.move
     assert move is not None
     reply = seen.reply
@@ -123,9 +123,10 @@ def _candidate_refused(state: EngineState, seen: HeartbeatAnswered) -> EngineSta
     # it); any other refusal moves the walk on to the next candidate.
     if reply.unavailability_code == LEASE_EXPIRED and seen.epoch == state.epoch:
         return replace(state, move=replace(move, candidate=None), epoch_ended=True)
-    stale_retry = reply.unavailability_code == STALE and reply.epoch >= seen.epoch
-    tried = move.tried if stale_retry else move.tried | {seen.broker}
-    return replace(state, move=replace(move, candidate=None, tried=tried))
+    if reply.unavailability_code == STALE and reply.epoch >= seen.epoch:
+        return replace(state, move=replace(move, candidate=None))
+    state = state.with_broker(seen.broker, activation_failed_at=now)
+    return replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
 
 
 def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, now: float) -> EngineState:
@@ -148,6 +149,7 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     state = state.with_broker(broker.name, **changes)
     move = state.move
     if seen.active and move is not None and move.candidate == seen.broker:
+        state = state.with_broker(seen.broker, activation_failed_at=now)
         state = replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
     return state
 

@@ -239,7 +239,9 @@ def test_walk_exhausted_reports_unavailable_and_keeps_retrying() -> None:
 def test_brokers_given_after_an_empty_start_are_walked() -> None:
     world = World.create([], FAST, processes=("b0", "b1"))
     world.run(2.0)
-    assert world.actives() == [] and status_of(world.state, world.config).phase == "Unavailable"
+    # Pods without addresses yet: the cluster is Pending, with no warning event.
+    assert world.actives() == [] and status_of(world.state, world.config).phase == "Pending"
+    assert not [e for e in world.events if e.reason == "NoBrokerAvailable"]
     world.set_targets(["b0", "b1"])
     world.run(2.0)
     assert world.actives() == ["b0"] and world.stored_epoch == 1
@@ -278,3 +280,21 @@ def test_a_lone_broker_that_fenced_itself_after_a_stall_is_reactivated_with_a_ne
     assert world.actives() == ["b0"]
     assert world.state.active == "b0"
     assert world.brokers["b0"].epoch > first_epoch  # the fenced epoch was never reused
+
+
+def test_failback_to_a_broker_that_cannot_activate_is_held_off() -> None:
+    eager = HeartbeatSettings(**{**FAST.__dict__, "failback_stable_seconds": 0.0})
+    world = World.create(["b0", "b1"], eager)
+    world.run(2.0)
+    world.crash("b0")
+    world.run(2.0)
+    assert world.actives() == ["b1"]
+    world.restart("b0")
+    world.brokers["b0"].activation_fails = True  # answers probes Inactive, refuses to activate
+    since = world.now
+    world.run(12.0)
+    attempts = [t for t, name in world.active_true_calls if name == "b0" and t >= since]
+    # One try per holdoff (10 intervals here), not one per probe; b1 is restored after each.
+    holdoff = 10 * eager.interval_seconds
+    assert 1 <= len(attempts) <= 12.0 / holdoff + 1, attempts
+    assert world.actives() == ["b1"]

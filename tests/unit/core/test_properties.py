@@ -29,7 +29,7 @@ from hypothesis import Phase as Phase_
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from broker_operator.core import FailbackMode, HeartbeatSettings, Phase, status_of
+from broker_operator.core import FailbackMode, HeartbeatSettings, MoveKind, Phase, status_of
 from tests.unit.core.simulation import NAMES_POOL, World
 
 NAMES = NAMES_POOL[:4]
@@ -179,7 +179,11 @@ class FailoverMachine(RuleBasedStateMachine):
         actives = world.actives()
         if not world.config.targets:
             assert actives == [], f"brokers {actives} active with none in the spec"
-            assert status_of(world.state, world.config).phase == Phase.UNAVAILABLE.value
+            # Pending while no broker was ever in the spec (pods without IPs), else Unavailable.
+            move = world.state.move
+            never = move is not None and move.kind is MoveKind.STARTUP and move.rounds == 1
+            expected_phase = Phase.PENDING if never else Phase.UNAVAILABLE
+            assert status_of(world.state, world.config).phase == expected_phase.value
             return
         assert len(actives) == 1, f"no single active after faults stopped: {actives}"
         assert world.state.active == actives[0], (world.state.active, actives)
