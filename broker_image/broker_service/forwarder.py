@@ -139,6 +139,10 @@ class OutboundForwarder:
                 raise
             failures = 0
             outcome = table.settle(bundle, reply["results"], reply["reasons"])
+            # Duplicates first: per stream the cloud answers them for the lower seqs, so the log
+            # keeps the order in which the cloud had the messages.
+            if outcome.deduplicated:
+                self.log.messages(Event.DEDUPLICATED, epoch, Direction.OUTBOUND, outcome.deduplicated)
             if outcome.delivered:
                 self.log.messages(Event.DELIVERED, epoch, Direction.OUTBOUND, outcome.delivered)
             self.metrics.delivered.labels("outbound").inc(len(outcome.delivered))

@@ -154,6 +154,7 @@ class InboundPoller:
     ) -> list[RelayMessage]:
         taken: list[RelayMessage] = []
         delivered: list[RelayMessage] = []
+        deduplicated: list[RelayMessage] = []  # the backend had them already (see Event.DEDUPLICATED)
         held: list[HeldEntry] = []
         for index, message in enumerate(messages):
             status = results[index] if index < len(results) else DeliveryStatus.SKIPPED.value
@@ -161,8 +162,7 @@ class InboundPoller:
             if status in (DeliveryStatus.OK, DeliveryStatus.DUPLICATE):
                 self._attempts.pop((stream, seq), None)
                 taken.append(message)
-                if status == DeliveryStatus.OK:
-                    delivered.append(message)
+                (delivered if status == DeliveryStatus.OK else deduplicated).append(message)
             elif status == DeliveryStatus.REJECTED:
                 self.metrics.rejected.labels("inbound").inc()
                 attempts = self._attempts.get((stream, seq), 0) + 1
@@ -183,6 +183,8 @@ class InboundPoller:
                 held.append(entry)
                 if self.settings.on_poison is PoisonPolicy.BLOCK_STREAM:
                     self._blocked[stream] = seq
+        if deduplicated:  # before the deliveries: per stream the backend's duplicates are the lower seqs
+            self.log.messages(Event.DEDUPLICATED, epoch, Direction.INBOUND, deduplicated)
         if delivered:
             self.log.messages(Event.DELIVERED, epoch, Direction.INBOUND, delivered)
             self.metrics.delivered.labels("inbound").inc(len(delivered))

@@ -292,10 +292,16 @@ class Broker:
         ):
             return refusal
         if request.epoch > self.epoch:
+            previous = self.epoch
             try:
                 self._store_epoch(request.epoch)
             except EpochStoreError as error:
                 return self._unavailable(UnavailabilityCode.JOURNAL_ERROR, str(error))
+            if self.state is BrokerState.ACTIVE:
+                # Active already, now under a higher epoch: the log shows one term ending and the
+                # next beginning, so the validator sees who was active with which epoch.
+                self.message_log.lifecycle(Event.DEACTIVATED, previous)
+                self.message_log.lifecycle(Event.ACTIVATED, request.epoch)
         if self.state is not BrokerState.ACTIVE:
             failure = await self._activate()
             if failure is not None:

@@ -75,6 +75,9 @@ class OutboundStream:
 @dataclass
 class SettleOutcome:
     delivered: list[JournalMessage] = field(default_factory=list)  # for the message log
+    # The cloud already had these: logged as `deduplicated`, the validator's proof that a delivery
+    # a crash kept out of the log happened.
+    deduplicated: list[JournalMessage] = field(default_factory=list)
     held: list[HeldEntry] = field(default_factory=list)
     rejected: int = 0
 
@@ -226,6 +229,8 @@ class OutboundTable:
                     stream.attempts = 0
                     if status == _OK:
                         delivered.append(message)
+                    else:
+                        outcome.deduplicated.append(message)
                     continue
                 if status == _REJECTED:
                     outcome.rejected += 1

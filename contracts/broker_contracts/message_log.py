@@ -29,6 +29,10 @@ class Event(StrEnum):
     ACCEPTED = "accepted"  # journaled by the broker and acknowledged to the source
     FORWARDED = "forwarded"  # sent to the target (one record per attempt)
     DELIVERED = "delivered"  # the target took it (outbound: the cloud; inbound: the backend)
+    # The target answered that it already had this (stream, seq): it took it earlier, in a delivery
+    # whose `delivered` record a crash or a lost reply kept out of the log. The validator counts it
+    # as delivery evidence, so a kill -9 between the target's answer and the log write is no loss.
+    DEDUPLICATED = "deduplicated"
     CONFIRMED = "confirmed"  # the confirmation went back to the source
     HELD = "held"  # parked after maxDeliveries under the onPoison policy
     REPLAYED = "replayed"  # an operator released a held message for delivery

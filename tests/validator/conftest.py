@@ -1,0 +1,23 @@
+"""One real Spark session (``local[2]``) for every validator test, and a builder of small stores.
+
+Session scope because a JVM takes seconds to start; each test gets its own store directory, so
+tests stay independent while sharing the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from broker_validator.spark import local_session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = local_session(2)
+    try:
+        yield session
+    finally:
+        session.stop()

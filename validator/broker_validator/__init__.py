@@ -1,0 +1,19 @@
+"""The ordering validator: proves, from the brokers' message logs, that no message was lost,
+delivered twice or reordered, and that no two brokers of one cluster were active at once.
+
+Layers, each a module with one job:
+
+* :mod:`broker_validator.report_schema`: the versioned ``report.json`` contract (TypedDicts) and the
+  anomaly classes, which of them fail a run;
+* :mod:`broker_validator.store`: finds closed segments in the store, tells foreign and empty files
+  apart, and keeps the checkpoint (what was processed, per-stream state) atomically;
+* :mod:`broker_validator.checks`: the Spark checks over new records plus the carried state;
+* :mod:`broker_validator.report_html`: the self-contained HTML report with its timeline picture;
+* :mod:`broker_validator.status`: writes each BrokerCluster's ``status.ordering``;
+* :mod:`broker_validator.spark`: builds the SparkSession for ``local[*]`` or a ``k8s://`` master;
+* :mod:`broker_validator.cli`: ``broker-validator --store DIR --report-dir DIR [--full] [--master URL]``.
+
+What it deliberately is not: a live monitor. It reads closed segments only, so it sees a broker's
+records at most one segment bound late, and it judges a message lost only once it is older than a
+settle horizon.
+"""

@@ -1,0 +1,286 @@
+"""The Spark side of the checks: read new segments once, compute what the state needs, collect it.
+
+One pass parses the new segments (JSON Lines read as text with an explicit schema built from
+:data:`broker_contracts.message_log.FIELDS`, no inference) into a cached table; every later step
+is an aggregation or a window over that cache whose result is small enough to collect (per term,
+per epoch, per second, the rare out-of-place deliveries), and :mod:`broker_validator.fold` folds
+those results into the carried :class:`~broker_validator.state.ValidatorState` in plain Python.
+
+Why this shape: the checks are sequential per stream (a gap or a reordering is only visible in
+target order), but almost every record is unremarkable. A window over each stream's delivery
+evidence, ordered by ``(epoch, ts, position in the segment)`` and seeded with the carried
+``max_seq``, finds the few records that jump ahead (holes) or fall behind (candidates for
+duplicate or out-of-order); only those leave the JVM. A per-message aggregation pairs each
+``accepted`` with its first delivery evidence for latency and for what is still pending.
+
+``forwarded`` records (a quarter of the log, one per attempt) are not parsed: no check reads them.
+They are only recognised by their fixed prefix, and a line that is not whole still gets parsed and
+counted as malformed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F  # noqa: N812  # Spark's own convention
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from broker_contracts.message_log import FIELDS, LIFECYCLE_EVENTS, Direction, Event
+
+TS_PATTERN: Final = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+LATENCY_BUCKET_BASE: Final = 1.05
+"""Latency histogram buckets grow by 5 %: percentiles merge across runs within that precision."""
+
+EVIDENCE: Final = (Event.DELIVERED.value, Event.DEDUPLICATED.value)
+EFFECTFUL: Final = (*EVIDENCE, Event.ACCEPTED.value, Event.CONFIRMED.value)
+SIDE_EVENTS: Final = (Event.HELD.value, Event.DISCARDED.value, Event.REPLAYED.value)
+_FORWARDED_PREFIX: Final = '{"event":"forwarded",'
+KEY: Final = ("cluster", "direction", "stream")
+
+
+def record_schema() -> StructType:
+    kinds = {str: StringType(), int: LongType()}
+    return StructType([StructField(name, kinds[kind], nullable=True) for name, kind, _ in FIELDS])
+
+
+def _fits_schema() -> Column:
+    message_fields = (
+        F.col("direction").isin([d.value for d in Direction])
+        & F.col("stream").isNotNull()
+        & F.col("seq").isNotNull()
+        & (F.col("seq") >= 1)
+        & F.col("msgId").isNotNull()
+    )
+    required = [F.col(name).isNotNull() for name, _, nullable in FIELDS if not nullable]
+    fits = F.col("event").isin([e.value for e in Event]) & F.col("ts_us").isNotNull()
+    for column in required:
+        fits = fits & column
+    return fits & (F.col("event").isin([e.value for e in LIFECYCLE_EVENTS]) | message_fields)
+
+
+@dataclass
+class Batch:
+    """The new segments, parsed and cached, with the malformed lines counted per file."""
+
+    records: DataFrame  # valid records only, cached
+    malformed: list[tuple[str, int, str]]  # (file URI, bad lines, first bad line)
+    count: int  # valid records
+
+    def release(self) -> None:
+        self.records.unpersist()
+
+
+def read_batch(spark: SparkSession, paths: list[str]) -> Batch:
+    text = spark.read.text(paths).select(
+        "value",
+        F.col("_metadata.file_path").alias("file"),
+        F.monotonically_increasing_id().alias("pos"),  # increases with the line within each file
+    )
+    text = text.filter(~(F.col("value").startswith(_FORWARDED_PREFIX) & F.col("value").endswith("}")))
+    parsed = text.select("file", "pos", "value", F.from_json("value", record_schema()).alias("r")).select(
+        "file",
+        "pos",
+        "value",
+        "r.*",
+    )
+    parsed = parsed.withColumn("ts_us", F.unix_micros(F.try_to_timestamp(F.col("ts"), F.lit(TS_PATTERN))))
+    parsed = parsed.withColumn("valid", F.coalesce(_fits_schema(), F.lit(False)))
+    table = parsed.select(
+        "file",
+        "valid",
+        F.when(~F.col("valid"), F.substring("value", 1, 200)).alias("bad"),
+        "pos",
+        "cluster",
+        "broker",
+        "epoch",
+        "event",
+        "direction",
+        "stream",
+        "seq",
+        "ts_us",
+    ).cache()
+    summary = (
+        table.groupBy("file")
+        .agg(
+            F.sum(F.col("valid").cast("long")).alias("good"),
+            F.sum((~F.col("valid")).cast("long")).alias("bad_lines"),
+            F.first("bad", ignorenulls=True).alias("example"),
+        )
+        .collect()
+    )
+    malformed = [(row.file, int(row.bad_lines), row.example or "") for row in summary if row.bad_lines]
+    count = sum(int(row.good) for row in summary)
+    return Batch(table.filter("valid").drop("valid", "bad", "file"), malformed, count)
+
+
+@dataclass
+class PriorState:
+    """The carried state the Spark side needs, as small lookup rows."""
+
+    stream_max: list[tuple[str, str, str, int]]  # (cluster, direction, stream, max_seq)
+    pending: list[tuple[str, str, str, int, int]]  # (cluster, direction, stream, seq, accepted_us)
+    holes: list[tuple[str, str, str, int, int]]  # (cluster, direction, stream, lo, hi)
+
+
+@dataclass
+class BatchFindings:
+    """Everything the fold needs from one batch, collected."""
+
+    terms: list[Any] = field(default_factory=list)  # per (cluster, broker, epoch)
+    side: list[Any] = field(default_factory=list)  # held, discarded, replayed records
+    rate: list[Any] = field(default_factory=list)  # (cluster, second, deliveries)
+    stream_max: list[Any] = field(default_factory=list)  # per stream key: max evidence seq
+    jumps: list[Any] = field(default_factory=list)  # deliveries more than one above the max before them
+    behind: list[Any] = field(default_factory=list)  # `delivered` at or below the max before it
+    earlier: dict[tuple[str, str, str, int, int], int] = field(default_factory=dict)  # evidence before each
+    filled: list[Any] = field(default_factory=list)  # (key, seq) with evidence inside a hole range
+    messages: list[Any] = field(default_factory=list)  # per (key, seq): pending or repeated deliveries
+    latency: list[Any] = field(default_factory=list)  # (cluster, direction, bucket, count, worst)
+    deduplicated: list[Any] = field(default_factory=list)  # a few `deduplicated` records, as examples
+
+
+def _rows(spark: SparkSession, rows: Iterable[tuple[Any, ...]], schema: str) -> DataFrame:
+    return spark.createDataFrame(list(rows), schema)
+
+
+def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
+    records = batch.records
+    findings = BatchFindings()
+    is_evidence = F.col("event").isin(*EVIDENCE)
+
+    findings.terms = (
+        records.groupBy("cluster", "broker", "epoch")
+        .agg(
+            F.min(F.when(F.col("event") == Event.ACTIVATED.value, F.col("ts_us"))).alias("start"),
+            F.max(F.when(F.col("event") == Event.DEACTIVATED.value, F.col("ts_us"))).alias("deactivated"),
+            F.max("ts_us").alias("last"),
+            F.max(
+                F.when(
+                    F.col("event").isin(*EFFECTFUL),
+                    F.struct("ts_us", "event", "direction", "stream", "seq"),
+                )
+            ).alias("effect"),
+            F.min(F.when(is_evidence, F.col("ts_us"))).alias("first_evidence"),
+            F.max(F.when(is_evidence, F.col("ts_us"))).alias("last_evidence"),
+            F.sum((F.col("event") == Event.DEDUPLICATED.value).cast("long")).alias("deduplicated"),
+        )
+        .collect()
+    )
+    findings.side = records.filter(F.col("event").isin(*SIDE_EVENTS)).collect()
+    findings.deduplicated = records.filter(F.col("event") == Event.DEDUPLICATED.value).limit(20).collect()
+    findings.rate = (
+        records.filter(is_evidence)
+        .groupBy("cluster", F.floor(F.col("ts_us") / 1_000_000).alias("second"))
+        .count()
+        .collect()
+    )
+
+    # Target order per stream, seeded with the carried max: what jumps ahead, what falls behind.
+    evidence = records.filter(is_evidence)
+    stream_max = _rows(spark, prior.stream_max, "cluster string, direction string, stream string, smax long")
+    ordered = evidence.join(F.broadcast(stream_max), list(KEY), "left")
+    window = (
+        Window.partitionBy(*KEY).orderBy("epoch", "ts_us", "pos").rowsBetween(Window.unboundedPreceding, -1)
+    )
+    ordered = ordered.withColumn(
+        "prevmax", F.greatest(F.coalesce("smax", F.lit(0)), F.coalesce(F.max("seq").over(window), F.lit(0)))
+    )
+    unusual = ordered.filter(
+        (F.col("seq") > F.col("prevmax") + 1)
+        | ((F.col("event") == Event.DELIVERED.value) & (F.col("seq") <= F.col("prevmax")))
+    ).collect()
+    findings.jumps = [row for row in unusual if row.seq > row.prevmax + 1]
+    findings.behind = [row for row in unusual if row.seq <= row.prevmax]
+    if findings.behind:  # how much evidence for the same message came before each of them
+        behind = _rows(
+            spark,
+            [(*_key(r), r.seq, r.epoch, r.ts_us, r.pos) for r in findings.behind],
+            "cluster string, direction string, stream string, seq long, b_epoch long, b_ts long, b_pos long",
+        )
+        earlier = F.struct("epoch", "ts_us", "pos") < F.struct("b_epoch", "b_ts", "b_pos")
+        findings.earlier = {
+            (*_key(r), r.seq, r.b_pos): int(r.n)
+            for r in evidence.join(F.broadcast(behind), [*KEY, "seq"])
+            .groupBy(*KEY, "seq", "b_pos")
+            .agg(F.sum(earlier.cast("long")).alias("n"))
+            .collect()
+        }
+    findings.stream_max = evidence.groupBy(*KEY).agg(F.max("seq").alias("max_seq")).collect()
+
+    # Evidence that lands inside a hole (a carried one, or one this batch's jumps opened).
+    ranges = list(prior.holes) + [(*_key(r), r.prevmax + 1, r.seq - 1) for r in findings.jumps]
+    if ranges:
+        holes = _rows(spark, ranges, "cluster string, direction string, stream string, lo long, hi long")
+        findings.filled = (
+            evidence.join(F.broadcast(holes), list(KEY))
+            .filter((F.col("seq") >= F.col("lo")) & (F.col("seq") <= F.col("hi")))
+            .select(*KEY, "seq")
+            .distinct()
+            .collect()
+        )
+
+    # Per message: first acceptance, first evidence, how many `delivered`.
+    pending = _rows(
+        spark, prior.pending, "cluster string, direction string, stream string, seq long, pending_us long"
+    )
+    per_message = (
+        records.filter(F.col("event").isin(Event.ACCEPTED.value, *EVIDENCE))
+        .groupBy(*KEY, "seq")
+        .agg(
+            F.min(F.when(F.col("event") == Event.ACCEPTED.value, F.struct("ts_us", "broker", "epoch"))).alias(
+                "acc"
+            ),
+            F.min(F.when(is_evidence, F.struct("ts_us", "broker", "epoch"))).alias("ev"),
+            F.sum((F.col("event") == Event.DELIVERED.value).cast("long")).alias("delivered"),
+        )
+        .join(F.broadcast(stream_max), list(KEY), "left")
+        .join(F.broadcast(pending), [*KEY, "seq"], "left")
+        .withColumn("accepted_us", F.coalesce("pending_us", "acc.ts_us"))
+        .cache()
+    )
+    findings.messages = per_message.filter(
+        (F.col("ev").isNull() & F.col("acc").isNotNull())
+        | F.col("pending_us").isNotNull()
+        | (F.col("delivered") >= 2)
+        | ((F.col("delivered") >= 1) & (F.col("seq") <= F.coalesce("smax", F.lit(0))))
+        | (F.col("ev").isNotNull() & (F.col("delivered") == 0))
+    ).collect()
+    # Latency: only for a message whose first evidence is new (above the carried max, or pending).
+    lag_ms = (F.col("ev.ts_us") - F.col("accepted_us")) / 1000.0
+    timed = per_message.filter(
+        F.col("ev").isNotNull()
+        & F.col("accepted_us").isNotNull()
+        & ((F.col("seq") > F.coalesce("smax", F.lit(0))) | F.col("pending_us").isNotNull())
+    ).withColumn("lag_ms", F.greatest(lag_ms, F.lit(0.0)))
+    findings.latency = (
+        timed.groupBy(
+            "cluster",
+            "direction",
+            F.floor(F.log(F.greatest("lag_ms", F.lit(0.01))) / math.log(LATENCY_BUCKET_BASE)).alias("bucket"),
+        )
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max(F.struct("lag_ms", "stream", "seq", "ev.broker", "ev.epoch", "ev.ts_us")).alias("worst"),
+        )
+        .collect()
+    )
+    per_message.unpersist()
+    return findings
+
+
+def _key(row: Any) -> tuple[str, str, str]:
+    return (row.cluster, row.direction, row.stream)
+
+
+def bucket_upper_ms(bucket: int) -> float:
+    """The upper bound of a latency bucket, in milliseconds."""
+    return float(math.pow(LATENCY_BUCKET_BASE, bucket + 1))
+
+
+def segment_paths(store: Path, relative: Iterable[str]) -> list[str]:
+    return [str(store / path) for path in relative]
