@@ -61,55 +61,67 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+class CouldNotValidateError(RuntimeError):
+    """Why there is no verdict: said on stderr, exit code 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    from broker_validator.spark import SparkSettings, SparkSettingsError, session_for
-    from broker_validator.store import StoreUnreadableError
-
     try:
-        settings = SparkSettings.from_env()
-    except SparkSettingsError as error:
+        report = validate(args)
+        print(summary(report, args.report_dir))
+        if args.namespace:
+            record_status(report, args)
+    except CouldNotValidateError as error:
         print(f"broker-validator: {error}", file=sys.stderr)
         return EXIT_COULD_NOT_VALIDATE
+    return EXIT_VIOLATIONS if report["violations"] else EXIT_PASSED
+
+
+def validate(args: argparse.Namespace) -> Report:
+    from broker_validator.spark import SparkSettings, SparkSettingsError, session_for
+    from broker_validator.store import StoreUnreadableError, scan_store
+
+    try:  # an unusable store is said at once, before Spark takes its seconds to start
+        scan_store(args.store)
+        settings = SparkSettings.from_env()
+    except (StoreUnreadableError, SparkSettingsError) as error:
+        raise CouldNotValidateError(f"cannot validate: {error}") from error
     started = time.monotonic()
     try:
         spark = session_for(args.master, settings)
-    except Exception as error:  # no session, no validation: say why and exit 2
-        print(
-            f"broker-validator: could not start Spark ({args.master or 'local[*]'}): {error}", file=sys.stderr
-        )
-        return EXIT_COULD_NOT_VALIDATE
+    except Exception as error:  # no session, no validation: say why
+        raise CouldNotValidateError(
+            f"could not start Spark ({args.master or 'local[*]'}): {error}"
+        ) from error
     logger.info("Spark ready in %.1f s (%s)", time.monotonic() - started, spark.sparkContext.master)
     try:
         from broker_validator.job import validate_store
 
-        report = validate_store(
+        return validate_store(
             spark, args.store, args.report_dir, full=args.full, settle_seconds=args.settle_seconds
         )
     except StoreUnreadableError as error:
-        print(f"broker-validator: cannot validate: {error}", file=sys.stderr)
-        return EXIT_COULD_NOT_VALIDATE
-    except Exception:
+        raise CouldNotValidateError(f"cannot validate: {error}") from error
+    except Exception as error:
         logger.exception("validation failed; the checkpoint is unchanged")
-        return EXIT_COULD_NOT_VALIDATE
+        raise CouldNotValidateError(f"validation failed: {error}") from error
     finally:
         spark.stop()
-    print(summary(report, args.report_dir))
-    if args.namespace:
-        from broker_validator.status import OrderingStatusError, record_ordering
 
-        location = args.report_location or str(args.report_dir / "report.html")
-        try:
-            for warning in record_ordering(report, args.namespace, location):
-                print(f"broker-validator: warning: {warning}", file=sys.stderr)
-        except OrderingStatusError as error:
-            print(
-                f"broker-validator: the verdict could not be recorded in status.ordering: {error}",
-                file=sys.stderr,
-            )
-            return EXIT_COULD_NOT_VALIDATE
-    return EXIT_VIOLATIONS if report["violations"] else EXIT_PASSED
+
+def record_status(report: Report, args: argparse.Namespace) -> None:
+    from broker_validator.status import OrderingStatusError, record_ordering
+
+    location = args.report_location or str(args.report_dir / "report.html")
+    try:
+        for warning in record_ordering(report, args.namespace, location):
+            print(f"broker-validator: warning: {warning}", file=sys.stderr)
+    except OrderingStatusError as error:
+        raise CouldNotValidateError(
+            f"the verdict could not be recorded in status.ordering: {error}"
+        ) from error
 
 
 def summary(report: Report, report_dir: Path) -> str:

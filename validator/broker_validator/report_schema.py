@@ -22,10 +22,10 @@ SCHEMA_VERSION: Final = 1
 class Anomaly(StrEnum):
     # Violations: any one of these fails the run.
     LOST = "lost"  # accepted, never delivered/held/discarded, older than the settle horizon
-    DUPLICATE_DELIVERY = "duplicate-delivery"  # one (cluster, direction, stream, seq) taken twice
+    DUPLICATE_DELIVERY = "duplicate-delivery"  # one (cluster, direction, stream, seq) delivered twice
     OUT_OF_ORDER = "out-of-order"  # a lower seq delivered after a higher one of its stream
-    GAP = "gap"  # a seq delivered while a lower one was never delivered, held or discarded
-    SPLIT_BRAIN = "split-brain"  # work by an epoch after a higher epoch was activated; or one epoch twice
+    GAP = "gap"  # a seq below delivered ones that nobody accepted, delivered, held or discarded
+    SPLIT_BRAIN = "split-brain"  # work by an epoch after another broker took a higher one; or one epoch twice
     # Reported as what they are, never failures.
     IN_FLIGHT = "in-flight"  # accepted, not yet delivered, younger than the settle horizon
     HELD = "held"  # parked by onPoison after maxDeliveries

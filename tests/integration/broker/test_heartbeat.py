@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import zeep
 
+from broker_contracts.message_log import decode
 from broker_simulators.backend import build_envelope
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
@@ -51,6 +52,24 @@ def test_activation_stores_epoch_sends_resend_and_starts_polling(
     # A renewal at the same epoch is not a second activation.
     assert heartbeat(relay.broker, active=True, epoch=3).state == "Active"
     assert backend_status(relay.backend)["resends"] == 1
+
+
+def test_a_higher_epoch_for_an_active_broker_is_a_new_term_in_the_message_log(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    relay = start_relay(processes, tmp_path, broker_args={"message_log_dir": store})
+    assert heartbeat(relay.broker, active=True, epoch=3).state == "Active"
+    assert heartbeat(relay.broker, active=True, epoch=5).state == "Active"  # still Active, new epoch
+    relay.broker.stop()  # closes the segment
+
+    lifecycle = [
+        (record["event"], record["epoch"])
+        for segment in sorted(store.glob("*/*/*.jsonl"))
+        for record in map(decode, segment.read_bytes().splitlines())
+        if record["event"] in ("activated", "deactivated")
+    ]
+    assert lifecycle == [("activated", 3), ("deactivated", 3), ("activated", 5), ("deactivated", 5)]
 
 
 def test_stale_epoch_is_refused_and_changes_nothing(processes: ProcessSet, tmp_path: Path) -> None:

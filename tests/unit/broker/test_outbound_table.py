@@ -164,3 +164,13 @@ def test_recovered_and_backend_confirmed_seqs_count_as_durable() -> None:
     assert t.reserve(["s", "s"], [1, 3], ["m1", "m3"], ["p", "p"])[3] is False
     t.apply_resend_cursors({"fresh": 40})  # the backend had 1..39 of "fresh" confirmed elsewhere
     assert t.reserve(["fresh"], [39], ["m39"], ["p"])[3] is False
+
+
+def test_a_duplicate_answer_is_settled_as_delivered_and_reported_as_deduplicated() -> None:
+    t, _ = table()
+    accept(t, "s", [1, 2, 3])
+    outcome = t.settle(t.take_bundle(10), ["duplicate", "duplicate", "ok"], {})
+    # The cloud had 1 and 2 (a delivery a crash kept out of the log): the message log proves them so.
+    assert [m[1] for m in outcome.deduplicated] == [1, 2]
+    assert [m[1] for m in outcome.delivered] == [3]
+    assert not t.streams["s"].queue
