@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812  # Spark's own convention
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -131,21 +132,29 @@ class PriorState:
 class BatchFindings:
     """Everything the fold needs from one batch, collected."""
 
-    terms: list[Any] = field(default_factory=list)  # per (cluster, broker, epoch)
-    side: list[Any] = field(default_factory=list)  # held, discarded, replayed records
-    rate: list[Any] = field(default_factory=list)  # (cluster, second, deliveries)
-    stream_max: list[Any] = field(default_factory=list)  # per stream key: max evidence seq
+    terms: list[Any] = field(default_factory=list)  # per (cluster, broker, epoch), with side records and rate
+    stream_max: list[Any] = field(default_factory=list)  # per stream key, its last row: batch_max
     jumps: list[Any] = field(default_factory=list)  # deliveries more than one above the max before them
     behind: list[Any] = field(default_factory=list)  # `delivered` at or below the max before it
     earlier: dict[tuple[str, str, str, int, int], int] = field(default_factory=dict)  # evidence before each
     filled: list[Any] = field(default_factory=list)  # (key, seq) with evidence inside a hole range
     messages: list[Any] = field(default_factory=list)  # per (key, seq): pending or repeated deliveries
     latency: list[Any] = field(default_factory=list)  # (cluster, direction, bucket, count, worst)
-    deduplicated: list[Any] = field(default_factory=list)  # a few `deduplicated` records, as examples
 
 
 def _rows(spark: SparkSession, rows: Iterable[tuple[Any, ...]], schema: str) -> DataFrame:
-    return spark.createDataFrame(list(rows), schema)
+    """A small lookup table from Python rows (``schema``: ``"name string, other long"``).
+
+    Built from an Arrow table: a list of tuples would go through Python worker processes on every
+    job that reads it, which measured twice as slow per job (``make bench-validator``)."""
+    columns = [part.split() for part in schema.split(",")]
+    listed = list(rows)
+    values = list(zip(*listed, strict=True)) if listed else [() for _ in columns]
+    kinds = {"string": pa.string(), "long": pa.int64()}
+    table = pa.table(
+        {name: pa.array(list(v), kinds[kind]) for (name, kind), v in zip(columns, values, strict=True)}
+    )
+    return spark.createDataFrame(table)
 
 
 def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
@@ -153,49 +162,32 @@ def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
     findings = BatchFindings()
     is_evidence = F.col("event").isin(*EVIDENCE)
 
-    findings.terms = (
-        records.groupBy("cluster", "broker", "epoch")
-        .agg(
-            F.min(F.when(F.col("event") == Event.ACTIVATED.value, F.col("ts_us"))).alias("start"),
-            F.max(F.when(F.col("event") == Event.DEACTIVATED.value, F.col("ts_us"))).alias("deactivated"),
-            F.max("ts_us").alias("last"),
-            F.max(
-                F.when(
-                    F.col("event").isin(*EFFECTFUL),
-                    F.struct("ts_us", "event", "direction", "stream", "seq"),
-                )
-            ).alias("effect"),
-            F.min(F.when(is_evidence, F.col("ts_us"))).alias("first_evidence"),
-            F.max(F.when(is_evidence, F.col("ts_us"))).alias("last_evidence"),
-            F.sum((F.col("event") == Event.DEDUPLICATED.value).cast("long")).alias("deduplicated"),
-        )
-        .collect()
-    )
-    findings.side = records.filter(F.col("event").isin(*SIDE_EVENTS)).collect()
-    findings.deduplicated = records.filter(F.col("event") == Event.DEDUPLICATED.value).limit(20).collect()
-    findings.rate = (
-        records.filter(is_evidence)
-        .groupBy("cluster", F.floor(F.col("ts_us") / 1_000_000).alias("second"))
-        .count()
-        .collect()
-    )
+    findings.terms = _terms(records)
 
     # Target order per stream, seeded with the carried max: what jumps ahead, what falls behind.
     evidence = records.filter(is_evidence)
     stream_max = _rows(spark, prior.stream_max, "cluster string, direction string, stream string, smax long")
     ordered = evidence.join(F.broadcast(stream_max), list(KEY), "left")
-    window = (
-        Window.partitionBy(*KEY).orderBy("epoch", "ts_us", "pos").rowsBetween(Window.unboundedPreceding, -1)
-    )
-    ordered = ordered.withColumn(
-        "prevmax", F.greatest(F.coalesce("smax", F.lit(0)), F.coalesce(F.max("seq").over(window), F.lit(0)))
+    in_order = Window.partitionBy(*KEY).orderBy("epoch", "ts_us", "pos")
+    before = in_order.rowsBetween(Window.unboundedPreceding, -1)
+    ordered = ordered.select(
+        "*",
+        F.greatest(F.coalesce("smax", F.lit(0)), F.coalesce(F.max("seq").over(before), F.lit(0))).alias(
+            "prevmax"
+        ),
+        F.lead("seq").over(in_order).isNull().alias("last_of_stream"),
+        F.max("seq").over(Window.partitionBy(*KEY)).alias("batch_max"),
     )
     unusual = ordered.filter(
         (F.col("seq") > F.col("prevmax") + 1)
         | ((F.col("event") == Event.DELIVERED.value) & (F.col("seq") <= F.col("prevmax")))
+        | F.col("last_of_stream")
     ).collect()
     findings.jumps = [row for row in unusual if row.seq > row.prevmax + 1]
-    findings.behind = [row for row in unusual if row.seq <= row.prevmax]
+    findings.behind = [
+        row for row in unusual if row.seq <= row.prevmax and row.event == Event.DELIVERED.value
+    ]
+    findings.stream_max = [row for row in unusual if row.last_of_stream]
     if findings.behind:  # how much evidence for the same message came before each of them
         behind = _rows(
             spark,
@@ -210,7 +202,6 @@ def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
             .agg(F.sum(earlier.cast("long")).alias("n"))
             .collect()
         }
-    findings.stream_max = evidence.groupBy(*KEY).agg(F.max("seq").alias("max_seq")).collect()
 
     # Evidence that lands inside a hole (a carried one, or one this batch's jumps opened).
     ranges = list(prior.holes) + [(*_key(r), r.prevmax + 1, r.seq - 1) for r in findings.jumps]
@@ -271,6 +262,45 @@ def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
     )
     per_message.unpersist()
     return findings
+
+
+def _terms(records: DataFrame) -> list[Any]:
+    """Per (cluster, broker, epoch): its times, its last effectful record, its held/discarded/replayed
+    records and its deliveries per second; one job (per second first, then per term)."""
+    event = F.col("event")
+    is_evidence = event.isin(*EVIDENCE)
+    per_second = records.groupBy(
+        "cluster", "broker", "epoch", F.floor(F.col("ts_us") / 1_000_000).alias("second")
+    ).agg(
+        F.min(F.when(event == Event.ACTIVATED.value, F.col("ts_us"))).alias("start"),
+        F.max(F.when(event == Event.DEACTIVATED.value, F.col("ts_us"))).alias("deactivated"),
+        F.max("ts_us").alias("last"),
+        F.max(F.when(event.isin(*EFFECTFUL), F.struct("ts_us", "event", "direction", "stream", "seq"))).alias(
+            "effect"
+        ),
+        F.min(F.when(is_evidence, F.col("ts_us"))).alias("first_evidence"),
+        F.max(F.when(is_evidence, F.col("ts_us"))).alias("last_evidence"),
+        F.sum(is_evidence.cast("long")).alias("deliveries"),
+        F.sum((event == Event.DEDUPLICATED.value).cast("long")).alias("deduplicated"),
+        F.collect_list(
+            F.when(event.isin(*SIDE_EVENTS), F.struct("event", "direction", "stream", "seq", "ts_us"))
+        ).alias("side"),
+    )
+    return (
+        per_second.groupBy("cluster", "broker", "epoch")
+        .agg(
+            F.min("start").alias("start"),
+            F.max("deactivated").alias("deactivated"),
+            F.max("last").alias("last"),
+            F.max("effect").alias("effect"),
+            F.min("first_evidence").alias("first_evidence"),
+            F.max("last_evidence").alias("last_evidence"),
+            F.sum("deduplicated").alias("deduplicated"),
+            F.collect_list(F.when(F.col("deliveries") > 0, F.struct("second", "deliveries"))).alias("rate"),
+            F.flatten(F.collect_list("side")).alias("side"),
+        )
+        .collect()
+    )
 
 
 def _key(row: Any) -> tuple[str, str, str]:

@@ -45,9 +45,10 @@ def example(  # noqa: PLR0917  # the record's fields, in the schema's order
 
 def fold(state: ValidatorState, findings: BatchFindings) -> None:
     held_in_batch: dict[StreamKey, set[int]] = defaultdict(set)
-    for row in findings.side:
-        if row.event == Event.HELD.value:
-            held_in_batch[(row.cluster, row.direction, row.stream)].add(row.seq)
+    for term in findings.terms:
+        for side in term.side:
+            if side.event == Event.HELD.value:
+                held_in_batch[(term.cluster, side.direction, side.stream)].add(side.seq)
     _fold_behind(state, findings, held_in_batch)
     _fold_messages(state, findings)
     _fold_cursors(state, findings)
@@ -134,38 +135,41 @@ def _fold_cursors(state: ValidatorState, findings: BatchFindings) -> None:
         state.stream(key).fill(seqs)
     for row in findings.stream_max:
         stream = state.stream((row.cluster, row.direction, row.stream))
-        stream.max_seq = max(stream.max_seq, row.max_seq)
+        stream.max_seq = max(stream.max_seq, row.batch_max)
         stream.holes.sort(key=lambda hole: hole[0])
 
 
 def _fold_side(state: ValidatorState, findings: BatchFindings) -> None:
-    for row in findings.side:
-        key: StreamKey = (row.cluster, row.direction, row.stream)
-        if row.event == Event.REPLAYED.value:
-            continue
-        anomaly = Anomaly.HELD if row.event == Event.HELD.value else Anomaly.DISCARDED
-        stream = state.stream(key)
-        (stream.held if anomaly is Anomaly.HELD else stream.discarded).add(row.seq)
-        cluster = state.cluster(row.cluster)
-        cluster.counts[anomaly] += 1
-        cluster.add_example(
-            anomaly,
-            example(anomaly, key, row.seq, row.broker, row.epoch, row.ts_us, f"seq {row.seq} {row.event}"),
-        )
-    for row in findings.deduplicated:
-        key = (row.cluster, row.direction, row.stream)
-        state.cluster(row.cluster).add_example(
-            Anomaly.DEDUPLICATED,
-            example(
+    for term in findings.terms:
+        for row in term.side:
+            if row.event == Event.REPLAYED.value:
+                continue
+            key: StreamKey = (term.cluster, row.direction, row.stream)
+            anomaly = Anomaly.HELD if row.event == Event.HELD.value else Anomaly.DISCARDED
+            stream = state.stream(key)
+            (stream.held if anomaly is Anomaly.HELD else stream.discarded).add(row.seq)
+            cluster = state.cluster(term.cluster)
+            cluster.counts[anomaly] += 1
+            cluster.add_example(
+                anomaly,
+                example(
+                    anomaly, key, row.seq, term.broker, term.epoch, row.ts_us, f"seq {row.seq} {row.event}"
+                ),
+            )
+    for row in findings.messages:
+        if row.delivered == 0 and row.ev is not None:  # the target's word for a delivery never logged
+            state.cluster(row.cluster).add_example(
                 Anomaly.DEDUPLICATED,
-                key,
-                row.seq,
-                row.broker,
-                row.epoch,
-                row.ts_us,
-                f"the target already had seq {row.seq}: delivered earlier",
-            ),
-        )
+                example(
+                    Anomaly.DEDUPLICATED,
+                    (row.cluster, row.direction, row.stream),
+                    row.seq,
+                    row.ev.broker,
+                    row.ev.epoch,
+                    row.ev.ts_us,
+                    f"the target already had seq {row.seq}, and no broker logged its delivery",
+                ),
+            )
 
 
 def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
@@ -197,9 +201,10 @@ def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
 
 
 def _fold_rate_and_latency(state: ValidatorState, findings: BatchFindings) -> None:
-    for row in findings.rate:
-        rate = state.cluster(row.cluster).rate
-        rate[row.second] = rate.get(row.second, 0) + int(row["count"])
+    for term in findings.terms:
+        rate = state.cluster(term.cluster).rate
+        for second, deliveries in term.rate:
+            rate[second] = rate.get(second, 0) + int(deliveries)
     for cluster in state.clusters.values():
         horizon = cluster.newest_us // 1_000_000 - RATE_WINDOW_SECONDS
         if cluster.rate and min(cluster.rate) < horizon:
