@@ -49,7 +49,7 @@ def test_chart_lints_and_renders_the_crd_from_crds_folder(kube_cluster: LocalClu
     ("values", "complaint"),
     [
         (["--set", "operator.replicas=2"], "operator.replicas > 1 needs operator.peering"),
-        (["--set", "validator.enabled=true"], "the ordering validator is not built yet"),
+        (["--set", "validator.enabled=true"], "validator.store.claimName must name the message-log claim"),
     ],
 )
 def test_unsafe_values_are_refused_with_the_reason(

@@ -17,3 +17,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "broker-failover.serviceAccountName" -}}
 {{- default (include "broker-failover.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{- /* A CronJob name may have 52 characters: its Jobs append 11. */ -}}
+{{- define "broker-failover.validatorName" -}}
+{{- printf "%s-validator" (include "broker-failover.fullname" . | trunc 42 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "broker-failover.validatorServiceAccountName" -}}
+{{- default (include "broker-failover.validatorName" .) .Values.validator.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "broker-failover.validatorImage" -}}
+{{- printf "%s:%s" .Values.validator.image.repository (.Values.validator.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
