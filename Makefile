@@ -58,6 +58,10 @@ unit: venv ## Unit and property tests only (fast, no processes).
 integration: venv ## Real brokers, simulators and operator on loopback.
 	$(PYTEST) tests/integration
 
+.PHONY: validator
+validator: venv ## The ordering validator's tests (real Spark local[2], real brokers for its log tests).
+	$(PYTEST) tests/validator
+
 .PHONY: e2e
 e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go modules.
 	$(PYTEST) tests/e2e
@@ -71,7 +75,7 @@ demo: venv ## Run the main job end to end: brokers, simulators, failover, orderi
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-operator ## Run every benchmark.
+bench: bench-broker bench-failover bench-operator bench-validator ## Run every benchmark.
 
 .PHONY: bench-broker
 bench-broker: venv ## Broker throughput: backend simulator to cloud simulator through one Active broker.
@@ -84,6 +88,10 @@ bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchove
 .PHONY: bench-operator
 bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one operator process.
 	$(BIN)/python bench/bench_operator.py
+
+.PHONY: bench-validator
+bench-validator: venv ## Validator throughput: Spark local[2] vs DuckDB on a 10M-record store, full and incremental.
+	$(BIN)/python bench/bench_validator.py
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the Go tool cache).

@@ -1,4 +1,4 @@
-"""One real Spark session (``local[2]``) for every validator test, and a builder of small stores.
+"""One real Spark session (``local[2]``) for every validator test; real processes for the log tests.
 
 Session scope because a JVM takes seconds to start; each test gets its own store directory, so
 tests stay independent while sharing the session.
@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_validator.spark import local_session
+from tests.integration.broker.conftest import processes  # noqa: F401  # real brokers for the log tests
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ planned switchover. The simulators' own records of what the targets took are the
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.integration
 
 STREAMS, PER_STREAM = 12, 300
 INBOUND_STREAMS, INBOUND_PER_STREAM = 4, 150
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[ProcessSet]:
-    started = ProcessSet(tmp_path)
-    try:
-        yield started
-    finally:
-        started.stop_all()
 
 
 def outbound_taken(cloud_url: str) -> int:

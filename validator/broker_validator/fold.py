@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from broker_contracts.message_log import Event
-from broker_validator.checks import BatchFindings, bucket_upper_ms
+from broker_validator.checks import BatchFindings
 from broker_validator.report_schema import Anomaly, Example
 from broker_validator.state import EpochState, Pending, StreamKey, TermState, ValidatorState
 from broker_validator.timefmt import ts_text
@@ -113,8 +113,20 @@ def _fold_messages(state: ValidatorState, findings: BatchFindings) -> None:
             )
         if row.delivered:
             stream.dedup_only.discard(row.seq)
-        elif row.ev is not None and not before:
+        elif row.ev is not None and not before:  # the target's word for a delivery never logged
             stream.dedup_only.add(row.seq)
+            state.cluster(row.cluster).add_example(
+                Anomaly.DEDUPLICATED,
+                example(
+                    Anomaly.DEDUPLICATED,
+                    key,
+                    row.seq,
+                    row.ev.broker,
+                    row.ev.epoch,
+                    row.ev.ts_us,
+                    f"the target already had seq {row.seq}, and no broker logged its delivery",
+                ),
+            )
         if row.ev is None and row.acc is not None and not before:
             waiting = state.pending.setdefault(key, {})
             if row.seq not in waiting:
@@ -156,26 +168,11 @@ def _fold_side(state: ValidatorState, findings: BatchFindings) -> None:
                     anomaly, key, row.seq, term.broker, term.epoch, row.ts_us, f"seq {row.seq} {row.event}"
                 ),
             )
-    for row in findings.messages:
-        if row.delivered == 0 and row.ev is not None:  # the target's word for a delivery never logged
-            state.cluster(row.cluster).add_example(
-                Anomaly.DEDUPLICATED,
-                example(
-                    Anomaly.DEDUPLICATED,
-                    (row.cluster, row.direction, row.stream),
-                    row.seq,
-                    row.ev.broker,
-                    row.ev.epoch,
-                    row.ev.ts_us,
-                    f"the target already had seq {row.seq}, and no broker logged its delivery",
-                ),
-            )
 
 
 def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
     for row in findings.terms:
         cluster = state.cluster(row.cluster)
-        cluster.counts[Anomaly.DEDUPLICATED] += int(row.deduplicated or 0)
         cluster.newest_us = max(cluster.newest_us, row.last)
         term = cluster.terms.setdefault((row.broker, row.epoch), TermState())
         term.start_us = _min(term.start_us, row.start)
@@ -210,21 +207,20 @@ def _fold_rate_and_latency(state: ValidatorState, findings: BatchFindings) -> No
         if cluster.rate and min(cluster.rate) < horizon:
             cluster.rate = {second: n for second, n in cluster.rate.items() if second >= horizon}
     for row in findings.latency:
-        cluster = state.cluster(row.cluster)
-        buckets = cluster.latency.setdefault(row.direction, {})
+        buckets = state.cluster(row.cluster).latency.setdefault(row.direction, {})
         buckets[row.bucket] = buckets.get(row.bucket, 0) + int(row.n)
-        worst = row.worst
-        if worst.lag_ms > cluster.worst_lag_ms:
-            cluster.worst_lag_ms = float(worst.lag_ms)
+    for message in findings.worst:
+        cluster = state.cluster(message.cluster)
+        if message.lag_ms > cluster.worst_lag_ms and message.ev is not None:
+            cluster.worst_lag_ms = float(message.lag_ms)
             cluster.worst_lag = example(
                 "",
-                (row.cluster, row.direction, worst.stream),
-                worst.seq,
-                worst.broker,
-                worst.epoch,
-                worst.ts_us,
-                f"delivered {worst.lag_ms:.1f} ms after it was accepted (bucket up to "
-                f"{bucket_upper_ms(row.bucket):.1f} ms)",
+                (message.cluster, message.direction, message.stream),
+                message.seq,
+                message.ev.broker,
+                message.ev.epoch,
+                message.ev.ts_us,
+                f"delivered {message.lag_ms:.1f} ms after it was accepted",
             )
 
 

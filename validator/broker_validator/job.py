@@ -62,6 +62,9 @@ def validate_store(
     started = time.monotonic()
     started_at = format_ts()
     spark.conf.set("spark.sql.ansi.enabled", "false")  # a hostile value is malformed, not an exception
+    # The parsed batch is cached once and read by every check: building it uncompressed measured a
+    # fifth faster (make bench-validator), and it lives only for the run.
+    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
     scan = scan_store(store)
     state, mode = _starting_state(store, full, say)
     problems = _scan_problems(scan)

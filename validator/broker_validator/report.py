@@ -135,6 +135,7 @@ def _cluster_report(
                     f"{(cluster.newest_us - waiting.accepted_us) / 1e6:.1f} s later",
                 ),
             )
+        anomalies[Anomaly.DEDUPLICATED] += len(stream.dedup_only)
         delivered = stream.max_seq - stream.missing()
         messages[key[1]] += delivered
         if len(summaries) < MAX_STREAMS_LISTED:
