@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from broker_contracts.message_log import Direction, Event
 from broker_service.holds import HeldEntry
-from broker_service.journal import Journal, JournalMessage, confirmed_frame
+from broker_service.journal import Journal, JournalMessage, confirmed_frame, held_frame
 from broker_service.message_log_writer import MessageLogWriter, now_ts
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import Bundle, OutboundTable
@@ -166,6 +166,10 @@ class OutboundForwarder:
             )
 
     def _record_held(self, epoch: int, held: list[HeldEntry]) -> None:
+        # Journaled in the same step as the table took them (a snapshot in between cannot miss
+        # them); ListHeld waits for the journal, so what it shows survives a crash.
+        for entry in held:
+            self.journal.append_lazily(held_frame(entry))
         for entry in held:
             self.log.messages(Event.HELD, epoch, Direction.OUTBOUND, [entry.message], attempt=entry.attempts)
         for entry in held:

@@ -4,15 +4,24 @@ Both directions keep their held messages in a :class:`HoldQueue`, keyed by
 ``(stream, seq)``. Under ``BlockStream`` the held message also stops its stream;
 under ``Hold`` the stream goes on without it. Either way the message is kept,
 never dropped, until an operator replays or discards it (the admin SOAP
-operations). The queue itself is bookkeeping only: where the message's bytes
-live (the outbound journal, the cloud's resend list) is the direction's
-business, which is why holding survives a broker restart by being re-detected
-(the message fails again and is held again), not by being journaled here.
+operations), or until this broker learns from the source that another broker
+resolved it (:class:`Release`).
+
+The queue is bookkeeping: where the message's bytes live (the outbound journal,
+the cloud's resend list) is the direction's business. The hold itself is
+journaled (``H`` and ``R`` records, :mod:`broker_service.journal`), so a
+restarted broker knows what it held, with the same attempts and ``heldSince``,
+and does not try the message again. Each entry remembers whether it stops its
+stream, so a restart under another ``onPoison`` setting keeps what was decided.
+
+Not here: deciding when to hold (the stream table and the inbound poller), and
+anything about another broker's holds: brokers do not share journals.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from broker_contracts.message_log import Direction
 from broker_service.soap_codec import HeldMessageView
@@ -21,13 +30,22 @@ HeldMessage = tuple[str, int, str, str]
 """``(stream, seq, msgId, payload)``, the same shape as a journaled message."""
 
 
+class Release(StrEnum):
+    """How a hold ended, as the journal's ``R`` record says."""
+
+    REPLAYED = "replayed"  # an operator put it back for delivery
+    DISCARDED = "discarded"  # an operator dropped it; outbound, the watermark may pass it
+    RESOLVED = "resolved"  # the source shows another broker had it confirmed
+
+
 @dataclass(slots=True)
 class HeldEntry:
     direction: Direction
-    message: HeldMessage
+    message: HeldMessage  # inbound entries recovered from the journal carry no payload (the cloud has it)
     attempts: int
     last_error: str
     held_since: str  # xsd:dateTime text, UTC
+    blocks_stream: bool = False  # held under BlockStream: its stream stops here
 
     @property
     def stream(self) -> str:

@@ -3,9 +3,10 @@
 The loop is deliberately sequential: poll, deliver what came back to the
 backend (one request, every stream in ``seq`` order), confirm to the cloud
 exactly what the backend took, poll again. The cloud keeps answering with every
-unconfirmed message, so nothing needs journaling here: if this broker dies
+unconfirmed message, so no message needs journaling here: if this broker dies
 between delivery and confirmation, the next active broker gets the same
 messages again and the backend drops the duplicates by ``(stream, seq)``.
+Only holds are journaled (a restarted broker must not try a held message again).
 
 Per-message refusals by the backend count attempts per ``(stream, seq)``;
 retries wait with backoff; after ``maxDeliveries`` the ``onPoison`` policy
@@ -13,6 +14,13 @@ applies. A held inbound message is simply never confirmed to the cloud (so the
 cloud keeps it: nothing is dropped) and is filtered out of later polls; under
 ``BlockStream`` everything after it in its stream is filtered too. Replay lifts
 the filter; discard confirms it to the cloud so the cloud forgets it.
+
+A hold can outlive its reason when another broker was active meanwhile and had
+the message replayed or discarded: the cloud then no longer offers it. Each
+stream's slice of a poll starts at its lowest unconfirmed ``seq`` (the relay
+contract), so a poll whose slice of a stream starts above a held ``seq`` shows
+that; the hold is dropped (journaled as ``resolved``) instead of filtering that
+stream forever.
 
 This module does not decide when to run; the lifecycle starts and stops it.
 """
@@ -27,7 +35,8 @@ from collections.abc import Callable
 
 from broker_contracts.message_log import Direction, Event, format_ts
 from broker_contracts.relay import DeliveryStatus
-from broker_service.holds import HeldEntry, HoldQueue
+from broker_service.holds import HeldEntry, HoldQueue, Release
+from broker_service.journal import HoldKey, Journal, held_frame, released_frame
 from broker_service.message_log_writer import MessageLogWriter
 from broker_service.metrics import BrokerMetrics
 from broker_service.relay_client import RelayClient, RelayMessage, StaleEpochError, TargetUnreachableError
@@ -42,6 +51,7 @@ class InboundPoller:
         *,
         settings: BrokerSettings,
         relay: RelayClient,
+        journal: Journal,
         message_log: MessageLogWriter,
         metrics: BrokerMetrics,
         epoch: Callable[[], int],
@@ -49,6 +59,7 @@ class InboundPoller:
     ) -> None:
         self.settings = settings
         self.relay = relay
+        self.journal = journal
         self.log = message_log
         self.metrics = metrics
         self._epoch = epoch
@@ -61,6 +72,18 @@ class InboundPoller:
         self._running = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+
+    def load(self, holds: dict[HoldKey, HeldEntry]) -> None:
+        """The inbound holds the journal recovered: held still, the stream stopped if it was."""
+        for (direction, stream, seq), entry in sorted(holds.items()):
+            if direction is Direction.INBOUND:
+                self.holds.add(entry)
+                if entry.blocks_stream:
+                    self._blocked[stream] = seq
+        self.refresh_hold_metrics()
+
+    def snapshot_frames(self) -> list[bytes]:
+        return [held_frame(entry) for entry in self.holds.entries()]
 
     def start(self) -> None:
         self._running = True
@@ -86,7 +109,32 @@ class InboundPoller:
     def _backoff(self, failures: int) -> float:
         return min(self.settings.retry_max_seconds, self.settings.retry_base_seconds * 2 ** min(failures, 10))
 
+    def _drop_resolved_holds(self, messages: list[RelayMessage]) -> None:
+        """Forget holds the cloud no longer offers: another broker had them confirmed."""
+        lowest: dict[str, int] = {}
+        for message in messages:
+            if message[1] < lowest.get(message[0], message[1] + 1):
+                lowest[message[0]] = message[1]
+        for entry in self.holds.entries():
+            if entry.seq < lowest.get(entry.stream, entry.seq):
+                self.holds.pop(entry.stream, entry.seq)
+                if self._blocked.get(entry.stream) == entry.seq:
+                    del self._blocked[entry.stream]
+                self.journal.append_lazily(
+                    released_frame(Direction.INBOUND, entry.stream, entry.seq, Release.RESOLVED)
+                )
+                logger.info(
+                    "inbound stream %r seq %d no longer held: the cloud's stream starts at seq %d, so "
+                    "another broker had it confirmed",
+                    entry.stream,
+                    entry.seq,
+                    lowest[entry.stream],
+                )
+                self.refresh_hold_metrics()
+
     def _deliverable(self, messages: list[RelayMessage]) -> list[RelayMessage]:
+        if self.holds:
+            self._drop_resolved_holds(messages)
         now = time.monotonic()
         keep = []
         for message in messages:
@@ -172,16 +220,19 @@ class InboundPoller:
                     self._retry_at[stream] = time.monotonic() + self._backoff(attempts - 1)
                     continue
                 self._attempts.pop((stream, seq), None)
+                blocks = self.settings.on_poison is PoisonPolicy.BLOCK_STREAM
                 entry = HeldEntry(
                     Direction.INBOUND,
                     (stream, seq, str(message[2]), str(message[3])),
                     attempts,
                     reason,
                     format_ts(),
+                    blocks,
                 )
                 self.holds.add(entry)
+                self.journal.append_lazily(held_frame(entry))
                 held.append(entry)
-                if self.settings.on_poison is PoisonPolicy.BLOCK_STREAM:
+                if blocks:
                     self._blocked[stream] = seq
         if deduplicated:  # before the deliveries: per stream the backend's duplicates are the lower seqs
             self.log.messages(Event.DEDUPLICATED, epoch, Direction.INBOUND, deduplicated)

@@ -2,7 +2,7 @@
 
 Layout: ``<data-dir>/journal/journal-<n>.log``, append-only. Each record is a
 frame ``<u32 length><u32 crc32><kind byte><JSON body>`` (little endian; the
-length and the CRC cover kind and body). Two kinds:
+length and the CRC cover kind and body). The kinds:
 
 * ``B`` (bundle): a SendMessages request body exactly as received, after a
   JSON line listing which of its messages were accepted. The hot path encodes
@@ -13,7 +13,21 @@ compact UTF-8, orjson when installed, the same text either way.)
 * ``A`` (accepted): a JSON array of ``[stream, seq, msgId, payload]``; what
   compaction snapshots write.
 * ``C`` (confirmed): ``{stream: seq}`` watermarks; everything up to them is
-  confirmed to the backend and need not survive.
+  confirmed to the backend and need not survive (outbound holds and discards
+  at or below them included).
+* ``H`` (held): one held message, either direction, as ``ListHeld`` shows it
+  (``direction``, ``stream``, ``seq``, ``msgId``, ``attempts``, ``lastError``,
+  ``heldSince``) and whether it stops its stream. Outbound, the message itself
+  is in an ``A`` or ``B`` record before it (a held message is never confirmed);
+  inbound, the cloud keeps it.
+* ``R`` (released): ``direction``, ``stream``, ``seq`` and the
+  :class:`~broker_service.holds.Release` outcome. An outbound ``discarded`` one
+  also says the message must not be forwarded again, though it stays
+  unconfirmed until the backend's watermark passes it.
+
+Holds are rare, so their records are written as they happen (with the next
+group commit) and ``ListHeld`` waits for the journal before it answers: what
+it lists survives a kill -9.
 
 Group commit: :meth:`Journal.append` queues a frame and waits; one writer task
 writes every queued frame with one ``write`` and one ``fsync`` (in a worker
@@ -50,14 +64,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_contracts.message_log import Direction
 from broker_contracts.relay import dumps, loads
+from broker_service.holds import HeldEntry, Release
 from broker_service.soap_codec import SendMessagesRequest, SoapFaultError, parse_request
 
 _HEADER = struct.Struct("<II")
 KIND_ACCEPTED = b"A"
 KIND_BUNDLE = b"B"
 KIND_CONFIRMED = b"C"
-_KINDS = (KIND_ACCEPTED, KIND_BUNDLE, KIND_CONFIRMED)
+KIND_HELD = b"H"
+KIND_RELEASED = b"R"
+_KINDS = (KIND_ACCEPTED, KIND_BUNDLE, KIND_CONFIRMED, KIND_HELD, KIND_RELEASED)
 _FILE_RE = re.compile(r"^journal-(\d{12})\.log$")
 
 JournalMessage = tuple[str, int, str, str]
@@ -101,6 +119,30 @@ def confirmed_frame(watermarks: dict[str, int]) -> bytes:
     return frame(KIND_CONFIRMED, dumps(watermarks))
 
 
+def held_frame(entry: HeldEntry) -> bytes:
+    stream, seq, msg_id, _ = entry.message
+    record = {
+        "direction": entry.direction.value,
+        "stream": stream,
+        "seq": seq,
+        "msgId": msg_id,
+        "attempts": entry.attempts,
+        "lastError": entry.last_error,
+        "heldSince": entry.held_since,
+        "blocksStream": entry.blocks_stream,
+    }
+    return frame(KIND_HELD, dumps(record))
+
+
+def released_frame(direction: Direction, stream: str, seq: int, outcome: Release) -> bytes:
+    record = {"direction": direction.value, "stream": stream, "seq": seq, "outcome": outcome.value}
+    return frame(KIND_RELEASED, dumps(record))
+
+
+HoldKey = tuple[Direction, str, int]
+"""``(direction, stream, seq)`` of a held message."""
+
+
 @dataclass
 class RecoveredJournal:
     """What the journal files say: unconfirmed messages per stream and where each stream stands."""
@@ -108,6 +150,10 @@ class RecoveredJournal:
     pending: dict[str, dict[int, JournalMessage]] = field(default_factory=dict)
     confirmed: dict[str, int] = field(default_factory=dict)
     last_accepted: dict[str, int] = field(default_factory=dict)
+    # Held messages of both directions (their payload left out: the direction has it), and outbound
+    # messages an operator discarded that the backend has not confirmed yet.
+    holds: dict[HoldKey, HeldEntry] = field(default_factory=dict)
+    discarded: dict[str, set[int]] = field(default_factory=dict)
     torn_bytes: int = 0  # how much of a torn tail was cut off
     records: int = 0
 
@@ -118,7 +164,7 @@ class RecoveredJournal:
                     self.pending.setdefault(stream, {})[seq] = (stream, seq, msg_id, payload)
                 if seq > self.last_accepted.get(stream, 0):
                     self.last_accepted[stream] = seq
-        else:
+        elif kind == KIND_CONFIRMED:
             for stream, upto in loads(body).items():
                 if upto > self.confirmed.get(stream, 0):
                     self.confirmed[stream] = upto
@@ -126,7 +172,58 @@ class RecoveredJournal:
                     if queued:
                         for seq in [s for s in queued if s <= upto]:
                             del queued[seq]
+                    if self.holds or self.discarded:
+                        self._forget_confirmed(stream, upto)
+        elif kind == KIND_HELD:
+            self._held(loads(body))
+        else:
+            self._released(loads(body))
         self.records += 1
+
+    def _outbound_confirmed(self, direction: Direction, stream: str, seq: int) -> bool:
+        return direction is Direction.OUTBOUND and seq <= self.confirmed.get(stream, 0)
+
+    def _held(self, record: dict[str, object]) -> None:
+        direction = Direction(str(record["direction"]))
+        stream, seq = str(record["stream"]), _integer(record["seq"])
+        if self._outbound_confirmed(direction, stream, seq):
+            return
+        self.holds[(direction, stream, seq)] = HeldEntry(
+            direction=direction,
+            message=(stream, seq, str(record["msgId"]), ""),
+            attempts=_integer(record["attempts"]),
+            last_error=str(record["lastError"]),
+            held_since=str(record["heldSince"]),
+            blocks_stream=record["blocksStream"] is True,
+        )
+
+    def _released(self, record: dict[str, object]) -> None:
+        direction = Direction(str(record["direction"]))
+        stream, seq = str(record["stream"]), _integer(record["seq"])
+        outcome = Release(str(record["outcome"]))
+        self.holds.pop((direction, stream, seq), None)
+        if (
+            outcome is Release.DISCARDED
+            and direction is Direction.OUTBOUND
+            and not self._outbound_confirmed(direction, stream, seq)
+        ):
+            self.discarded.setdefault(stream, set()).add(seq)
+
+    def _forget_confirmed(self, stream: str, upto: int) -> None:
+        """The backend confirmed past these: a hold or discard there is over, whoever ended it."""
+        for key in [k for k in self.holds if k[0] is Direction.OUTBOUND and k[1] == stream and k[2] <= upto]:
+            del self.holds[key]
+        seqs = self.discarded.get(stream)
+        if seqs:
+            seqs.difference_update([s for s in seqs if s <= upto])
+            if not seqs:
+                del self.discarded[stream]
+
+
+def _integer(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
 
 
 def _accepted_messages(kind: bytes, body: bytes) -> list[JournalMessage]:
@@ -165,7 +262,7 @@ def scan(data: bytes, recovered: RecoveredJournal, *, source: str) -> int:
                 else:
                     try:
                         recovered.apply(payload[:1], payload[1:])
-                    except (ValueError, TypeError, AttributeError, IndexError) as error:
+                    except (ValueError, TypeError, AttributeError, LookupError) as error:
                         raise JournalCorruptError(
                             f"{source} offset {offset}: checksummed record has an unreadable body ({error})"
                         ) from None

@@ -62,9 +62,16 @@ from broker_contracts.message_log import Direction, Event
 from broker_contracts.soap import BrokerState, FaultCode, UnavailabilityCode
 from broker_service.epoch_store import EpochStore, EpochStoreError
 from broker_service.forwarder import OutboundForwarder
-from broker_service.holds import HeldEntry
+from broker_service.holds import HeldEntry, Release
 from broker_service.inbound import InboundPoller
-from broker_service.journal import Journal, JournalError, bundle_frame, confirmed_frame, recover
+from broker_service.journal import (
+    Journal,
+    JournalError,
+    bundle_frame,
+    confirmed_frame,
+    recover,
+    released_frame,
+)
 from broker_service.message_log_writer import MessageLogWriter
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import OutboundTable
@@ -141,7 +148,7 @@ class Broker:
         self.journal = Journal(
             settings.data_dir / "journal",
             rotate_bytes=settings.journal_rotate_bytes,
-            snapshot=self.outbound.snapshot_frames,
+            snapshot=self._snapshot_frames,
         )
         self.forwarder = OutboundForwarder(
             settings=settings,
@@ -156,6 +163,7 @@ class Broker:
         self.inbound = InboundPoller(
             settings=settings,
             relay=self.relay,
+            journal=self.journal,
             message_log=self.message_log,
             metrics=self.metrics,
             epoch=lambda: self.epochs.value,
@@ -164,6 +172,10 @@ class Broker:
 
     def _wake_forwarder(self) -> None:
         self.forwarder.wake()
+
+    def _snapshot_frames(self) -> list[bytes]:
+        """What a compacted journal starts with: the outbound table, then the inbound holds."""
+        return self.outbound.snapshot_frames() + self.inbound.snapshot_frames()
 
     @property
     def epoch(self) -> int:
@@ -183,16 +195,19 @@ class Broker:
         try:
             recovered, last_number = await asyncio.to_thread(recover, self.settings.data_dir / "journal")
             self.outbound.load(recovered)
+            self.inbound.load(recovered.holds)
+            self.forwarder.refresh_hold_metrics()
             self.journal.open(last_number)
             if recovered.torn_bytes:
                 logger.warning(
                     "journal: cut a torn tail of %d bytes (never acknowledged)", recovered.torn_bytes
                 )
             logger.info(
-                "journal recovered: %d records, %d unconfirmed messages in %d streams",
+                "journal recovered: %d records, %d unconfirmed messages in %d streams, %d held",
                 recovered.records,
                 self.outbound.unconfirmed_count,
                 len(self.outbound.streams),
+                len(self.outbound.holds) + len(self.inbound.holds),
             )
         except (JournalError, OSError) as error:
             self.journal_error = str(error)
@@ -535,33 +550,73 @@ class Broker:
 
     # ---- held messages -----------------------------------------------------------------------
 
-    def list_held(self, stream: str | None) -> list[HeldEntry]:
+    async def list_held(self, stream: str | None) -> list[HeldEntry]:
+        """This broker's holds, once the journal has them: what it answers survives a kill -9.
+
+        An inactive broker answers from its journal too: what it held when it was last active.
+        Brokers do not share journals, so ask the active broker what is held now.
+        """
+        await self._journal_written("cannot list held messages")
         return self.outbound.holds.entries(stream) + self.inbound.holds.entries(stream)
 
-    async def replay_held(self, direction: str, stream: str, seq: int) -> HeldEntry:
-        if direction == Direction.OUTBOUND.value:
-            entry = self.outbound.replay(stream, seq)
-            self.forwarder.refresh_hold_metrics()
-        elif direction == Direction.INBOUND.value:
-            entry = self.inbound.replay(stream, seq)
-        else:
+    async def _journal_written(self, doing: str, record: bytes | None = None) -> None:
+        """Wait until ``record`` (or what is queued so far) is on disk, or fault ``JOURNAL_ERROR``."""
+        failure = self.journal_error or (None if self.journal.is_open else "journal not open")
+        if failure is None:
+            try:
+                await (self.journal.append(record) if record is not None else self.journal.flushed())
+                return
+            except JournalError as error:
+                failure = self.journal_error = str(error)
+                self.fence(f"journal failed: {error}")
+        raise SoapFaultError(
+            FaultCode.JOURNAL_ERROR,
+            f"{doing}: this broker's journal is not usable ({failure[:300]}); its holds are not known "
+            "durably. Ask the active broker",
+            client=False,
+        )
+
+    def _check_held_request(self, direction: str) -> None:
+        if self.journal_error or not self.journal.is_open:
+            raise SoapFaultError(
+                FaultCode.JOURNAL_ERROR,
+                "this broker's journal is not usable, so a replay or discard could not be kept; "
+                "nothing changed. Ask the active broker",
+                client=False,
+            )
+        if direction not in (Direction.OUTBOUND.value, Direction.INBOUND.value):
             raise SoapFaultError(
                 FaultCode.MALFORMED_REQUEST, f"direction {direction!r} is not inbound or outbound"
             )
+
+    async def replay_held(self, direction: str, stream: str, seq: int) -> HeldEntry:
+        self._check_held_request(direction)
+        if direction == Direction.OUTBOUND.value:
+            entry = self.outbound.replay(stream, seq)
+            self.forwarder.refresh_hold_metrics()
+        else:
+            entry = self.inbound.replay(stream, seq)
         if entry is None:
             raise SoapFaultError(
                 FaultCode.NOT_FOUND, f"no held {direction} message for stream {stream!r} seq {seq}"
             )
+        # Queued in the same step as the change (a journal snapshot cannot fall in between), and
+        # answered only once it is on disk: a replay a crash forgot would hold the message again.
+        await self._journal_written(
+            "the replay could not be journaled",
+            released_frame(entry.direction, stream, seq, Release.REPLAYED),
+        )
         self.message_log.messages(Event.REPLAYED, self.epoch, entry.direction, [entry.message])
         return entry
 
     async def discard_held(self, direction: str, stream: str, seq: int) -> HeldEntry:
+        self._check_held_request(direction)
         if direction == Direction.OUTBOUND.value:
             entry = self.outbound.discard(stream, seq)
             if entry is not None:
                 self.forwarder.mark_dirty(stream)
                 self.forwarder.refresh_hold_metrics()
-        elif direction == Direction.INBOUND.value:
+        else:
             try:
                 entry = await self.inbound.discard(stream, seq)
             except (TargetUnreachableError, StaleEpochError) as error:
@@ -570,13 +625,14 @@ class Broker:
                     f"cannot discard: confirming it to the cloud failed: {error}",
                     client=False,
                 ) from None
-        else:
-            raise SoapFaultError(
-                FaultCode.MALFORMED_REQUEST, f"direction {direction!r} is not inbound or outbound"
-            )
         if entry is None:
             raise SoapFaultError(
                 FaultCode.NOT_FOUND, f"no held {direction} message for stream {stream!r} seq {seq}"
             )
+        # Outbound, a discard a crash forgot would forward the message after all.
+        await self._journal_written(
+            "the discard could not be journaled",
+            released_frame(entry.direction, stream, seq, Release.DISCARDED),
+        )
         self.message_log.messages(Event.DISCARDED, self.epoch, entry.direction, [entry.message], final=True)
         return entry

@@ -22,6 +22,10 @@ I/O so that its rules can be read (and unit-tested) in one place:
   backoff, and after ``maxDeliveries`` applies the ``onPoison`` policy.
 * The confirmation watermark of a stream (what may be confirmed to the backend)
   is the highest delivered ``seq`` below anything still held or queued.
+* :meth:`load` rebuilds it all from the journal after a restart, holds and
+  discards included: a held message stays held (not tried again), a discarded
+  one is not forwarded again. :meth:`snapshot_frames` writes the same back
+  when the journal compacts.
 
 Transport failures (cloud unreachable) are not attempts: a cloud outage must
 not turn every message into poison. The forwarder retries those with backoff.
@@ -37,8 +41,15 @@ from itertools import islice
 from broker_contracts.message_log import Direction, format_ts
 from broker_contracts.relay import DeliveryStatus
 from broker_contracts.soap import AcceptStatus
-from broker_service.holds import HeldEntry, HoldQueue
-from broker_service.journal import JournalMessage, RecoveredJournal, accepted_frame, confirmed_frame
+from broker_service.holds import HeldEntry, HoldQueue, Release
+from broker_service.journal import (
+    JournalMessage,
+    RecoveredJournal,
+    accepted_frame,
+    confirmed_frame,
+    held_frame,
+    released_frame,
+)
 from broker_service.settings import PoisonPolicy
 from broker_service.soap_codec import AcceptResult
 
@@ -99,6 +110,9 @@ class OutboundTable:
         self.streams: dict[str, OutboundStream] = {}
         self.ready: deque[OutboundStream] = deque()
         self.holds = HoldQueue()
+        # Discarded by an operator, not yet confirmed by the backend: still in `unconfirmed`, so
+        # a journal snapshot must say they are not to be forwarded again.
+        self.discarded: dict[str, set[int]] = {}
         self.max_deliveries = max_deliveries
         self.on_poison = on_poison
         self.retry_base_seconds = retry_base_seconds
@@ -253,11 +267,12 @@ class OutboundTable:
             stream.waiting_retry = True
             self._schedule(delay, lambda: self._retry_due(stream))
             return
-        entry = HeldEntry(Direction.OUTBOUND, message, stream.attempts, reason, format_ts())
+        blocks = self.on_poison is PoisonPolicy.BLOCK_STREAM
+        entry = HeldEntry(Direction.OUTBOUND, message, stream.attempts, reason, format_ts(), blocks)
         self.holds.add(entry)
         outcome.held.append(entry)
         stream.attempts = 0
-        if self.on_poison is PoisonPolicy.BLOCK_STREAM:
+        if blocks:
             stream.blocked = True  # the message stays at the head of the queue
         else:
             stream.queue.remove(message)
@@ -302,6 +317,8 @@ class OutboundTable:
             stream.blocked = False
         # Discarding counts as done for the watermark: the backend may forget it.
         stream.last_delivered = max(stream.last_delivered, seq)
+        if seq > stream.confirmed:
+            self.discarded.setdefault(stream_name, set()).add(seq)
         self._mark_ready(stream)
         self._on_ready()
         return entry
@@ -328,12 +345,21 @@ class OutboundTable:
             unconfirmed = stream.unconfirmed
             while unconfirmed and unconfirmed[0][1] <= mark:
                 done.append(unconfirmed.popleft())
+            if self.discarded:
+                self._forget_discarded(name, mark)
         return done
+
+    def _forget_discarded(self, name: str, upto: int) -> None:
+        seqs = self.discarded.get(name)
+        if seqs:
+            seqs.difference_update([s for s in seqs if s <= upto])
+            if not seqs:
+                del self.discarded[name]
 
     # ---- recovery and resend -----------------------------------------------------------------
 
     def load(self, recovered: RecoveredJournal) -> None:
-        """Rebuild the table from the journal after a (re)start."""
+        """Rebuild the table from the journal after a (re)start, holds and discards included."""
         names = set(recovered.pending) | set(recovered.confirmed) | set(recovered.last_accepted)
         for name in names:
             stream = self._stream(name)
@@ -344,7 +370,40 @@ class OutboundTable:
             stream.durable = stream.expected - 1  # all of it came from the journal
             stream.unconfirmed = deque(pending)
             stream.queue = deque(pending)
-            self._mark_ready(stream)
+        for name, seqs in recovered.discarded.items():
+            self._restore_discarded(name, seqs)
+        for (direction, _, _), entry in sorted(recovered.holds.items()):
+            if direction is Direction.OUTBOUND:
+                self._restore_hold(entry)
+        for name in names:
+            self._mark_ready(self.streams[name])
+
+    def _restore_discarded(self, name: str, seqs: set[int]) -> None:
+        """As :meth:`discard` left it: out of the queue, passed by the watermark, still unconfirmed."""
+        stream = self.streams.get(name)
+        if stream is None:
+            return
+        stream.queue = deque(m for m in stream.queue if m[1] not in seqs)
+        stream.last_delivered = max(stream.last_delivered, *seqs)
+        self.discarded[name] = set(seqs)
+
+    def _restore_hold(self, entry: HeldEntry) -> None:
+        """As :meth:`_rejected` left it: held, not tried again, its stream stopped if it stopped it."""
+        stream = self.streams.get(entry.stream)
+        message = next((m for m in stream.unconfirmed if m[1] == entry.seq), None) if stream else None
+        if stream is None or message is None:
+            return  # confirmed meanwhile: nothing is held any more
+        entry.message = message
+        self.holds.add(entry)
+        if entry.blocks_stream:
+            # The stream had stopped at this message, so every seq before it had reached the cloud
+            # (a stream is delivered in order): do not send those again, start at the held one.
+            while stream.queue and stream.queue[0][1] < entry.seq:
+                stream.queue.popleft()
+            stream.last_delivered = max(stream.last_delivered, entry.seq - 1)
+            stream.blocked = True
+        else:
+            stream.queue = deque(m for m in stream.queue if m is not message)
 
     def apply_resend_cursors(self, cursors: dict[str, int]) -> dict[str, int]:
         """Use the backend's first-unconfirmed seqs: drop what another broker delivered, move cursors.
@@ -365,6 +424,8 @@ class OutboundTable:
                 if stream.blocked and (not stream.queue or self.holds.get(name, stream.queue[0][1]) is None):
                     stream.blocked = False
                 moved[name] = done
+                if self.discarded:
+                    self._forget_discarded(name, done)
             stream.expected = max(stream.expected, first_unconfirmed)
             # Below the backend's cursor everything is confirmed end to end: a duplicate is true.
             stream.durable = max(stream.durable, first_unconfirmed - 1)
@@ -388,6 +449,13 @@ class OutboundTable:
             frames.append(confirmed_frame(marks))
         # Cursors of streams whose every accepted message is confirmed are implied by the marks;
         # a stream with unconfirmed messages carries its cursor in its last accepted message.
+        # Holds and discards after the messages they name, as they were first written.
+        frames += [held_frame(entry) for entry in self.holds.entries()]
+        frames += [
+            released_frame(Direction.OUTBOUND, name, seq, Release.DISCARDED)
+            for name, seqs in self.discarded.items()
+            for seq in sorted(seqs)
+        ]
         return frames
 
     @property

@@ -4,24 +4,31 @@ One aiohttp application per process. The SOAP endpoint is the only way in for
 the backend (``SendMessages``) and the operator (``Heartbeat`` and the admin
 operations on held messages). Order of checks on ``POST /soap``:
 
-1. Body size: aiohttp's ``client_max_size`` caps what it reads; an oversized
+1. Credentials, before the body is read: the ``Authorization: Bearer`` value
+   must be one of the broker's two credentials, the operator's (``--token-file``)
+   or the backend's (``--backend-token-file``). Anything else is an
+   ``UNAUTHENTICATED`` fault, so an anonymous caller costs two constant-time
+   compares and never reaches the XML parser.
+2. Body size: aiohttp's ``client_max_size`` caps what it reads; an oversized
    body becomes a ``HOSTILE_XML`` fault before any parsing.
-2. Hardened parse (:func:`broker_service.soap_codec.parse_request`).
-3. Credentials: ``Heartbeat`` and the admin operations need ``Authorization:
-   Bearer <token>``; a missing or wrong token is an ``UNAUTHENTICATED`` fault
-   and nothing changes. ``SendMessages`` comes from the backend, which does not
-   hold the operator's credential; it is fenced by the Active state instead
-   (see docs/broker.md for this reading of the contract).
-4. Dispatch to the :class:`~broker_service.lifecycle.Broker`.
+3. Hardened parse (:func:`broker_service.soap_codec.parse_request`).
+4. The credential must be the operation's: the backend's for ``SendMessages``,
+   the operator's for ``Heartbeat`` and the admin operations. Each role can do
+   only its own calls: a backend cannot switch a broker, and the operator's
+   token cannot append to a stream. A mismatch is ``UNAUTHENTICATED`` too and
+   changes nothing.
+5. Dispatch to the :class:`~broker_service.lifecycle.Broker`.
 
 Not here: any broker state or rules.
 """
 
 from __future__ import annotations
 
+import enum
 import hmac
 import logging
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -29,12 +36,14 @@ from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
 from broker_service.lifecycle import Broker
+from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
     HeartbeatRequest,
     HeldRefRequest,
     ListHeldRequest,
     SendMessagesRequest,
     SoapFaultError,
+    SoapRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,18 +67,69 @@ def _fault_response(fault: SoapFaultError) -> web.Response:
     return response
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    header = request.headers.get(AUTH_HEADER, "")
-    scheme, _, presented = header.partition(" ")
-    if scheme != AUTH_SCHEME or not presented:
-        return False
-    return hmac.compare_digest(presented.strip().encode(), token.encode())
+class Role(enum.Enum):
+    """Who presented a credential: the operator or the backend (they hold different ones)."""
+
+    OPERATOR = "operator"
+    BACKEND = "backend"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The two bearer credentials, encoded once for the per-request comparison."""
+
+    backend: bytes
+    operator: bytes
+
+    @classmethod
+    def of(cls, settings: BrokerSettings) -> Credentials:
+        return cls(backend=settings.backend_token.encode(), operator=settings.token.encode())
+
+
+CREDENTIALS_KEY: web.AppKey[Credentials] = web.AppKey("credentials", Credentials)
+
+
+def _caller_role(request: web.Request, credentials: Credentials) -> Role:
+    """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault."""
+    scheme, _, presented = request.headers.get(AUTH_HEADER, "").partition(" ")
+    if scheme == AUTH_SCHEME and presented:
+        given = presented.strip().encode()
+        # Both compared in constant time, the backend's first: it is the hot path.
+        if hmac.compare_digest(given, credentials.backend):
+            return Role.BACKEND
+        if hmac.compare_digest(given, credentials.operator):
+            return Role.OPERATOR
+    raise SoapFaultError(
+        FaultCode.UNAUTHENTICATED,
+        f"missing or unknown credential: send 'Authorization: {AUTH_SCHEME} <token>' with the backend's "
+        "credential for SendMessages (the broker's --backend-token-file Secret) or the operator's for "
+        "Heartbeat and the admin operations (its --token-file Secret)",
+    )
+
+
+def _check_role(parsed: SoapRequest, role: Role) -> None:
+    """Each role may call only its own operations; the other role's credential changes nothing."""
+    if isinstance(parsed, SendMessagesRequest):
+        if role is not Role.BACKEND:
+            raise SoapFaultError(
+                FaultCode.UNAUTHENTICATED,
+                "SendMessages needs the backend's credential (the broker's --backend-token-file "
+                "Secret); the operator's token is not accepted for it",
+            )
+    elif role is not Role.OPERATOR:
+        operation = type(parsed).__name__.removesuffix("Request")
+        raise SoapFaultError(
+            FaultCode.UNAUTHENTICATED,
+            f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential "
+            "(the broker's --token-file Secret); the backend's credential is accepted for SendMessages only",
+        )
 
 
 async def soap_post(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     started = time.perf_counter()
     try:
+        role = _caller_role(request, request.app[CREDENTIALS_KEY])
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -78,12 +138,7 @@ async def soap_post(request: web.Request) -> web.Response:
                 f"request body exceeds the broker's limit of {broker.settings.body_limit_bytes} bytes",
             ) from None
         parsed = soap_codec.parse_request(body)
-        if not isinstance(parsed, SendMessagesRequest) and not _authorized(request, broker.settings.token):
-            raise SoapFaultError(
-                FaultCode.UNAUTHENTICATED,
-                f"{type(parsed).__name__.removesuffix('Request')} needs 'Authorization: Bearer <token>' "
-                "with the operator's credential (the broker's --token-file Secret)",
-            )
+        _check_role(parsed, role)
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
             payload = soap_codec.render_send_messages(epoch, results)
@@ -92,7 +147,7 @@ async def soap_post(request: web.Request) -> web.Response:
             reply = await broker.heartbeat(parsed)
             payload = soap_codec.render_heartbeat(reply.state.value, reply.epoch, reply.code, reply.message)
         elif isinstance(parsed, ListHeldRequest):
-            payload = soap_codec.render_list_held([e.view() for e in broker.list_held(parsed.stream)])
+            payload = soap_codec.render_list_held([e.view() for e in await broker.list_held(parsed.stream)])
         elif isinstance(parsed, HeldRefRequest):
             if parsed.operation == "ReplayHeld":
                 await broker.replay_held(parsed.direction, parsed.stream, parsed.seq)
@@ -136,6 +191,7 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=broker.settings.body_limit_bytes)
     app[BROKER_KEY] = broker
+    app[CREDENTIALS_KEY] = Credentials.of(broker.settings)
     app.router.add_post(SOAP_PATH, soap_post)
     app.router.add_get(SOAP_PATH, soap_get)
     app.router.add_get("/healthz", healthz)

@@ -43,7 +43,8 @@ class BrokerSettings:
     message_log_dir: Path | None = None
     backend_url: str = ""
     cloud_url: str = ""
-    token: str = ""
+    token: str = ""  # the operator's credential: Heartbeat and the admin operations
+    backend_token: str = ""  # the backend's credential: SendMessages only
     lease_seconds: float = 5.0
     max_deliveries: int = 5
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
@@ -99,6 +100,7 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--backend-url", "BROKER_BACKEND_URL", ""),
     ("--cloud-url", "BROKER_CLOUD_URL", ""),
     ("--token-file", "BROKER_TOKEN_FILE", None),
+    ("--backend-token-file", "BROKER_BACKEND_TOKEN_FILE", None),
     ("--lease-seconds", "BROKER_LEASE_SECONDS", "5"),
     ("--max-deliveries", "BROKER_MAX_DELIVERIES", "5"),
     ("--on-poison", "BROKER_ON_POISON", PoisonPolicy.BLOCK_STREAM.value),
@@ -152,7 +154,14 @@ def parse_settings(
     name = raw["name"] or environ.get("HOSTNAME", "broker")
     if raw["data_dir"] is None:
         raise SettingsError("--data-dir / BROKER_DATA_DIR is required: the journal and the epoch live there")
-    token = _read_token(raw["token_file"], environ)
+    token = _read_credential(raw["token_file"], environ, _OPERATOR_CREDENTIAL)
+    backend_token = _read_credential(raw["backend_token_file"], environ, _BACKEND_CREDENTIAL)
+    if backend_token == token:
+        raise SettingsError(
+            "--backend-token-file / BROKER_BACKEND_TOKEN holds the same value as the operator's token "
+            "(--token-file / BROKER_TOKEN); give the backend a credential of its own, or whoever can "
+            "send bundles could also switch the broker"
+        )
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
     except ValueError:
@@ -172,6 +181,7 @@ def parse_settings(
         backend_url=str(raw["backend_url"]).rstrip("/"),
         cloud_url=str(raw["cloud_url"]).rstrip("/"),
         token=token,
+        backend_token=backend_token,
         lease_seconds=_number(
             str(raw["lease_seconds"]), "--lease-seconds", "BROKER_LEASE_SECONDS", float, 0.1
         ),
@@ -194,22 +204,37 @@ def parse_settings(
     )
 
 
-def _read_token(token_file: str | None, environ: Mapping[str, str]) -> str:
-    """The operator's credential: the mounted Secret file wins over ``BROKER_TOKEN``."""
-    if token_file:
+@dataclass(frozen=True)
+class _Credential:
+    file_flag: str
+    file_env: str
+    value_env: str
+    used_for: str
+
+
+_OPERATOR_CREDENTIAL = _Credential(
+    "--token-file", "BROKER_TOKEN_FILE", "BROKER_TOKEN", "Heartbeat and the admin operations refuse"
+)
+_BACKEND_CREDENTIAL = _Credential(
+    "--backend-token-file", "BROKER_BACKEND_TOKEN_FILE", "BROKER_BACKEND_TOKEN", "SendMessages refuses"
+)
+
+
+def _read_credential(path: str | None, environ: Mapping[str, str], credential: _Credential) -> str:
+    """A bearer credential: the mounted Secret file wins over the value in the environment."""
+    names = f"{credential.file_flag} / {credential.file_env}"
+    if path:
         try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
+            value = Path(path).read_text(encoding="utf-8").strip()
         except OSError as error:
-            raise SettingsError(
-                f"--token-file / BROKER_TOKEN_FILE = {token_file!r} cannot be read: {error}"
-            ) from None
-        if not token:
-            raise SettingsError(f"--token-file / BROKER_TOKEN_FILE = {token_file!r} is empty")
-        return token
-    token = environ.get("BROKER_TOKEN", "").strip()
-    if not token:
+            raise SettingsError(f"{names} = {path!r} cannot be read: {error}") from None
+        if not value:
+            raise SettingsError(f"{names} = {path!r} is empty")
+        return value
+    value = environ.get(credential.value_env, "").strip()
+    if not value:
         raise SettingsError(
-            "no credential: set --token-file / BROKER_TOKEN_FILE (the mounted Secret) or BROKER_TOKEN; "
-            "Heartbeat and the admin operations refuse every call without it"
+            f"no credential: set {names} (the mounted Secret) or {credential.value_env}; "
+            f"{credential.used_for} every call without it"
         )
-    return token
+    return value

@@ -46,8 +46,11 @@ Endpoints served by the **cloud**:
 * ``POST`` :data:`CLOUD_OUTBOUND_PATH`, body :class:`DeliveryRequest`, reply
   :class:`DeliveryReply`: an outbound bundle, many streams, each in order.
 * ``GET`` :data:`CLOUD_POLL_PATH` ``?max=N``, reply :class:`PollReply`: the
-  unconfirmed inbound messages, at most ``N``, each stream in ``seq`` order.
-  The cloud answers with the same messages again until they are confirmed.
+  unconfirmed inbound messages, at most ``N``, each stream in ``seq`` order
+  and starting at its lowest unconfirmed ``seq`` (a poll may leave a stream
+  out, never its first messages). The cloud answers with the same messages
+  again until they are confirmed. A broker that held a message and sees its
+  stream start above it knows another broker had it confirmed.
 * ``POST`` :data:`CLOUD_CONFIRM_PATH`, body :class:`InboundConfirmRequest`:
   the broker confirms inbound messages the backend has taken.
 

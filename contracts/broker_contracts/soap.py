@@ -16,7 +16,8 @@ SOAP_PATH: Final = "/soap"
 
 AUTH_HEADER: Final = "Authorization"
 AUTH_SCHEME: Final = "Bearer"
-"""Credentials travel as ``Authorization: Bearer <token>`` on every operation."""
+"""Credentials travel as ``Authorization: Bearer <token>`` on every operation: the backend's own
+credential for ``SendMessages``, the operator's for ``Heartbeat`` and the admin operations."""
 
 UNAVAILABILITY_CODE_MAX_LEN: Final = 30
 
@@ -57,7 +58,9 @@ class UnavailabilityCode(StrEnum):
 class FaultCode(StrEnum):
     """Codes in the ``BrokerFault`` detail of a SOAP fault."""
 
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # missing or wrong credentials
+    # Missing or unknown credentials, or the other role's (the operator's token on SendMessages,
+    # the backend's on anything else); nothing changed.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
     MALFORMED_REQUEST = "MALFORMED_REQUEST"  # not well-formed or not valid against the WSDL
     HOSTILE_XML = "HOSTILE_XML"  # DTD, entity, or over the size cap
     UNKNOWN_OPERATION = "UNKNOWN_OPERATION"

@@ -12,7 +12,10 @@ resend request (``POST /relay/resend``) by rewinding every stream to its first
 unconfirmed ``seq`` and replying with those cursors, follows ``Gap`` answers to
 the expected ``seq``, and on ``BROKER_INACTIVE`` or a connection failure moves
 on to the next ``--broker-url`` (the way the ``<cluster>-active`` Service would
-route it to the new active).
+route it to the new active). Every bundle carries the backend's credential,
+``Authorization: Bearer <token>`` (``--backend-token-file``, or the
+``BROKER_BACKEND_TOKEN`` env var: the same Secret the brokers read), which is
+required when ``--broker-url`` is given: a broker refuses SendMessages without it.
 
 Retries: a request that timed out is retried at once, on a new connection:
 the timeout has already waited, and the old connection may be pinned (by
@@ -41,9 +44,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +106,7 @@ class BackendSettings:
     record_dir: Path | None = None
     autostart: bool = False
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
+    token: str = ""  # the backend's credential towards the brokers (SendMessages)
 
 
 @dataclass(slots=True)
@@ -176,6 +181,11 @@ class BackendSimulator:
         self.backoff_seconds = 0.0
         self.backoff_max_seconds = 0.0
         self._wake = asyncio.Event()
+        self._send_headers = {
+            "Content-Type": "text/xml; charset=utf-8",
+            "SOAPAction": f"{soap.NAMESPACE}/SendMessages",
+            soap.AUTH_HEADER: f"{soap.AUTH_SCHEME} {settings.token}",
+        }
 
     # ---- outbound sending --------------------------------------------------------------------
 
@@ -277,14 +287,7 @@ class BackendSimulator:
                 url = self._broker_url()
                 sent = time.perf_counter()
                 try:
-                    async with session.post(
-                        url,
-                        data=body,
-                        headers={
-                            "Content-Type": "text/xml; charset=utf-8",
-                            "SOAPAction": f"{soap.NAMESPACE}/SendMessages",
-                        },
-                    ) as response:
+                    async with session.post(url, data=body, headers=self._send_headers) as response:
                         reply = await response.read()
                 except TimeoutError as error:
                     # The timeout already waited: retry at once, and on a new connection, since
@@ -545,7 +548,7 @@ def parse_poison(spec: str) -> tuple[str, int, int | None]:
         ) from None
 
 
-def parse_args(argv: Sequence[str] | None) -> BackendSettings:
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> BackendSettings:
     parser = argparse.ArgumentParser(prog="backend-simulator", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
@@ -563,9 +566,22 @@ def parse_args(argv: Sequence[str] | None) -> BackendSettings:
     parser.add_argument("--record-dir", type=Path, default=None)
     parser.add_argument("--autostart", action="store_true")
     parser.add_argument("--poison", type=parse_poison, action="append", default=[], help="stream:seq:times")
+    parser.add_argument(
+        "--backend-token-file",
+        default=None,
+        help="file with the backend's credential for SendMessages "
+        "(env BROKER_BACKEND_TOKEN_FILE, or the value in BROKER_BACKEND_TOKEN)",
+    )
     args = parser.parse_args(argv)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
+    environ = os.environ if environ is None else environ
+    token = read_backend_token(args.backend_token_file or environ.get("BROKER_BACKEND_TOKEN_FILE"), environ)
+    if args.broker_url and not token:
+        parser.error(
+            "--broker-url needs the backend's credential: --backend-token-file FILE, "
+            "BROKER_BACKEND_TOKEN_FILE or BROKER_BACKEND_TOKEN (brokers refuse SendMessages without it)"
+        )
     return BackendSettings(
         host=args.host,
         port=args.port,
@@ -583,7 +599,20 @@ def parse_args(argv: Sequence[str] | None) -> BackendSettings:
         record_dir=args.record_dir,
         autostart=args.autostart,
         poison=args.poison,
+        token=token,
     )
+
+
+def read_backend_token(path: str | None, environ: Mapping[str, str]) -> str:
+    """The credential from ``path`` (a mounted Secret) if given, else ``BROKER_BACKEND_TOKEN``."""
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise SystemExit(
+                f"backend-simulator: --backend-token-file {path!r} cannot be read: {error}"
+            ) from None
+    return environ.get("BROKER_BACKEND_TOKEN", "").strip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,13 +16,15 @@ module-level functions (then call :func:`stop_all_started` in teardown)::
     cloud = start_cloud_simulator(tmp_path)
     backend = start_backend_simulator(tmp_path, broker_urls=[...])   # sends after POST /sim/start
     broker = start_broker(tmp_path, name="b0", backend_url=backend.url, cloud_url=cloud.url,
-                          token="secret", lease_seconds=3)
+                          token="secret", backend_token="other-secret", lease_seconds=3)
     broker.url, broker.soap_url, broker.pid, broker.kill(signal.SIGSTOP), broker.stop()
 
 A broker activates only if its backend and cloud answer (the activation sends
 the resend request and probes the cloud), so start both simulators for a
 broker you want to heartbeat into Active. Heartbeat it with zeep built from
-``broker.soap_url + "?wsdl"`` and ``Authorization: Bearer <token>``.
+``broker.soap_url + "?wsdl"`` and ``Authorization: Bearer <token>``. The broker
+and the backend simulator share the backend's credential (:data:`DEFAULT_BACKEND_TOKEN`
+unless ``backend_token`` says otherwise); ``SendMessages`` needs it, not the operator's token.
 
 Not here: assertions or SOAP clients; see ``tests/integration/broker/helpers.py``.
 """
@@ -47,6 +49,8 @@ from typing import Any
 
 PYTHON = sys.executable
 DEFAULT_TOKEN = "integration-test-token"
+DEFAULT_BACKEND_TOKEN = "integration-backend-token"
+"""The backend's credential for SendMessages; brokers refuse it for anything else."""
 
 
 def loopback_host() -> str:
@@ -168,6 +172,7 @@ def broker_argv(
     backend_url: str,
     cloud_url: str,
     token_file: Path,
+    backend_token_file: Path,
     cluster: str,
     account: str,
     company: str,
@@ -201,6 +206,8 @@ def broker_argv(
         cloud_url,
         "--token-file",
         str(token_file),
+        "--backend-token-file",
+        str(backend_token_file),
         "--lease-seconds",
         str(lease_seconds),
         "--max-deliveries",
@@ -233,6 +240,7 @@ class ProcessSet:
         backend_url: str = "",
         cloud_url: str = "",
         token: str = DEFAULT_TOKEN,
+        backend_token: str = DEFAULT_BACKEND_TOKEN,
         lease_seconds: float = 5.0,
         cluster: str = "acme-1000",
         account: str = "acme",
@@ -251,6 +259,8 @@ class ProcessSet:
         workdir.mkdir(parents=True, exist_ok=True)
         token_file = workdir / "token"
         token_file.write_text(token + "\n")
+        backend_token_file = workdir / "backend-token"
+        backend_token_file.write_text(backend_token + "\n")
         host = host or loopback_host()
         port = port or free_port(host)
         argv = broker_argv(
@@ -261,6 +271,7 @@ class ProcessSet:
             backend_url=backend_url,
             cloud_url=cloud_url,
             token_file=token_file,
+            backend_token_file=backend_token_file,
             cluster=cluster,
             account=account,
             company=company,
@@ -288,11 +299,15 @@ class ProcessSet:
         company: str = "1000",
         autostart: bool = False,
         poison: Sequence[str] = (),
+        backend_token: str = DEFAULT_BACKEND_TOKEN,
         extra_args: Sequence[str] = (),
         timeout: float = 20.0,
     ) -> RunningProcess:
         """A ``backend-simulator``; it sends only after ``POST /sim/start`` unless ``autostart``."""
         workdir = (tmp_path or self.root) / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        token_file = workdir / "backend-token"
+        token_file.write_text(backend_token + "\n")
         host = loopback_host()
         port = free_port(host)
         argv = [
@@ -321,6 +336,8 @@ class ProcessSet:
             str(lanes),
             "--record-dir",
             str(workdir),
+            "--backend-token-file",
+            str(token_file),
         ]
         for url in broker_urls:
             argv += ["--broker-url", url]

@@ -32,6 +32,7 @@ class ConnectionSpec(TypedDict, total=False):
 
 class AuthSpec(TypedDict, total=False):
     tokenSecretRef: SecretKeyRef
+    backendTokenSecretRef: SecretKeyRef
 
 
 class StorageSpec(TypedDict, total=False):

@@ -1,4 +1,4 @@
-"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secret.
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secrets.
 
 Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
 takes, so every field can be unit-tested without Kubernetes. Pods are built
@@ -67,6 +67,10 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         {"name": "BROKER_DATA_DIR", "value": names.DATA_MOUNT},
         {"name": "BROKER_MESSAGE_LOG_DIR", "value": spec.message_log_mount},
         {"name": "BROKER_TOKEN_FILE", "value": f"{names.TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}"},
+        {
+            "name": "BROKER_BACKEND_TOKEN_FILE",
+            "value": f"{names.BACKEND_TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}",
+        },
         {"name": "BROKER_LEASE_SECONDS", "value": str(spec.lease_seconds)},
         {"name": "BROKER_MAX_DELIVERIES", "value": str(spec.max_deliveries)},
         {"name": "BROKER_ON_POISON", "value": spec.on_poison},
@@ -95,6 +99,7 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         "volumeMounts": [
             {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
             {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
+            {"name": names.BACKEND_TOKEN_VOLUME, "mountPath": names.BACKEND_TOKEN_MOUNT, "readOnly": True},
             {"name": names.MESSAGE_LOG_VOLUME, "mountPath": spec.message_log_mount},
         ],
     }
@@ -102,6 +107,7 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
 
 def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]:
     token = spec.token_ref(cluster)
+    backend_token = spec.backend_token_ref(cluster)
     message_log: Manifest = (
         {"persistentVolumeClaim": {"claimName": spec.message_log_claim}}
         if spec.message_log_claim
@@ -115,6 +121,13 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]
         {
             "name": names.TOKEN_VOLUME,
             "secret": {"secretName": token.name, "items": [{"key": token.key, "path": names.TOKEN_FILE_KEY}]},
+        },
+        {
+            "name": names.BACKEND_TOKEN_VOLUME,
+            "secret": {
+                "secretName": backend_token.name,
+                "items": [{"key": backend_token.key, "path": names.TOKEN_FILE_KEY}],
+            },
         },
         {"name": names.MESSAGE_LOG_VOLUME, **message_log},
     ]
@@ -211,13 +224,24 @@ def build_active_service(owner: Mapping[str, Any]) -> Manifest:
     }
 
 
-def build_token_secret(owner: Mapping[str, Any]) -> Manifest:
-    """``<cluster>-broker-token`` with a fresh random token, for clusters without ``auth.tokenSecretRef``."""
+def _random_token_secret(owner: Mapping[str, Any], name: str) -> Manifest:
     cluster = owner["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _owned_meta(owner, names.generated_token_secret_name(cluster), cluster_labels(cluster)),
+        "metadata": _owned_meta(owner, name, cluster_labels(cluster)),
         "stringData": {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)},
     }
+
+
+def build_token_secret(owner: Mapping[str, Any]) -> Manifest:
+    """``<cluster>-broker-token`` with a fresh random token, for clusters without ``auth.tokenSecretRef``."""
+    return _random_token_secret(owner, names.generated_token_secret_name(owner["metadata"]["name"]))
+
+
+def build_backend_token_secret(owner: Mapping[str, Any]) -> Manifest:
+    """``<cluster>-backend-token``, the backend's credential, for clusters without
+    ``auth.backendTokenSecretRef``. Give its value to the backend: brokers refuse SendMessages
+    without it, and it opens nothing else."""
+    return _random_token_secret(owner, names.generated_backend_token_secret_name(owner["metadata"]["name"]))

@@ -42,6 +42,10 @@ TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover"
 TOKEN_FILE_KEY: Final = "token"
 JOURNAL_VOLUME: Final = "journal"
 TOKEN_VOLUME: Final = "operator-token"
+# The backend's credential for SendMessages: a Secret of its own, so the operator's token never
+# reaches the backend. A sibling of TOKEN_MOUNT, not inside it (a Secret volume is read-only).
+BACKEND_TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover-backend"
+BACKEND_TOKEN_VOLUME: Final = "backend-token"
 MESSAGE_LOG_VOLUME: Final = "message-log"
 
 
@@ -64,6 +68,10 @@ def active_service_name(cluster: str) -> str:
 
 def generated_token_secret_name(cluster: str) -> str:
     return f"{cluster}-broker-token"
+
+
+def generated_backend_token_secret_name(cluster: str) -> str:
+    return f"{cluster}-backend-token"
 
 
 def broker_soap_url(pod_ip: str) -> str:

@@ -137,7 +137,7 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
     that a thousand clusters do not cost five API calls each per reconcile; pods are checked on
     every pass against the pod watch. A Service or claim deleted by hand is forgotten by its
     watch (``handlers``) and so created again here; before a pod is created, its claim and the
-    token Secret are created if absent whatever is remembered, as the pod cannot start without.
+    token Secrets are created if absent whatever is remembered, as the pod cannot start without.
     """
     observations = context.observations_for(ref.namespace, ref.name)
     generation = ref.body["metadata"].get("generation")
@@ -145,9 +145,7 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         observations.ensured.clear()
         observations.ensured_generation = generation
     owner = ref.kopf_body
-    wanted: list[dict[str, Any]] = []
-    if spec.token_secret is None:
-        wanted.append(builders.build_token_secret(owner))
+    wanted = token_secrets(owner, spec)
     if not spec.endpoints_mode:
         wanted += [builders.build_headless_service(owner), builders.build_active_service(owner)]
         wanted += [builders.build_journal_claim(owner, ordinal, spec) for ordinal in range(spec.replicas)]
@@ -164,9 +162,7 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         name = names.pod_name(ref.name, ordinal)
         if name in observations.pods:
             continue
-        needed = [builders.build_journal_claim(owner, ordinal, spec)]
-        if spec.token_secret is None:
-            needed.append(builders.build_token_secret(owner))
+        needed = [builders.build_journal_claim(owner, ordinal, spec), *token_secrets(owner, spec)]
         for manifest in needed:
             if await context.api.create(manifest):
                 kopf.info(
@@ -177,6 +173,16 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         pod = builders.build_pod(owner, ordinal, spec, active=name == active)
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+
+
+def token_secrets(owner: Mapping[str, Any], spec: ClusterSpec) -> list[dict[str, Any]]:
+    """The credentials the operator generates: its own token and the backend's, unless the user names them."""
+    generated = []
+    if spec.token_secret is None:
+        generated.append(builders.build_token_secret(owner))
+    if spec.backend_token_secret is None:
+        generated.append(builders.build_backend_token_secret(owner))
+    return generated
 
 
 async def roll_out(

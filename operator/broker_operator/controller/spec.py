@@ -76,6 +76,7 @@ class ClusterSpec:
     backend: Connection
     cloud: Connection
     token_secret: SecretRef | None  # None: the operator generates <name>-broker-token
+    backend_token_secret: SecretRef | None  # None: the operator generates <name>-backend-token
     heartbeat_interval: int
     heartbeat_timeout: int
     failure_threshold: int
@@ -97,6 +98,12 @@ class ClusterSpec:
         """The Secret holding the operator's token: the user's, or the one the operator generates."""
         return self.token_secret or SecretRef(
             names.generated_token_secret_name(cluster), names.TOKEN_FILE_KEY
+        )
+
+    def backend_token_ref(self, cluster: str) -> SecretRef:
+        """The Secret holding the backend's credential for SendMessages: the user's, or generated."""
+        return self.backend_token_secret or SecretRef(
+            names.generated_backend_token_secret_name(cluster), names.TOKEN_FILE_KEY
         )
 
 
@@ -152,6 +159,14 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
             problems.append(f"spec.preferredActive ({preferred}) must name one of {', '.join(allowed)}")
 
     token_secret = _secret_ref(auth.get("tokenSecretRef"), "spec.auth.tokenSecretRef", "token", problems)
+    backend_token_secret = _secret_ref(
+        auth.get("backendTokenSecretRef"), "spec.auth.backendTokenSecretRef", "token", problems
+    )
+    if token_secret is not None and token_secret == backend_token_secret:
+        problems.append(
+            "spec.auth.backendTokenSecretRef names the same Secret key as spec.auth.tokenSecretRef; "
+            "the backend needs a credential of its own"
+        )
     parsed = ClusterSpec(
         account=account,
         company=company,
@@ -165,6 +180,7 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         backend=_connection(spec, "backend", problems),
         cloud=_connection(spec, "cloud", problems),
         token_secret=token_secret,
+        backend_token_secret=backend_token_secret,
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
         failure_threshold=threshold,

@@ -25,7 +25,7 @@ from lxml import etree
 from zeep.transports import Transport
 
 from broker_contracts import soap, wsdl_path
-from tests.integration.processes import DEFAULT_TOKEN, RunningProcess
+from tests.integration.processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, RunningProcess
 
 BINDING = f"{{{soap.NAMESPACE}}}BrokerBinding"
 
@@ -141,6 +141,11 @@ def post_raw(url: str, body: bytes, token: str | None = DEFAULT_TOKEN) -> tuple[
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+def post_bundle(url: str, body: bytes) -> tuple[int, bytes]:
+    """A SendMessages request as the backend sends it: with the backend's credential."""
+    return post_raw(url, body, token=DEFAULT_BACKEND_TOKEN)
 
 
 def raw_fault_code(body: bytes) -> str:

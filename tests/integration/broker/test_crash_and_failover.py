@@ -20,7 +20,7 @@ from tests.integration.broker.helpers import (
     get_text,
     heartbeat,
     metric,
-    post_raw,
+    post_bundle,
     start_sending,
     wait_until,
 )
@@ -69,7 +69,7 @@ def test_journal_alone_delivers_acknowledged_messages_after_kill_9(
             for stream in range(6)
             for i in range(5)
         ]
-        status, reply = post_raw(relay.broker.soap_url, build_envelope("acme", "1000", messages), token=None)
+        status, reply = post_bundle(relay.broker.soap_url, build_envelope("acme", "1000", messages))
         assert status == 200 and reply.count(b"Accepted") == len(messages)
         for stream, seq, _, _ in messages:
             acked.setdefault(stream, []).append(seq)
@@ -90,7 +90,7 @@ def test_torn_journal_tail_is_cut_and_corruption_inside_is_refused(
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
     relay.cloud.kill(signal.SIGSTOP)
     messages = [("s", seq, f"m{seq}", "payload") for seq in range(1, 21)]
-    status, _ = post_raw(relay.broker.soap_url, build_envelope("acme", "1000", messages), token=None)
+    status, _ = post_bundle(relay.broker.soap_url, build_envelope("acme", "1000", messages))
     assert status == 200
     relay.broker.kill(signal.SIGKILL)
     relay.cloud.kill(signal.SIGCONT)

@@ -17,7 +17,7 @@ from tests.integration.broker.helpers import (
     cloud_received,
     get_json,
     heartbeat,
-    post_raw,
+    post_bundle,
     start_sending,
     wait_until,
 )
@@ -41,13 +41,13 @@ def test_next_seq_accepted_old_reacknowledged_gap_refused(processes: ProcessSet,
     url = relay.broker.soap_url
 
     first = build_envelope("acme", "1000", [("s", 1, "m1", "a"), ("s", 2, "m2", "b"), ("t", 1, "n1", "c")])
-    assert statuses(post_raw(url, first, token=None)[1]) == [
+    assert statuses(post_bundle(url, first)[1]) == [
         ("s", 1, "Accepted", None),
         ("s", 2, "Accepted", None),
         ("t", 1, "Accepted", None),
     ]
     again = build_envelope("acme", "1000", [("s", 2, "m2", "b"), ("s", 3, "m3", "d"), ("s", 5, "m5", "f")])
-    assert statuses(post_raw(url, again, token=None)[1]) == [
+    assert statuses(post_bundle(url, again)[1]) == [
         ("s", 2, "Duplicate", None),
         ("s", 3, "Accepted", None),
         ("s", 5, "Gap", 4),

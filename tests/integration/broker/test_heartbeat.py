@@ -24,12 +24,12 @@ from tests.integration.broker.helpers import (
     heartbeat,
     heartbeat_envelope,
     metric,
-    post_raw,
+    post_bundle,
     reply_state,
     soap_service,
     wait_until,
 )
-from tests.integration.processes import ProcessSet
+from tests.integration.processes import DEFAULT_BACKEND_TOKEN, ProcessSet
 
 pytestmark = pytest.mark.integration
 
@@ -101,12 +101,12 @@ def test_lease_expiry_deactivates_and_bundles_are_then_refused(processes: Proces
     relay = start_relay(processes, tmp_path, broker_args={"lease_seconds": 1.0})
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
     envelope = build_envelope("acme", "1000", [("orders-0000", 1, "m-1", "hello")])
-    status, _ = post_raw(relay.broker.soap_url, envelope)
+    status, _ = post_bundle(relay.broker.soap_url, envelope)
     assert status == 200
 
     wait_until(lambda: metric(relay.broker, "broker_active") == 0, 10, what="lease expiry")
 
-    status, body = post_raw(relay.broker.soap_url, envelope)
+    status, body = post_bundle(relay.broker.soap_url, envelope)
     assert status == 500 and b"BROKER_INACTIVE" in body and b"not Active" in body
     assert "lease expired" in relay.broker.log_text()
     resends = backend_status(relay.backend)["resends"]
@@ -125,7 +125,7 @@ def test_lease_expiry_deactivates_and_bundles_are_then_refused(processes: Proces
     assert (reply.state, reply.epoch) == ("Active", 2)
     assert backend_status(relay.backend)["resends"] == resends + 1
     envelope = build_envelope("acme", "1000", [("orders-0000", 2, "m-2", "again")])
-    assert post_raw(relay.broker.soap_url, envelope)[0] == 200
+    assert post_bundle(relay.broker.soap_url, envelope)[0] == 200
 
 
 def test_a_drained_broker_is_activated_again_at_the_same_epoch(processes: ProcessSet, tmp_path: Path) -> None:
@@ -213,7 +213,7 @@ def test_a_sigstopped_active_is_not_active_after_resume_whatever_queued_meanwhil
         renewal = QueuedRequest(url, heartbeat_envelope(True, 1), timeout=60)
         abandoned = QueuedRequest(url, heartbeat_envelope(True, 1), timeout=0.3)  # as the operator's
         queued_check = QueuedRequest(url, heartbeat_envelope(True, 1, renew=False), timeout=60)
-        queued_bundle = QueuedRequest(url, bundle, timeout=60, token=None)
+        queued_bundle = QueuedRequest(url, bundle, timeout=60, token=DEFAULT_BACKEND_TOKEN)
         for request in (renewal, abandoned, queued_check, queued_bundle):
             request.wait_sent()
         time.sleep(1.5)  # the stall itself (setup, not an assertion)
@@ -234,14 +234,14 @@ def test_a_sigstopped_active_is_not_active_after_resume_whatever_queued_meanwhil
     assert "stalled" in check.unavailabilityMessage
     assert metric(relay.broker, "broker_active") == 0
     assert metric(relay.broker, "broker_event_loop_stalls_total") >= 1
-    status, body = post_raw(url, bundle, token=None)
+    status, body = post_bundle(url, bundle)
     assert status == 500 and b"BROKER_INACTIVE" in body
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Unavailable"
     assert "fencing itself at epoch 1: event loop stalled" in relay.broker.log_text()
 
     # The operator's next activation carries a higher epoch, and that works.
     wait_until(lambda: heartbeat(relay.broker, active=True, epoch=2).state == "Active", 10, what="epoch 2")
-    assert post_raw(url, bundle, token=None)[0] == 200
+    assert post_bundle(url, bundle)[0] == 200
 
 
 def test_an_activation_that_waited_out_a_stall_is_refused(processes: ProcessSet, tmp_path: Path) -> None:
@@ -269,13 +269,13 @@ def test_active_false_deactivates_and_inactive_broker_refuses_bundles(
 ) -> None:
     relay = start_relay(processes, tmp_path)
     envelope = build_envelope("acme", "1000", [("orders-0000", 1, "m-1", "hello")])
-    status, body = post_raw(relay.broker.soap_url, envelope, token=None)
+    status, body = post_bundle(relay.broker.soap_url, envelope)
     assert status == 500 and b"BROKER_INACTIVE" in body  # Inactive from the start
 
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
     assert heartbeat(relay.broker, active=False, epoch=1).state == "Inactive"
 
-    status, body = post_raw(relay.broker.soap_url, envelope, token=None)
+    status, body = post_bundle(relay.broker.soap_url, envelope)
     assert status == 500 and b"BROKER_INACTIVE" in body
     polls = get_json(relay.cloud.url + "/sim/status")["polls"]
     time.sleep(0.5)  # a quiet interval: nothing may happen in it
@@ -343,7 +343,8 @@ def test_inactive_fault_closes_the_connection_so_the_backend_reconnects_through_
     url = urllib.parse.urlsplit(relay.broker.soap_url)
 
     def send_on(connection: http.client.HTTPConnection) -> http.client.HTTPResponse:
-        connection.request("POST", url.path, body=envelope, headers={"Content-Type": "text/xml"})
+        headers = {"Content-Type": "text/xml", "Authorization": f"Bearer {DEFAULT_BACKEND_TOKEN}"}
+        connection.request("POST", url.path, body=envelope, headers=headers)
         response = connection.getresponse()
         response.read()
         return response

@@ -5,20 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import zeep
 
 from broker_contracts import soap
 from broker_simulators.backend import build_envelope
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import (
     backend_status,
+    fault_code,
     get_json,
     get_text,
     heartbeat,
     metric,
+    post_bundle,
     post_raw,
     raw_fault_code,
 )
-from tests.integration.processes import ProcessSet
+from tests.integration.processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet
 
 pytestmark = pytest.mark.integration
 
@@ -114,14 +117,40 @@ def test_hostile_bundles_to_an_active_broker_accept_nothing(processes: ProcessSe
         (wrong_pair, "WRONG_PAIR"),
         (good[:-20], "MALFORMED_REQUEST"),
     ]:
-        status, reply = post_raw(relay.broker.soap_url, body, token=None)
+        status, reply = post_bundle(relay.broker.soap_url, body)
         assert (status, raw_fault_code(reply)) == (500, code)
 
     # Nothing was accepted: the first good bundle starts the stream at seq 1.
-    status, reply = post_raw(relay.broker.soap_url, good, token=None)
+    status, reply = post_bundle(relay.broker.soap_url, good)
     assert status == 200 and b"<tns:status>Accepted</tns:status>" in reply
     assert metric(relay.broker, "broker_messages_accepted_total") == 1
     assert get_json(relay.cloud.url + "/sim/status")["outboundTaken"] <= 1
+
+
+def test_send_messages_needs_the_backends_credential_and_nothing_else(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    relay = start_relay(processes, tmp_path)
+    assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
+    bundle = build_envelope("acme", "1000", [("orders-0000", 1, "m-1", "payload")])
+
+    # No credential, a wrong one, and the operator's (a different role) are all refused.
+    for token in (None, "wrong", DEFAULT_BACKEND_TOKEN + "x", DEFAULT_TOKEN):
+        status, reply = post_raw(relay.broker.soap_url, bundle, token=token)
+        assert (status, raw_fault_code(reply)) == (500, "UNAUTHENTICATED"), token
+        assert b"backend" in reply  # the message says which credential SendMessages needs
+    # Hostile XML from an unauthenticated caller is not even parsed.
+    doctype = bundle.replace(b"?>", b'?><!DOCTYPE e [<!ENTITY x SYSTEM "file:///etc/passwd">]>', 1)
+    assert raw_fault_code(post_raw(relay.broker.soap_url, doctype, token=None)[1]) == "UNAUTHENTICATED"
+    assert metric(relay.broker, "broker_messages_accepted_total") == 0
+
+    # The backend's credential opens SendMessages and nothing else.
+    status, reply = post_raw(relay.broker.soap_url, bundle, token=DEFAULT_BACKEND_TOKEN)
+    assert status == 200 and b"<tns:status>Accepted</tns:status>" in reply
+    with pytest.raises(zeep.exceptions.Fault) as refused:
+        heartbeat(relay.broker, active=True, epoch=2, token=DEFAULT_BACKEND_TOKEN)
+    assert fault_code(refused.value) == "UNAUTHENTICATED"
+    assert metric(relay.broker, "broker_epoch") == 1
 
 
 @pytest.mark.parametrize("operation", ["ListHeld", "ReplayHeld", "DiscardHeld"])

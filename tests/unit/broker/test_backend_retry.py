@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_service import soap_codec
-from broker_simulators.backend import BackendSettings, BackendSimulator
+from broker_simulators.backend import BackendSettings, BackendSimulator, parse_args
 from tests.integration.processes import free_port
 
 
@@ -32,11 +33,13 @@ class ActiveService:
         self.inactive_left = inactive
         self.frozen_ports: set[int] = set()
         self.answered_ports: list[int] = []
+        self.credentials: set[str | None] = set()  # every Authorization header seen
         self.release = asyncio.Event()
         self.url = ""
 
     async def soap(self, request: web.Request) -> web.Response:
         port = request.transport.get_extra_info("peername")[1] if request.transport else 0
+        self.credentials.add(request.headers.get("Authorization"))
         body = await request.read()
         if port in self.frozen_ports or (self.frozen_left and port not in self.answered_ports):
             if port not in self.frozen_ports:
@@ -89,6 +92,7 @@ async def send_everything(service: ActiveService, runners: list[web.AppRunner]) 
             per_stream_in_bundle=5,
             lanes=1,
             request_timeout_seconds=0.3,
+            token="backend-secret",
         )
     )
     sim_runner, _ = await serve(simulator.app())  # its cleanup stops the lanes
@@ -118,6 +122,7 @@ async def test_a_timed_out_request_is_retried_at_once_on_a_new_connection(
     assert len(service.frozen_ports) == 3
     assert service.answered_ports and service.answered_ports[0] not in service.frozen_ports
     assert status["accepted"] == 10
+    assert service.credentials == {"Bearer backend-secret"}  # every request, retries included
 
 
 async def test_fast_failures_back_off_doubling_up_to_a_quarter_second(running: list[web.AppRunner]) -> None:
@@ -131,3 +136,15 @@ async def test_fast_failures_back_off_doubling_up_to_a_quarter_second(running: l
     assert status["backoffMaxSeconds"] == 0.25
     assert status["backoffSeconds"] == pytest.approx(0.02 + 0.04 + 0.08 + 0.16 + 0.25 + 0.25)
     assert status["accepted"] == 10
+
+
+def test_the_credential_comes_from_a_file_or_the_environment_and_is_required_to_send(tmp_path: Path) -> None:
+    token_file = tmp_path / "backend-token"
+    token_file.write_text("from-file\n")
+    url = ["--broker-url", "http://127.0.0.1:1"]
+    assert parse_args([*url, "--backend-token-file", str(token_file)], {}).token == "from-file"
+    assert parse_args(url, {"BROKER_BACKEND_TOKEN_FILE": str(token_file)}).token == "from-file"
+    assert parse_args(url, {"BROKER_BACKEND_TOKEN": "from-env"}).token == "from-env"
+    assert parse_args([], {}).token == ""  # a simulator that sends nothing needs none
+    with pytest.raises(SystemExit):
+        parse_args(url, {})  # brokers would refuse every bundle: say so at start instead

@@ -1,4 +1,5 @@
-"""The journal on real files: group commit, recovery, torn tails, real damage refused, rotation, flushed()."""
+"""The journal on real files: group commit, recovery, torn tails, real damage refused, rotation, flushed(),
+and the hold records (held, released) with the same torn-tail and damage rules."""
 
 from __future__ import annotations
 
@@ -9,15 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from broker_contracts.message_log import Direction
+from broker_service.holds import HeldEntry, Release
 from broker_service.journal import (
     KIND_BUNDLE,
+    KIND_HELD,
     Journal,
     JournalCorruptError,
     JournalError,
     accepted_frame,
     confirmed_frame,
     frame,
+    held_frame,
     recover,
+    released_frame,
 )
 from tests.unit.broker.gated_disk import GatedDisk
 
@@ -171,3 +177,48 @@ async def test_flushed_fails_with_the_write_it_waits_for(tmp_path: Path) -> None
     with pytest.raises(JournalError):
         await journal.flushed()  # a failed journal fails at once
     await journal.close()
+
+
+def held(direction: Direction, stream: str, seq: int, *, blocks: bool = True) -> HeldEntry:
+    return HeldEntry(
+        direction, (stream, seq, f"{stream}-{seq}", ""), 5, "refused", "2026-11-22T12:00:00.000001Z", blocks
+    )
+
+
+async def test_holds_and_their_releases_are_recovered(tmp_path: Path) -> None:
+    out, inb = Direction.OUTBOUND, Direction.INBOUND
+    await write(
+        tmp_path,
+        accepted_frame(messages("s", 1, 9)),
+        held_frame(held(out, "s", 2)),
+        held_frame(held(out, "s", 4, blocks=False)),
+        held_frame(held(out, "s", 6, blocks=False)),
+        held_frame(held(out, "s", 8, blocks=False)),
+        held_frame(held(inb, "i", 3)),
+        held_frame(held(inb, "j", 7)),
+        released_frame(out, "s", 4, Release.REPLAYED),
+        released_frame(out, "s", 6, Release.DISCARDED),
+        released_frame(inb, "j", 7, Release.RESOLVED),
+        confirmed_frame({"s": 2}),  # another broker resolved seq 2: the backend confirmed past it
+    )
+
+    recovered, _ = recover(tmp_path)
+
+    assert sorted(recovered.holds) == [(inb, "i", 3), (out, "s", 8)]
+    assert recovered.holds[(inb, "i", 3)] == held(inb, "i", 3)
+    assert recovered.holds[(out, "s", 8)].blocks_stream is False
+    assert recovered.discarded == {"s": {6}}
+
+
+async def test_a_torn_hold_record_is_cut_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    await write(tmp_path, accepted_frame(messages("s", 1, 3)), held_frame(held(Direction.OUTBOUND, "s", 2)))
+    path = journal_files(tmp_path)[0]
+    append_bytes(path, released_frame(Direction.OUTBOUND, "s", 2, Release.REPLAYED)[:-3])
+
+    recovered, _ = recover(tmp_path)  # the release never reached the disk: still held
+    assert list(recovered.holds) == [(Direction.OUTBOUND, "s", 2)]
+    assert recovered.torn_bytes > 0
+
+    append_bytes(path, frame(KIND_HELD, b'{"direction": "sideways"}') + accepted_frame(messages("s", 4, 1)))
+    with pytest.raises(JournalCorruptError, match="unreadable body"):
+        recover(tmp_path)  # a checksummed record that makes no sense is damage, not a torn write

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker_contracts.soap import AcceptStatus
-from broker_service.journal import RecoveredJournal
+from broker_service.journal import RecoveredJournal, scan
 from broker_service.outbound import OutboundTable
 from broker_service.settings import PoisonPolicy
 
@@ -174,3 +174,73 @@ def test_a_duplicate_answer_is_settled_as_delivered_and_reported_as_deduplicated
     assert [m[1] for m in outcome.deduplicated] == [1, 2]
     assert [m[1] for m in outcome.delivered] == [3]
     assert not t.streams["s"].queue
+
+
+def restarted(t: OutboundTable, policy: PoisonPolicy = PoisonPolicy.BLOCK_STREAM) -> OutboundTable:
+    """A new table loaded from ``t``'s compaction snapshot, as a restarted broker's would be."""
+    recovered = RecoveredJournal()
+    scan(b"".join(t.snapshot_frames()), recovered, source="snapshot")
+    again, _ = table(policy)
+    again.load(recovered)
+    return again
+
+
+def test_a_blocking_hold_is_restored_held_and_not_tried_again() -> None:
+    t, clock = table(PoisonPolicy.BLOCK_STREAM, max_deliveries=2)
+    accept(t, "s", [1, 2, 3, 4])
+    t.settle(t.take_bundle(10), ["ok", "rejected", "skipped", "skipped"], {"1": "bad"})
+    clock.fire_all()
+    t.settle(t.take_bundle(10), ["rejected", "skipped", "skipped"], {"0": "still bad"})
+    (held,) = t.holds.entries()
+
+    # Under another policy after the restart: the hold keeps what was decided when it was made.
+    again = restarted(t, PoisonPolicy.HOLD)
+
+    (restored,) = again.holds.entries()
+    assert restored.view() == held.view()  # same attempts, same heldSince, same error
+    assert restored.blocks_stream
+    assert again.take_bundle(10) == []  # blocked at seq 2: nothing is forwarded
+    assert again.watermarks() == {"s": 1}  # seq 1 had reached the cloud before the stream stopped
+    again.replay("s", 2)
+    bundle = again.take_bundle(10)
+    assert [m[1] for _, ms in bundle for m in ms] == [2, 3, 4]
+    again.settle(bundle, ["ok", "ok", "ok"], {})
+    assert again.watermarks() == {"s": 4}
+
+
+def test_a_parked_hold_and_a_discard_are_restored_out_of_the_queue() -> None:
+    t, _ = table(PoisonPolicy.HOLD, max_deliveries=1)
+    accept(t, "s", [1, 2, 3, 4, 5])
+    t.settle(t.take_bundle(10), ["ok", "rejected", "skipped", "skipped", "skipped"], {})
+    t.settle(t.take_bundle(10), ["ok", "rejected", "skipped"], {})  # 3 ok, 4 held too
+    t.discard("s", 4)
+    assert [e.seq for e in t.holds.entries()] == [2]
+    assert t.discarded == {"s": {4}}
+
+    again = restarted(t)
+
+    assert [(e.seq, e.blocks_stream) for e in again.holds.entries()] == [(2, False)]
+    assert again.discarded == {"s": {4}}
+    # Neither the parked nor the discarded message goes to the cloud again; the others are
+    # unconfirmed, so they are resent (the cloud answers duplicate for 1 and 3).
+    bundle = again.take_bundle(10)
+    assert [m[1] for _, ms in bundle for m in ms] == [1, 3, 5]
+    again.settle(bundle, ["duplicate", "duplicate", "ok"], {})
+    assert again.watermarks() == {"s": 1}  # still below the held seq 2
+    again.discard("s", 2)
+    assert again.watermarks() == {"s": 5}
+    assert [m[1] for m in again.confirmed({"s": 5})] == [1, 2, 3, 4, 5]
+    assert again.discarded == {}  # confirmed: nothing left to remember
+
+
+def test_the_backends_cursor_ends_holds_and_discards_another_broker_resolved() -> None:
+    t, _ = table(PoisonPolicy.HOLD, max_deliveries=1)
+    accept(t, "s", [1, 2, 3])
+    t.settle(t.take_bundle(10), ["rejected", "skipped", "skipped"], {})
+    t.settle(t.take_bundle(10), ["ok", "ok"], {})
+    assert t.apply_resend_cursors({"s": 4}) == {"s": 3}  # the backend had it all confirmed elsewhere
+    assert t.holds.entries() == []
+    frames = t.snapshot_frames()
+    recovered = RecoveredJournal()
+    scan(b"".join(frames), recovered, source="snapshot")
+    assert recovered.holds == {} and recovered.pending.get("s", {}) == {}

@@ -12,28 +12,56 @@ from broker_service.settings import PoisonPolicy, SettingsError, parse_settings
 def test_flags_win_over_environment(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_PORT": "9000", "BROKER_TOKEN_FILE": str(token)}
+    env = {
+        "BROKER_DATA_DIR": str(tmp_path),
+        "BROKER_PORT": "9000",
+        "BROKER_TOKEN_FILE": str(token),
+        "BROKER_BACKEND_TOKEN": "b",
+    }
     settings = parse_settings(["--port", "9100", "--on-poison", "Hold"], env)
     assert (settings.port, settings.token, settings.on_poison) == (9100, "s3cret", PoisonPolicy.HOLD)
     assert settings.data_dir == tmp_path
 
 
 def test_token_from_env_when_no_file(tmp_path: Path) -> None:
-    settings = parse_settings([], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t"})
-    assert settings.token == "t"
+    settings = parse_settings(
+        [], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"}
+    )
+    assert (settings.token, settings.backend_token) == ("t", "b")
+
+
+def test_the_backends_credential_is_read_like_the_operators_and_is_its_own(tmp_path: Path) -> None:
+    backend = tmp_path / "backend-token"
+    backend.write_text("from-file\n")
+    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "from-env"}
+    assert parse_settings([], {**env, "BROKER_BACKEND_TOKEN_FILE": str(backend)}).backend_token == "from-file"
+    assert parse_settings(["--backend-token-file", str(backend)], env).backend_token == "from-file"
+    assert parse_settings([], env).backend_token == "from-env"
+    with pytest.raises(SettingsError, match="same value as the operator's token"):
+        parse_settings([], {**env, "BROKER_BACKEND_TOKEN": "t"})
 
 
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
         ([], {"BROKER_TOKEN": "t"}, "--data-dir / BROKER_DATA_DIR is required"),
-        ([], {"BROKER_DATA_DIR": "/x"}, "no credential"),
+        ([], {"BROKER_DATA_DIR": "/x", "BROKER_BACKEND_TOKEN": "b"}, "no credential: set --token-file"),
+        ([], {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"}, "no credential: set --backend-token-file"),
+        (
+            ["--backend-token-file", "/nonexistent/b"],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"},
+            "--backend-token-file / BROKER_BACKEND_TOKEN_FILE = '/nonexistent/b' cannot be read",
+        ),
         (
             ["--lease-seconds", "soon"],
-            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"},
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
             "'soon' is not a float",
         ),
-        (["--on-poison", "Drop"], {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"}, "'Drop'; use one of"),
+        (
+            ["--on-poison", "Drop"],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
+            "'Drop'; use one of",
+        ),
         (["--token-file", "/nonexistent/t"], {"BROKER_DATA_DIR": "/x"}, "cannot be read"),
     ],
 )
@@ -49,7 +77,8 @@ def test_the_lease_margin_is_the_operators(tmp_path: Path, lease: float, margin:
     # The operator waits lease + max(0.25 s, 10 % of the lease) before activating another broker;
     # a broker stalled for longer than that margin fences itself.
     settings = parse_settings(
-        ["--lease-seconds", str(lease)], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t"}
+        ["--lease-seconds", str(lease)],
+        {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
     )
     assert settings.lease_margin_seconds == pytest.approx(margin)
     assert settings.lease_tick_seconds == pytest.approx(tick)

@@ -45,6 +45,7 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     assert env["BROKER_CLOUD_URL"] == "https://cloud.example/api"
     assert env["BROKER_DATA_DIR"] == names.DATA_MOUNT
     assert env["BROKER_TOKEN_FILE"] == f"{names.TOKEN_MOUNT}/token"
+    assert env["BROKER_BACKEND_TOKEN_FILE"] == f"{names.BACKEND_TOKEN_MOUNT}/token"
     labels = pod["metadata"]["labels"]
     assert labels[names.LABEL_APP] == "broker"
     assert labels[names.LABEL_CLUSTER] == "orders"
@@ -56,6 +57,15 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["journal"]["persistentVolumeClaim"]["claimName"] == "journal-orders-1"
     assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
+    assert volumes["backend-token"]["secret"]["secretName"] == "orders-backend-token"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["backend-token"] == {
+        "name": "backend-token",
+        "mountPath": names.BACKEND_TOKEN_MOUNT,
+        "readOnly": True,
+    }
+    # Two mounts, neither inside the other: each Secret is its own read-only volume.
+    assert not names.BACKEND_TOKEN_MOUNT.startswith(names.TOKEN_MOUNT + "/")
     assert "emptyDir" in volumes["message-log"]
 
 
@@ -67,6 +77,7 @@ def test_every_child_is_owned_by_the_cluster() -> None:
         builders.build_headless_service(OWNER),
         builders.build_active_service(OWNER),
         builders.build_token_secret(OWNER),
+        builders.build_backend_token_secret(OWNER),
     ]
     for child in children:
         (ref,) = child["metadata"]["ownerReferences"]
@@ -116,11 +127,24 @@ def test_a_user_token_secret_replaces_the_generated_one() -> None:
     }
 
 
+def test_a_user_backend_secret_replaces_the_generated_one() -> None:
+    auth = {"backendTokenSecretRef": {"name": "erp-credential", "key": "bearer"}}
+    spec = parse_spec("orders", {"account": "a", "company": "c", "auth": auth})
+    volumes = {v["name"]: v for v in builders.build_pod(OWNER, 0, spec, active=False)["spec"]["volumes"]}
+    assert volumes["backend-token"]["secret"] == {
+        "secretName": "erp-credential",
+        "items": [{"key": "bearer", "path": "token"}],
+    }
+    assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
+
+
 def test_generated_tokens_are_random() -> None:
     first = builders.build_token_secret(OWNER)["stringData"]["token"]
     second = builders.build_token_secret(OWNER)["stringData"]["token"]
-    assert first != second
+    backend = builders.build_backend_token_secret(OWNER)
+    assert len({first, second, backend["stringData"]["token"]}) == 3
     assert len(first) >= 32
+    assert backend["metadata"]["name"] == "orders-backend-token"
 
 
 def test_template_hash_follows_the_spec_not_the_role() -> None:

@@ -56,7 +56,7 @@ async def test_a_new_cluster_gets_owned_pods_claims_services_and_token(
         secrets = objects_of(kmock, "v1/secrets")
         assert sorted(claims) == ["journal-orders-0", "journal-orders-1", "journal-orders-2"]
         assert sorted(services) == ["orders-active", "orders-brokers"]
-        assert list(secrets) == ["orders-broker-token"]
+        assert sorted(secrets) == ["orders-backend-token", "orders-broker-token"]
         for child in [*pods.values(), *claims.values(), *services.values(), *secrets.values()]:
             (owner,) = child["metadata"]["ownerReferences"]
             assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", "uid-orders")
@@ -91,7 +91,7 @@ async def test_the_later_cluster_for_a_pair_is_a_conflict_and_runs_nothing(
         assert warning["type"] == "Warning"
         assert "first already serves account 'acme', company '1000'" in warning["message"]
         assert not [name for name in objects_of(kmock, "v1/pods") if name.startswith("second")]
-        assert "second-broker-token" not in objects_of(kmock, "v1/secrets")
+        assert not [name for name in objects_of(kmock, "v1/secrets") if name.startswith("second")]
         assert cluster_status(kmock, "first").get("phase") != "Conflict"
 
 
@@ -129,7 +129,8 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
         await eventually(lambda: len(cluster_status(kmock, "ext").get("brokers") or []) == 2)
         assert objects_of(kmock, "v1/pods") == {}
         assert objects_of(kmock, "v1/services") == {}
-        assert list(objects_of(kmock, "v1/secrets")) == ["ext-broker-token"]
+        # The credentials are still made: the external brokers and the backend are configured with them.
+        assert sorted(objects_of(kmock, "v1/secrets")) == ["ext-backend-token", "ext-broker-token"]
         status = cluster_status(kmock, "ext")
         assert [b["name"] for b in status["brokers"]] == ["ext-a", "ext-b"]
         # The engine got the endpoints as its targets: it allocated an epoch through the API server

@@ -25,6 +25,14 @@ def test_defaults_are_the_designs() -> None:
     assert spec.storage_size == "1Gi"
     assert spec.token_secret is None
     assert spec.token_ref("orders") == SecretRef("orders-broker-token", "token")
+    assert spec.backend_token_secret is None
+    assert spec.backend_token_ref("orders") == SecretRef("orders-backend-token", "token")
+
+
+def test_the_backends_credential_is_a_secret_of_its_own() -> None:
+    spec = parse_spec("orders", minimal(auth={"backendTokenSecretRef": {"name": "erp-credential"}}))
+    assert spec.backend_token_ref("orders") == SecretRef("erp-credential", "token")
+    assert spec.token_ref("orders") == SecretRef("orders-broker-token", "token")
 
 
 def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
@@ -78,6 +86,12 @@ def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
         (minimal(replicas=10), "spec.replicas (10) must be an integer from 1 to 9"),
         (minimal(backend={"url": "http://a", "urlSecretRef": {"name": "s"}}), "spec.backend.url and"),
         ({"company": "1000"}, "spec.account is required"),
+        (
+            minimal(
+                auth={"tokenSecretRef": {"name": "s"}, "backendTokenSecretRef": {"name": "s", "key": "token"}}
+            ),
+            "spec.auth.backendTokenSecretRef names the same Secret key as spec.auth.tokenSecretRef",
+        ),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
