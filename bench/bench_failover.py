@@ -205,8 +205,8 @@ class BenchShell:
         self.label: str | None = None
         self.label_moved_at = 0.0  # time.monotonic() of the last label move
 
-    async def allocate_epoch(self, current: int) -> int:
-        self.epoch = max(self.epoch, current) + 1
+    async def allocate_epoch(self, current: int, epoch: int) -> int:
+        self.epoch = max(self.epoch + 1, epoch)
         return self.epoch
 
     async def move_active_label(self, active: str | None) -> None:

@@ -16,6 +16,16 @@ After a warm-up, it measures in the operator process over a window: CPU seconds
 per heartbeat and per wall second, the p99 heartbeat latency (send to parsed
 reply), the achieved heartbeat rate per cluster, and peak RSS. N passes when
 p99 < 100 ms, CPU < 1 core, and every cluster's active got >= 0.95 heartbeats/s.
+
+Before the sizes, a run with every cluster unavailable (``--unavailable-clusters``, 1,000
+by default, 0 to skip): the stand-ins store each activation's epoch and then refuse it
+with ``BACKEND_UNREACHABLE``, as a broker does whose backend and cloud are unreachable.
+The operator's shell counts what would be API writes on Kubernetes (epoch
+compare-and-swaps, status patches, events) over a window that starts once the engines'
+retry backoff has reached its cap (``--unavailable-warmup``, 70 s: the waits
+1+2+4+8+16+30 s add up to 61 s), and prints ``operator_unavailable_api_writes_per_s``
+(all clusters together) just before the headline.
+
 By default the operator process calls ``gc.freeze()`` once its clusters are up,
 as the operator's main does (``broker_operator.__main__``): without it, full
 collections over the start-up objects pause the event loop for 60+ ms
@@ -31,6 +41,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import os
 import re
 import resource
@@ -58,6 +69,12 @@ _REPLY = (
 )
 
 
+_UNREACHABLE = (
+    "<unavailabilityCode>BACKEND_UNREACHABLE</unavailabilityCode>"
+    "<unavailabilityMessage>POST http://127.0.0.1:1/resend failed: connection refused</unavailabilityMessage>"
+)
+
+
 def address(group: int, index: int) -> str:
     return f"127.{group}.{index // 250 + 1}.{index % 250 + 1}"
 
@@ -74,8 +91,9 @@ class StandinProtocol(asyncio.Protocol):
     being measured. This is benchmark scaffolding, not product code.
     """
 
-    def __init__(self, state: dict[str, tuple[bool, int]]) -> None:
+    def __init__(self, state: dict[str, tuple[bool, int]], refuse_activations: bool = False) -> None:
         self.state = state
+        self.refuse_activations = refuse_activations
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.host = ""
@@ -110,6 +128,10 @@ class StandinProtocol(asyncio.Protocol):
         if active and epoch < stored:
             code = "<unavailabilityCode>STALE_EPOCH</unavailabilityCode>"
             text = _REPLY.format(state="Unavailable", code=code, epoch=stored)
+        elif active and self.refuse_activations:
+            # A broker stores the epoch first, then its activation fails on the unreachable backend.
+            self.state[self.host] = (False, max(epoch, stored))
+            text = _REPLY.format(state="Unavailable", code=_UNREACHABLE, epoch=max(epoch, stored))
         else:
             self.state[self.host] = (active, max(epoch, stored))
             text = _REPLY.format(state="Active" if active else "Inactive", code="", epoch=max(epoch, stored))
@@ -122,13 +144,15 @@ class StandinProtocol(asyncio.Protocol):
         )
 
 
-def serve_standin(group: int, count: int) -> None:
+def serve_standin(group: int, count: int, refuse_activations: bool) -> None:
     state: dict[str, tuple[bool, int]] = {}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for index in range(count):
-            await loop.create_server(lambda: StandinProtocol(state), address(group, index), PORT, backlog=512)
+            await loop.create_server(
+                lambda: StandinProtocol(state, refuse_activations), address(group, index), PORT, backlog=512
+            )
         print("ready", flush=True)
         await asyncio.Event().wait()
 
@@ -139,6 +163,8 @@ def serve_standin(group: int, count: int) -> None:
 
 
 def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -> None:
+    # Every unavailable cluster logs a NoBrokerAvailable warning; the figures are what matters here.
+    logging.getLogger("broker_operator").setLevel(logging.ERROR)
     from broker_operator.core.status import ClusterStatus
     from broker_operator.engine import (
         BrokerTarget,
@@ -149,22 +175,33 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -
         PodFacts,
     )
 
+    writes = {"epochs": 0, "statuses": 0, "events": 0}  # counted while Shell.counting
+
     class Shell:
+        """Epochs in memory; counts the calls that are API writes on Kubernetes (see controller/shell.py)."""
+
+        counting = False
+
         def __init__(self) -> None:
             self.epoch = 0
 
-        async def allocate_epoch(self, current: int) -> int:
-            self.epoch = max(self.epoch, current) + 1
+        def count(self, kind: str) -> None:
+            if Shell.counting:
+                writes[kind] += 1
+
+        async def allocate_epoch(self, current: int, epoch: int) -> int:
+            self.count("epochs")  # a read and a conditional status patch
+            self.epoch = max(self.epoch + 1, epoch)
             return self.epoch
 
         async def move_active_label(self, active: str | None) -> None:
-            return None
+            return None  # endpoints mode: no pods to label
 
         async def record_status(self, status: ClusterStatus) -> None:
-            return None
+            self.count("statuses")
 
         async def record_event(self, reason: str, message: str, warning: bool) -> None:
-            return None
+            self.count("events")
 
         def pod_facts(self) -> Mapping[str, PodFacts]:
             return {}
@@ -211,9 +248,9 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -
         actives = sum(1 for loop in loops if loop.status.active is not None)
         cpu_start = time.process_time()
         wall_start = time.perf_counter()
-        client.recording = True
+        client.recording = Shell.counting = True
         await asyncio.sleep(window)
-        client.recording = False
+        client.recording = Shell.counting = False
         cpu = time.process_time() - cpu_start
         wall = time.perf_counter() - wall_start
         for task in tasks:
@@ -232,6 +269,9 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -
             "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else None,
             "p99_ms": 1000 * p99,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "writes_per_s": sum(writes.values()) / wall,
+            **{f"{kind}_per_s": count / wall for kind, count in writes.items()},
+            "unavailable": sum(1 for loop in loops if loop.status.phase == "Unavailable"),
         }
         print(json.dumps(report), flush=True)
 
@@ -253,8 +293,11 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     process.wait(timeout=10)
 
 
-def measure(clusters: int, warmup: float, window: float, freeze_gc: bool) -> dict[str, float]:
-    standins = [start(["--standin", str(group), str(clusters)]) for group in (1, 2)]
+def measure(
+    clusters: int, warmup: float, window: float, freeze_gc: bool, *, unavailable: bool = False
+) -> dict[str, float]:
+    refuse = ["--refuse-activations"] if unavailable else []
+    standins = [start(["--standin", str(group), str(clusters), *refuse]) for group in (1, 2)]
     try:
         for standin in standins:
             assert standin.stdout is not None
@@ -287,6 +330,10 @@ def main() -> int:
     parser.add_argument("--sizes", default="100,250,500,1000,1500,2000")
     parser.add_argument("--warmup", type=float, default=12.0)
     parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument("--refuse-activations", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--unavailable-clusters", type=int, default=1000, help="0: skip that figure")
+    parser.add_argument("--unavailable-warmup", type=float, default=70.0)
+    parser.add_argument("--unavailable-window", type=float, default=60.0)
     parser.add_argument(
         "--no-freeze-gc",
         dest="freeze_gc",
@@ -295,7 +342,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.standin:
-        serve_standin(*args.standin)
+        serve_standin(*args.standin, args.refuse_activations)
         return 0
     if args.operator:
         run_operator(int(args.operator[0]), args.operator[1], args.operator[2], args.freeze_gc)
@@ -304,7 +351,22 @@ def main() -> int:
     print(
         "settings: interval=1s timeout=1s failureThreshold=2 lease=5s standbyProbe=10s, 2 brokers per cluster"
     )
-    for size in (int(s) for s in args.sizes.split(",")):
+    down = args.unavailable_clusters  # 0: skip this figure
+    unavailable_writes: float | None = None
+    if down > 0:
+        report = measure(
+            down, args.unavailable_warmup, args.unavailable_window, args.freeze_gc, unavailable=True
+        )
+        print(
+            f"N={down} every activation refused (BACKEND_UNREACHABLE): unavailable={report['unavailable']}"
+            f" API writes {report['writes_per_s']:.1f}/s = epochs {report['epochs_per_s']:.1f}/s"
+            f" + statuses {report['statuses_per_s']:.1f}/s + events {report['events_per_s']:.1f}/s"
+            f" ({report['writes_per_s'] / down:.3f}/s per cluster, after {args.unavailable_warmup:g}s,"
+            f" over {args.unavailable_window:g}s) cpu={report['cpu_cores']:.2f} cores",
+            flush=True,
+        )
+        unavailable_writes = report["writes_per_s"]
+    for size in (int(s) for s in args.sizes.split(",") if s):
         report = measure(size, args.warmup, args.window, args.freeze_gc)
         passed = (
             report["p99_ms"] < 100
@@ -322,6 +384,8 @@ def main() -> int:
         if not passed:
             break
         best = size
+    if unavailable_writes is not None:
+        print(f"operator_unavailable_api_writes_per_s={unavailable_writes:.1f}")
     print(f"operator_clusters_at_1hz={best}")
     return 0
 

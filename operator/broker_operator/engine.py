@@ -13,7 +13,8 @@ How the loop keeps the core's promises:
   activations happen strictly one at a time and in priority order;
 - every heartbeat is bounded by ``timeoutSeconds`` here as well as in the client;
 - status is written only when the engine-owned fields change (heartbeat times
-  alone do not count), events as the core emits them.
+  alone do not count, nor does the epoch: ``allocate_epoch`` is its only writer),
+  events as the core emits them.
 
 What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
@@ -88,14 +89,15 @@ class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/s
 class ClusterShell(Protocol):
     """What the engine needs from its surroundings (Kubernetes, or a local state file)."""
 
-    async def allocate_epoch(self, current: int) -> int:
-        """Record ``current + 1`` durably and return it, or raise :class:`EpochConflict`."""
+    async def allocate_epoch(self, current: int, epoch: int) -> int:
+        """Record ``epoch`` (above ``current``) durably and return it, or raise :class:`EpochConflict`
+        if the stored epoch is above ``current``. The only writer of the stored epoch."""
         ...
 
     async def move_active_label(self, active: str | None) -> None: ...
 
     async def record_status(self, status: ClusterStatus) -> None:
-        """Called only when the engine-owned status changed."""
+        """Called only when the engine-owned status changed; never writes ``status.epoch``."""
         ...
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None: ...
@@ -249,11 +251,11 @@ class ClusterLoop:
 
     async def _allocate(self, action: AllocateEpoch) -> Observation:
         try:
-            return EpochGranted(await self._shell.allocate_epoch(action.current))
+            return EpochGranted(await self._shell.allocate_epoch(action.current, action.epoch))
         except EpochConflict as conflict:
             return EpochRefused(conflict.current, str(conflict))
         except Exception as error:  # an API server hiccup: retried after an interval
-            logger.exception("%s: allocating epoch %d failed", self.cluster, action.current + 1)
+            logger.exception("%s: allocating epoch %d failed", self.cluster, action.epoch)
             return EpochRefused(None, f"{type(error).__name__}: {error}")
 
     async def _event(self, event: RecordEvent) -> None:

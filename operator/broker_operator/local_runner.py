@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -134,7 +135,9 @@ class StateFile:
         epoch = document.get("epoch", 0)
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ManifestError(f"state file {self.path}: epoch ({epoch!r}) must be a non-negative integer")
-        return epoch, ClusterStatus.from_status(document.get("status"))
+        status = ClusterStatus.from_status(document.get("status"))
+        # The status part carries no epoch (allocate_epoch is its only writer): the file's epoch is it.
+        return epoch, dataclasses.replace(status, epoch=epoch) if status else None
 
     def save(self, epoch: int, status: ClusterStatus | None) -> None:
         stored, _ = self.load()
@@ -173,11 +176,11 @@ class LocalShell:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         print(f"{stamp} {text}", file=self._out, flush=True)
 
-    async def allocate_epoch(self, current: int) -> int:
+    async def allocate_epoch(self, current: int, epoch: int) -> int:
         stored, _ = self._state.load()
         if current < stored:
             raise EpochConflict(f"epoch {current} is behind the state file's {stored}", stored)
-        granted = current + 1
+        granted = epoch
         self._state.save(granted, self._status)
         self._line(f"epoch granted={granted}")
         return granted
@@ -187,8 +190,9 @@ class LocalShell:
 
     async def record_status(self, status: ClusterStatus) -> None:
         self._status = status
+        # The epoch in the file is allocate_epoch's alone, as status.epoch is on Kubernetes.
         stored, _ = self._state.load()
-        self._state.save(max(stored, status.epoch), status)
+        self._state.save(stored, status)
         brokers = " ".join(
             f"{b.name}={b.state}" + (f"({b.unavailability_code})" if b.unavailability_code else "")
             for b in status.brokers
@@ -209,8 +213,6 @@ async def run_cluster(
     state = StateFile(state_path)
     stored_epoch, last_status = state.load()
     initial = last_status or (ClusterStatus(epoch=stored_epoch) if stored_epoch else None)
-    if initial is not None and initial.epoch < stored_epoch:
-        initial = ClusterStatus(active=initial.active, epoch=stored_epoch, failovers=initial.failovers)
     if metrics_port is not None:
         from prometheus_client import start_http_server
 

@@ -44,3 +44,20 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def delete_crd_releasing_finalizers(cluster: LocalCluster, crd_file: str) -> None:
+    """Delete the CRD after the operator has stopped, first dropping finalizers nothing will remove now.
+
+    A BrokerCluster left with the operator's finalizer would hold the CRD in Terminating for ever,
+    and the next module that applies the CRD would wait on it.
+    """
+    listing = cluster.kubectl("get", "brokerclusters", "--all-namespaces", "-o", "json", check=False)
+    items = json.loads(listing.stdout)["items"] if listing.returncode == 0 else []
+    for item in items:
+        if item["metadata"].get("finalizers"):
+            cluster.kubectl(
+                "-n", item["metadata"]["namespace"], "patch", "brokercluster", item["metadata"]["name"],
+                "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+    cluster.kubectl("delete", "-f", crd_file, "--wait=false", check=False)

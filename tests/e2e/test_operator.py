@@ -6,6 +6,8 @@ the API server, the operator runs as its own process (``broker-operator``),
 broker pods run the real ``broker-service`` with its journal on the pod's PVC
 directory, and the backend and cloud are the project's simulators on loopback.
 The test starts and stops every process itself, in its own process group.
+One test runs the engine and its Kubernetes shell in this process instead, with
+stand-in brokers, to hold the engine at a chosen instant (``InProcessBrokers``).
 
 Waits are bounded failure limits, not performance assertions.
 """
@@ -29,10 +31,21 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from broker_contracts.soap import BrokerState
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
-from broker_operator.engine import EpochConflict
-from tests.e2e.support import WAIT_SECONDS, free_port, get_json, wait_for
+from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.shell import KubernetesClusterShell
+from broker_operator.core.status import ClusterStatus
+from broker_operator.engine import (
+    BrokerTarget,
+    ClusterLoop,
+    EpochConflict,
+    HeartbeatError,
+    HeartbeatReply,
+    HeartbeatSettings,
+)
+from tests.e2e.support import WAIT_SECONDS, delete_crd_releasing_finalizers, free_port, get_json, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -106,7 +119,7 @@ def crd_installed(kube_cluster: LocalCluster) -> Iterator[None]:
         "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
     )
     yield
-    kube_cluster.kubectl("delete", "-f", str(CRD_FILE), "--wait=false", check=False)
+    delete_crd_releasing_finalizers(kube_cluster, str(CRD_FILE))
 
 
 def new_namespace(cluster: LocalCluster, prefix: str) -> str:
@@ -278,6 +291,138 @@ def test_the_epoch_write_is_conditional_on_the_resource_version(
 
         asyncio.run(scenario())
         assert get_json(kube_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 2
+    finally:
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+class InProcessBrokers:
+    """Brokers that follow the Heartbeat rules (stale epochs refused, epoch stored), in this process.
+
+    What is under test here is the engine's writes to the API server, not the brokers, so the
+    engine's heartbeat client is replaced by this stand-in, which sends nothing anywhere.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.epochs = dict.fromkeys(names, 0)
+        self.active = dict.fromkeys(names, False)
+        self.reachable = dict.fromkeys(names, True)
+
+    async def heartbeat(
+        self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+    ) -> HeartbeatReply:
+        name = target.name
+        if not self.reachable[name]:
+            raise HeartbeatError(target, "cannot connect: connection refused", reached=False)
+        stored = self.epochs[name]
+        if not active:
+            self.active[name] = False
+            self.epochs[name] = max(stored, epoch)
+            return HeartbeatReply(BrokerState.INACTIVE, None, None, self.epochs[name])
+        if epoch < stored:
+            return HeartbeatReply(BrokerState.UNAVAILABLE, "STALE_EPOCH", "stale epoch", stored)
+        if renew:
+            self.epochs[name], self.active[name] = epoch, True
+        state = BrokerState.ACTIVE if self.active[name] else BrokerState.INACTIVE
+        return HeartbeatReply(state, None, None, self.epochs[name])
+
+    async def close(self) -> None:
+        return None
+
+
+class PausableShell(KubernetesClusterShell):
+    """The operator's real Kubernetes shell, whose next status write can be held as if it stopped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold_next_status = False
+        self.held = asyncio.Event()  # a status write is waiting to be sent
+        self.resume = asyncio.Event()
+        self.written = asyncio.Event()  # the held write has reached the API server
+        self.events: list[str] = []
+
+    async def record_status(self, status: ClusterStatus) -> None:
+        hold, self.hold_next_status = self.hold_next_status, False
+        if hold:
+            self.held.set()
+            await self.resume.wait()
+        await super().record_status(status)
+        if hold:
+            self.written.set()
+
+    async def record_event(self, reason: str, message: str, warning: bool) -> None:
+        self.events.append(reason)  # kopf's event poster works only inside a running kopf
+
+
+async def stored_epoch(api: KubeApi, namespace: str, name: str) -> int:
+    body = await api.read_cluster(namespace, name)
+    return int((body.get("status") or {}).get("epoch") or 0)
+
+
+async def engine_reaches(engine: asyncio.Task[None], description: str, check: Callable[[], bool]) -> None:
+    """Wait (at most 60 s) until ``check()`` holds, failing early if the engine died."""
+    deadline = time.monotonic() + 60
+    while not check():
+        assert not engine.done(), f"the engine stopped: {engine.exception()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {description}"
+        await asyncio.sleep(0.05)
+
+
+def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
+    kube_cluster: LocalCluster, crd_installed: None
+) -> None:
+    """Issue 13: status.epoch had two writers, the conditional allocation and the engine's status patch.
+
+    An engine held just before a status write (a stopped process, a long GC, a slow API call)
+    while another operator allocated the next epoch wrote its older epoch back on resuming, and
+    its next allocation then granted that epoch a second time. The engine and its Kubernetes
+    shell are the operator's own; only the brokers are stand-ins (see ``InProcessBrokers``).
+    """
+    namespace = new_namespace(kube_cluster, "epochs")  # no operator watches it
+    endpoints = [
+        {"name": "b0", "url": "http://127.0.0.1:9/soap", "priority": 0},
+        {"name": "b1", "url": "http://127.0.0.1:9/soap", "priority": 1},
+    ]
+    settings = HeartbeatSettings(
+        interval_seconds=0.2, timeout_seconds=0.2, lease_seconds=2.0, standby_probe_seconds=0.2
+    )
+    targets = [BrokerTarget(e["name"], e["url"], e["priority"]) for e in endpoints]
+
+    async def scenario() -> None:
+        api = KubeApi(kube_cluster.api_client())
+        body = await api.read_cluster(namespace, "stalled")
+        shell = PausableShell(api, body, ClusterObservations(), {}, manages_pods=False)
+        brokers = InProcessBrokers(["b0", "b1"])
+        initial = ClusterStatus.from_status(body.get("status"))
+        loop = ClusterLoop("stalled", targets, settings, shell, brokers, initial)
+        engine = asyncio.create_task(loop.run())
+        try:
+            await engine_reaches(engine, "b0 active", lambda: loop.status.active == "b0")
+            assert await stored_epoch(api, namespace, "stalled") == brokers.epochs["b0"] == 1
+            # The engine stops in its next status write (b1 stops answering: status changes)...
+            shell.hold_next_status = True
+            brokers.reachable["b1"] = False
+            await asyncio.wait_for(shell.held.wait(), timeout=30)
+            # ... while another operator allocates the next epoch, by the same compare-and-swap.
+            assert await allocate_epoch(api, namespace, "stalled", current=1) == 2
+            # The engine resumes: its status write must leave the other operator's epoch alone.
+            shell.resume.set()
+            await asyncio.wait_for(shell.written.wait(), timeout=30)
+            assert await stored_epoch(api, namespace, "stalled") == 2, "an older epoch was written back"
+            # Its next allocation (a failover to b1) conflicts and goes above 2, never granting 2 again.
+            brokers.reachable["b1"] = True
+            brokers.reachable["b0"] = brokers.active["b0"] = False
+            await engine_reaches(engine, "failover to b1", lambda: loop.status.active == "b1")
+            assert brokers.epochs["b1"] == 3
+            assert await stored_epoch(api, namespace, "stalled") == 3
+            assert "EpochConflict" in shell.events
+        finally:
+            engine.cancel()
+            await asyncio.gather(engine, return_exceptions=True)
+
+    try:
+        created = apply(kube_cluster, namespace, broker_cluster("stalled", endpoints=endpoints))
+        assert created.returncode == 0, created.stderr
+        asyncio.run(scenario())
     finally:
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 

@@ -310,10 +310,16 @@ def _down(workdir: Path) -> int:
         kill_process_group(supervisor, signal.SIGKILL)
     # If the supervisor died without tearing down, its children are still ours to stop.
     pids = state.get("pids")
-    for pid in pids if isinstance(pids, list) else []:
-        kill_process_group(int(pid), signal.SIGKILL)
-    sweep_pod_process_groups(workdir / "node")
+    groups = [int(pid) for pid in pids] if isinstance(pids, list) else []
+    for pid in groups:
+        kill_process_group(pid, signal.SIGKILL)
+    groups += sweep_pod_process_groups(workdir / "node")
+    # SIGKILL is not instant on a loaded machine: say "stopped" only once the groups are gone.
+    lingering = [pid for pid in [supervisor, *groups] if not wait_group_gone(pid, 15)]
     (workdir / STATE_FILE).unlink(missing_ok=True)
+    if lingering:
+        print(f"process groups still alive after SIGKILL: {lingering}", file=sys.stderr)
+        return 1
     print("local cluster stopped", file=sys.stderr)
     return 0
 

@@ -10,12 +10,19 @@ allocation is a compare-and-swap on the BrokerCluster itself:
 
 1. read the object; its ``status.epoch`` is the highest epoch ever granted;
 2. if it is above what the caller believes, someone else allocated: conflict;
-3. merge-patch ``status.epoch = current + 1`` carrying the ``resourceVersion``
-   that was read. The API server applies the patch only if the object is still
-   at that version and answers 409 otherwise: conflict.
+3. merge-patch ``status.epoch = epoch`` (``current + 1``, or higher when the
+   engine jumps above an epoch a broker reported) carrying the
+   ``resourceVersion`` that was read. The API server applies the patch only if
+   the object is still at that version and answers 409 otherwise: conflict.
 
-Whoever gets the 200 owns ``current + 1``; the loser re-reads and retries or
-gives up the round (the engine decides). This module does not retry.
+Whoever gets the 200 owns ``epoch`` (and every epoch skipped below it, which
+nobody will use); the loser re-reads and retries or gives up the round (the
+engine decides). This module does not retry.
+
+This is the only writer of ``status.epoch``. The engine's status patch leaves
+it out (``ClusterStatus.to_status_patch``): an unconditional write of the
+epoch an engine believed in, after it stalled past another's allocation, put
+a lower epoch back, and the next allocation handed out one already granted.
 """
 
 from __future__ import annotations
@@ -26,8 +33,14 @@ from broker_operator.controller.kube import HTTP_CONFLICT, KubeApi
 from broker_operator.engine import EpochConflict
 
 
-async def allocate_epoch(api: KubeApi, namespace: str, cluster: str, current: int) -> int:
-    """Record ``current + 1`` as BrokerCluster ``namespace/cluster``'s epoch, or raise ``EpochConflict``."""
+async def allocate_epoch(
+    api: KubeApi, namespace: str, cluster: str, current: int, epoch: int | None = None
+) -> int:
+    """Record ``epoch`` (default ``current + 1``) as BrokerCluster ``namespace/cluster``'s epoch,
+    or raise ``EpochConflict`` if another writer got there first."""
+    wanted = current + 1 if epoch is None else epoch
+    if wanted <= current:
+        raise ValueError(f"epoch to allocate ({wanted}) must be above the current epoch ({current})")
     body = await api.read_cluster(namespace, cluster)
     stored = int((body.get("status") or {}).get("epoch") or 0)
     if stored > current:
@@ -44,14 +57,14 @@ async def allocate_epoch(api: KubeApi, namespace: str, cluster: str, current: in
             f"BrokerCluster {namespace}/{cluster} came back without metadata.resourceVersion; "
             "refusing to record an epoch without a precondition"
         )
-    patch = {"metadata": {"resourceVersion": version}, "status": {"epoch": current + 1}}
+    patch = {"metadata": {"resourceVersion": version}, "status": {"epoch": wanted}}
     try:
         await api.patch_cluster_status(namespace, cluster, patch)
     except ApiException as error:
         if error.status == HTTP_CONFLICT:
             raise EpochConflict(
                 f"BrokerCluster {namespace}/{cluster} changed since resourceVersion {version} was read; "
-                f"epoch {current + 1} was not recorded"
+                f"epoch {wanted} was not recorded"
             ) from error
         raise
-    return current + 1
+    return wanted

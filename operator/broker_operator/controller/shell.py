@@ -3,12 +3,14 @@
 The failover engine decides; this carries out its decisions against the API
 server for one BrokerCluster:
 
-- ``allocate_epoch``: the conditional write of ``epoch + 1`` (``epochs.py``);
+- ``allocate_epoch``: the conditional write of the next epoch (``epochs.py``),
+  the only write of ``status.epoch``;
 - ``move_active_label``: take ``role=active`` off every other pod first, then
   put it on the new active, so the ``<name>-active`` Service never selects two
   brokers (endpoints mode has no pods: nothing to move);
-- ``record_status``: a merge patch of the status subresource; the engine calls
-  it only when the status changed, so there is no write per heartbeat;
+- ``record_status``: a merge patch of the status subresource without ``epoch``
+  (which has no precondition here and so must not be written here); the engine
+  calls it only when the status changed, so there is no write per heartbeat;
 - ``record_event``: a Kubernetes Event on the BrokerCluster, through kopf's
   event poster (batched, retried, never blocking a heartbeat);
 - ``pod_facts``: what the pod watch last saw (``observed.py``).
@@ -59,13 +61,11 @@ class KubernetesClusterShell:
         """The brokers the engine knows of changed (spec update): report facts for exactly these."""
         self._broker_names = broker_names
 
-    async def allocate_epoch(self, current: int) -> int:
+    async def allocate_epoch(self, current: int, epoch: int) -> int:
         try:
-            granted = await allocate_epoch(self._api, self._namespace, self._cluster, current)
+            granted = await allocate_epoch(self._api, self._namespace, self._cluster, current, epoch)
         except EpochConflict as conflict:
-            logger.warning(
-                "%s/%s: epoch %d not granted: %s", self._namespace, self._cluster, current + 1, conflict
-            )
+            logger.warning("%s/%s: epoch %d not granted: %s", self._namespace, self._cluster, epoch, conflict)
             raise
         logger.info("%s/%s: epoch %d recorded", self._namespace, self._cluster, granted)
         return granted

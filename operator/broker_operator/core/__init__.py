@@ -28,7 +28,9 @@ from broker_operator.core.decisions import (
     choose_next_active,
     epoch_usable,
     failback_target,
+    next_epoch,
     phase_of,
+    retry_delay,
     status_of,
     step,
 )
@@ -73,7 +75,9 @@ __all__ = [
     "epoch_usable",
     "failback_target",
     "initial_state",
+    "next_epoch",
     "phase_of",
+    "retry_delay",
     "status_of",
     "step",
 ]

@@ -31,9 +31,19 @@ class SendHeartbeat:
 
 @dataclass(frozen=True)
 class AllocateEpoch:
-    """Ask the shell for ``current + 1``, recorded durably with optimistic concurrency."""
+    """Ask the shell to record ``epoch`` durably, only if the stored epoch is still ``current``.
+
+    ``epoch`` is ``current + 1`` unless a broker reported a higher stored epoch: then it is
+    one above the highest reported, so that a re-created cluster whose brokers remember
+    epoch 94 gets there in one compare-and-swap rather than climbing one write at a time.
+    """
 
     current: int
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if self.epoch <= self.current:
+            raise ValueError(f"AllocateEpoch: epoch {self.epoch} must be above current {self.current}")
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,12 @@ class BrokerKnowledge:
     # waits FAILBACK_HOLDOFF after that, or a standby that answers probes but cannot
     # activate would have the active drained and restored over and over.
     activation_failed_at: float | None = None
+    # What its last failed activation came back with: the broker's own code and message
+    # (BACKEND_UNREACHABLE, STALE_EPOCH, ...) or the heartbeat's failure. Status shows it
+    # until a broker is active again: the fence that follows a refused activation answers
+    # Inactive, and a person must still see why the cluster is Unavailable.
+    activation_code: str | None = None
+    activation_message: str | None = None
     reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
     dead: bool = False  # Kubernetes says its container terminated or its pod is gone
     # An active=true call that may have arrived got no answer: a paused broker can
@@ -131,6 +137,11 @@ class Move:
     candidate: str | None = None  # sent active=true this step; awaiting its answer
     rounds: int = 1  # > 1: every candidate failed at least once (phase Unavailable)
     retry_at: float = 0.0  # after an exhausted round, when to walk again
+    # Rounds so far in which every activation tried failed (the retry backoff's exponent),
+    # and whether the round under way has sent any activation yet. A round that found
+    # nobody to try (every pod dead, no addresses yet) costs no API write and does not count.
+    failed_rounds: int = 0
+    attempted: bool = False
     # The designated first choice (switchover/failback target, the active before
     # an engine restart), tried before ready standbys; None for a failover.
     first: str | None = None
@@ -313,6 +324,8 @@ def _readdressed(
         state=UNKNOWN_STATE,
         code=None,
         message=None,
+        activation_code=None,
+        activation_message=None,
         possibly_active_until=fence_until,
         earlier_address_active_until=earlier,
         failures=0,
@@ -349,8 +362,16 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
             )
         elif not fact.dead and broker.dead:
             # A new container starts Inactive; probe it now to learn whether it is ready.
+            # What the old process answered to an activation says nothing about the new one.
             state = state.with_broker(
-                broker.name, dead=False, state=UNKNOWN_STATE, code=None, message=None, next_probe_at=0.0
+                broker.name,
+                dead=False,
+                state=UNKNOWN_STATE,
+                code=None,
+                message=None,
+                activation_code=None,
+                activation_message=None,
+                next_probe_at=0.0,
             )
     return state
 

@@ -9,7 +9,10 @@ follow ARCHITECTURE.md, "The heartbeat contract":
 - only a non-``Active`` answer to ``active=false`` (or a confirmed dead container)
   proves a broker not active;
 - a renewal of the active that is not answered ``Active`` counts one failure;
-- a candidate that answers ``Active`` completes the move under way.
+- a candidate that answers ``Active`` completes the move under way; one that does not
+  is tried no more in this round, except for two refusals a new epoch cures at once:
+  ``STALE_EPOCH`` with the broker's higher stored epoch (the next allocation jumps
+  above it) and ``LEASE_EXPIRED`` at the epoch it fenced itself at.
 
 Pure code: no I/O, no clock reads.
 """
@@ -59,7 +62,9 @@ def observe(state: EngineState, config: ClusterConfig, observation: Observation,
         case EpochRefused(current=current, reason=reason):
             state = replace(state, epoch_retry_at=now + config.settings.interval_seconds)
             if current is not None and current > state.epoch:
-                state = replace(state, epoch=current, epoch_holder=None, epoch_ended=False)
+                # Someone else was granted `current` and may be sending it to a broker: it is
+                # theirs, never ours to send. The next allocation goes above it.
+                state = replace(state, epoch=current, epoch_holder=None, epoch_ended=True)
             return state.with_event(
                 "EpochConflict",
                 f"allocating epoch {state.epoch + 1} failed: {reason}; retrying in"
@@ -79,7 +84,8 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         state = state.with_event(
             "StaleEpoch",
             f"broker {broker.name} reports epoch {reply.epoch}, above the cluster's epoch {state.epoch};"
-            " the recorded epoch is behind (lost status or a second operator?); allocating epochs up to it",
+            " the recorded epoch is behind (lost status, a re-created cluster or a second operator?);"
+            " allocating an epoch above it",
             True,
         )
     is_active = reply.state == BrokerState.ACTIVE.value
@@ -118,13 +124,25 @@ def _candidate_refused(state: EngineState, seen: HeartbeatAnswered, now: float) 
     move = state.move
     assert move is not None
     reply = seen.reply
-    # A stale epoch is retried with a higher one (the reported epoch forces a new
-    # allocation), and so is the epoch a broker fenced itself at (LEASE_EXPIRED ends
-    # it); any other refusal moves the walk on to the next candidate.
+    state = state.with_broker(
+        seen.broker,
+        activation_code=reply.unavailability_code or reply.state,
+        activation_message=reply.unavailability_message,
+    )
+    # The epoch a broker fenced itself at (LEASE_EXPIRED ends it) is retried at once with
+    # a new one, and so is a stale epoch the broker itself refused: it reported the epoch
+    # it stored, and the next allocation jumps above that (decisions.next_epoch).
     if reply.unavailability_code == LEASE_EXPIRED and seen.epoch == state.epoch:
         return replace(state, move=replace(move, candidate=None), epoch_ended=True)
-    if reply.unavailability_code == STALE and reply.epoch >= seen.epoch:
+    if reply.unavailability_code == STALE and reply.epoch > seen.epoch:
         return replace(state, move=replace(move, candidate=None))
+    if reply.unavailability_code == STALE:
+        # The broker stored our epoch and its backend or cloud refused it: they have seen a
+        # higher one, which the reply does not carry. Retrying at once re-sent the same epoch
+        # in a tight loop; climbing one epoch per try would race whoever holds the higher
+        # one. So it is a failed activation like any other (the round backs off), and the
+        # next try gets a new epoch.
+        state = replace(state, epoch_ended=True)
     state = state.with_broker(seen.broker, activation_failed_at=now)
     return replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
 
@@ -149,7 +167,12 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     state = state.with_broker(broker.name, **changes)
     move = state.move
     if seen.active and move is not None and move.candidate == seen.broker:
-        state = state.with_broker(seen.broker, activation_failed_at=now)
+        state = state.with_broker(
+            seen.broker,
+            activation_failed_at=now,
+            activation_code=changes["code"],
+            activation_message=seen.reason,
+        )
         state = replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
     return state
 
@@ -167,6 +190,8 @@ def complete_move(
         active_epoch=epoch,
         next_active_heartbeat_at=now + settings.interval_seconds,
         move=None,
+        # A broker is active again: status goes back to showing each broker's latest answer.
+        brokers=tuple(replace(b, activation_code=None, activation_message=None) for b in state.brokers),
     )
     state = state.with_broker(winner, failures=0)
     if settings.standby_probe_seconds > 0:

@@ -9,6 +9,14 @@ something changes, never once per heartbeat. The times are refreshed whenever
 some other field changes, which is often enough for a person reading
 ``kubectl describe`` and costs the API server nothing in the steady state.
 
+Why ``epoch`` is read but never written here: ``status.epoch`` has exactly one
+writer, the compare-and-swap that allocates it (``controller/epochs.py``, conditional
+on the ``resourceVersion`` it read). A status patch carrying the epoch had no such
+precondition, so an engine that stalled past another's allocation wrote its lower
+epoch back, and the next allocation handed out an epoch a broker had already been
+given. ``ClusterStatus.epoch`` is the engine's view of it, for metrics and the local
+runner's lines; it takes no part in equality, so a grant alone causes no status write.
+
 This module does not own ``ordering``, ``conditions``, ``observedGeneration`` or
 the ``Conflict`` phase: the validator and the controller write those.
 """
@@ -73,21 +81,28 @@ class LastFailover:
         }
 
 
+# Keys that show an engine ran (or an epoch was granted); the controller alone writes only
+# ``phase``, ``conflictsWith``, ``conditions`` and ``observedGeneration``.
+_WRITTEN_BY_ENGINE = ("epoch", "active", "brokers", "lastFailover", "failovers")
+
+
 @dataclass(frozen=True)
 class ClusterStatus:
     phase: str = Phase.PENDING.value
     active: str | None = None
-    epoch: int = 0  # the highest epoch ever granted to this cluster, bound to a broker or not
+    # The highest epoch ever granted to this cluster, as the engine knows it. Read back at
+    # start; never in the patch (see the module docstring) and not part of "changed".
+    epoch: int = field(default=0, compare=False)
     brokers: tuple[BrokerStatus, ...] = ()
     last_failover: LastFailover | None = None
     failovers: int = 0
 
     def to_status_patch(self) -> dict[str, Any]:
-        """The camelCase ``status`` dict for a Kubernetes merge patch."""
+        """The camelCase ``status`` dict for a Kubernetes merge patch; without ``epoch``, whose
+        only writer is the epoch allocation's compare-and-swap."""
         return {
             "phase": self.phase,
             "active": self.active,
-            "epoch": self.epoch,
             "brokers": [broker.to_patch() for broker in self.brokers],
             "lastFailover": self.last_failover.to_patch() if self.last_failover else None,
             "failovers": self.failovers,
@@ -95,8 +110,8 @@ class ClusterStatus:
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> ClusterStatus | None:
-        """Read back what an earlier engine wrote (``None`` when nothing was written yet)."""
-        if not status or "epoch" not in status:
+        """Read back what an earlier engine wrote and the granted epoch (``None`` when neither is there)."""
+        if not status or not any(key in status for key in _WRITTEN_BY_ENGINE):
             return None
         last = status.get("lastFailover")
         return cls(

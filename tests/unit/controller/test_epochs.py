@@ -1,4 +1,5 @@
-"""Epoch allocation's requests to the API server: the read, the conditional write, the refusals.
+"""Epoch allocation's requests to the API server: the read, the conditional write, the refusals;
+and the engine's status patch, which must never write the epoch (the allocation is its only writer).
 
 kmock does not enforce resourceVersion preconditions, so the 409 a real API
 server returns on a stale version is injected here as a reaction; that the
@@ -12,6 +13,9 @@ import pytest
 
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.shell import KubernetesClusterShell
+from broker_operator.core.status import BrokerStatus, ClusterStatus
 from broker_operator.engine import EpochConflict
 from tests.unit.controller.conftest import CLUSTERS, NAMESPACE, cluster_body
 
@@ -68,3 +72,30 @@ async def test_an_object_without_a_version_is_never_written(
     with pytest.raises(RuntimeError, match="resourceVersion"):
         await allocate_epoch(kube_api, NAMESPACE, "orders", current=1)
     assert status_patches(kmock) == []
+
+
+async def test_a_jump_above_a_remembered_epoch_is_one_conditional_write(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=1)
+    assert await allocate_epoch(kube_api, NAMESPACE, "orders", current=1, epoch=95) == 95
+    assert status_patches(kmock) == [{"metadata": {"resourceVersion": "41"}, "status": {"epoch": 95}}]
+    with pytest.raises(ValueError, match="must be above the current epoch"):
+        await allocate_epoch(kube_api, NAMESPACE, "orders", current=95, epoch=95)
+
+
+async def test_the_engines_status_patch_never_carries_the_epoch(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=7)
+    shell = KubernetesClusterShell(
+        kube_api, cluster_body("orders"), ClusterObservations(), {}, manages_pods=False
+    )
+    # An engine that still believes in epoch 4 (it stalled while another allocated 7).
+    status = ClusterStatus(
+        phase="Unavailable", epoch=4, brokers=(BrokerStatus("b0", 0, "Unavailable", "STALE_EPOCH"),)
+    )
+    await shell.record_status(status)
+    (patch,) = status_patches(kmock)
+    assert isinstance(patch, dict) and "epoch" not in patch["status"], patch
+    assert patch["status"]["brokers"][0]["unavailabilityCode"] == "STALE_EPOCH"

@@ -13,6 +13,15 @@ broker acts on a request) and records what happened for the convergence
 checks. Nothing here mocks our code: it stands in for broker processes, which
 the integration tests run for real.
 
+The cluster's stored epoch (``status.epoch`` on Kubernetes) is modelled with
+every write that reaches it: the engine's compare-and-swap allocations, another
+operator's allocations (``other_operator_allocates``), and the status patches the
+shell writes whenever the engine's status changes, applied as the merge patch the
+Kubernetes shell sends (``ClusterStatus.to_status_patch``). So a status patch that
+carried the epoch would write it here too, and the world's record of every value
+the stored epoch took and every grant lets the property tests check that it never
+goes down and that no epoch is granted twice.
+
 Faults modelled: crash (connection refused), restart (Inactive, epoch kept),
 partition (the request is lost; the caller times out), slow replies (the broker
 acts, the reply arrives after the timeout), pauses (SIGSTOP: requests queue
@@ -37,6 +46,7 @@ from broker_operator.core import (
     AllocateEpoch,
     BrokerTarget,
     ClusterConfig,
+    ClusterStatus,
     EngineState,
     EpochGranted,
     EpochRefused,
@@ -51,6 +61,7 @@ from broker_operator.core import (
     RecordEvent,
     SendHeartbeat,
     initial_state,
+    status_of,
     step,
 )
 
@@ -136,8 +147,16 @@ class World:
     state: EngineState
     pod_mode: bool = False
     now: float = 1000.0
-    stored_epoch: int = 0
+    stored_epoch: int = 0  # status.epoch of the BrokerCluster object
     refuse_next_allocations: int = 0
+    # Every value status.epoch took, in order, and every epoch granted, with to whom
+    # ("engine", or "other" for a second operator); the engine may activate with the
+    # epochs granted to it and those it inherited from its previous life (at start).
+    stored_epochs: list[int] = field(default_factory=list)
+    grants: list[tuple[int, str]] = field(default_factory=list)
+    engine_epochs: set[int] = field(default_factory=set)
+    recorded_status: ClusterStatus | None = None
+    status_writes: int = 0
     label: str | None = None
     events: list[RecordEvent] = field(default_factory=list)
     activations: list[tuple[float, str, int]] = field(default_factory=list)
@@ -178,7 +197,36 @@ class World:
         brokers = {name: SimBroker(name, settings.lease_seconds) for name in [*names, *processes]}
         world = cls(config, brokers, state, pod_mode=pod_mode, now=now, stored_epoch=stored_epoch)
         world.by_url = {pool_url(name): broker for name, broker in brokers.items()}
+        world.stored_epochs = [stored_epoch]
+        world.engine_epochs = set(range(1, stored_epoch + 1))  # granted to its previous life
         return world
+
+    # -- the BrokerCluster object's status.epoch -----------------------------
+
+    def _store_epoch(self, epoch: int) -> None:
+        self.stored_epoch = epoch
+        self.stored_epochs.append(epoch)
+
+    def _grant(self, epoch: int, to: str) -> None:
+        self._store_epoch(epoch)
+        self.grants.append((epoch, to))
+        if to == "engine":
+            self.engine_epochs.add(epoch)
+
+    def other_operator_allocates(self) -> None:
+        """A second operator (a stalled replica, an upgrade) wins a compare-and-swap of its own."""
+        self._grant(self.stored_epoch + 1, "other")
+
+    def _record_status(self) -> None:
+        """What the shell does after each step: merge-patch the status, if it changed."""
+        status = status_of(self.state, self.config)
+        if status == self.recorded_status:
+            return
+        self.recorded_status = status
+        self.status_writes += 1
+        patch = status.to_status_patch()
+        if "epoch" in patch:  # a merge patch writes whatever it carries, with no precondition
+            self._store_epoch(int(patch["epoch"]))
 
     # -- the world's own view -------------------------------------------------
 
@@ -279,6 +327,7 @@ class World:
             recent = [*recent[-4:], f"t={self.now:.3f} {decision.actions} move={self.state.move}"]
             self.pending = []
             latency = self._carry_out(decision)
+            self._record_status()
             if self.pending:
                 self.now += latency
             else:
@@ -301,22 +350,24 @@ class World:
                     assert action.broker in allowed, (
                         f"active=true to {action.broker}: neither the active ({state.active}) nor candidate"
                     )
-                    assert action.epoch <= self.stored_epoch, (
-                        f"activation of {action.broker} with epoch {action.epoch} never granted"
-                        f" (granted: {self.stored_epoch})"
+                    assert action.epoch in self.engine_epochs, (
+                        f"active=true to {action.broker} with epoch {action.epoch}, never granted to"
+                        f" this engine (grants: {self.grants}, inherited up to {self.stored_epochs[0]})"
                     )
                 latency = max(latency, self._heartbeat(action))
             elif isinstance(action, AllocateEpoch):
                 latency = max(latency, RTT)
                 if self.refuse_next_allocations > 0:
+                    # Another writer got there between our read and our write: a 409.
                     self.refuse_next_allocations -= 1
-                    self.stored_epoch += 1  # another writer bumped it
-                    self.pending.append(EpochRefused(self.stored_epoch, "conflict (simulated)"))
-                elif action.current != self.stored_epoch:
-                    self.pending.append(EpochRefused(self.stored_epoch, "stale current"))
+                    self.other_operator_allocates()
+                    self.pending.append(EpochRefused(None, "conflict (simulated)"))
+                elif self.stored_epoch > action.current:
+                    # As controller/epochs.py: someone else allocated since we last knew.
+                    self.pending.append(EpochRefused(self.stored_epoch, "stored epoch above current"))
                 else:
-                    self.stored_epoch += 1
-                    self.pending.append(EpochGranted(self.stored_epoch))
+                    self._grant(action.epoch, "engine")
+                    self.pending.append(EpochGranted(action.epoch))
             elif isinstance(action, MoveActiveLabel):
                 self.label = action.active
                 self.pending.append(LabelMoved(action.active))

@@ -8,6 +8,8 @@ They drive the real core through the simulated brokers of ``simulation.py``.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from broker_operator.core import (
@@ -16,6 +18,8 @@ from broker_operator.core import (
     HeartbeatSettings,
     SendHeartbeat,
     SettingsError,
+    next_epoch,
+    retry_delay,
     status_of,
     step,
 )
@@ -76,6 +80,8 @@ def test_status_patch_is_camel_case_and_round_trips() -> None:
         failovers=3,
     )
     patch = status.to_status_patch()
+    # status.epoch has one writer, the compare-and-swap of the epoch allocation.
+    assert "epoch" not in patch
     assert patch["brokers"][0]["unavailabilityCode"] == "STALE_EPOCH"
     assert patch["brokers"][0]["lastHeartbeatTime"] == "2026-01-01T00:00:00.000000Z"
     assert patch["lastFailover"] == {
@@ -86,7 +92,9 @@ def test_status_patch_is_camel_case_and_round_trips() -> None:
         "durationMs": 420,
     }
     assert ClusterStatus.from_status(patch) == status
+    assert ClusterStatus.from_status({**patch, "epoch": 7}).epoch == 7  # as the allocation left it
     assert ClusterStatus.from_status({}) is None
+    assert ClusterStatus.from_status({"phase": "Pending"}) is None  # only the controller wrote
 
 
 def test_heartbeat_times_alone_do_not_change_the_status() -> None:
@@ -298,3 +306,128 @@ def test_failback_to_a_broker_that_cannot_activate_is_held_off() -> None:
     holdoff = 10 * eager.interval_seconds
     assert 1 <= len(attempts) <= 12.0 / holdoff + 1, attempts
     assert world.actives() == ["b1"]
+
+
+def test_retry_delay_doubles_from_one_interval_up_to_30_seconds() -> None:
+    config = World.create(["b0"], FAST).config
+    assert [retry_delay(config, rounds) for rounds in range(9)] == [0.5, 0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert retry_delay(config, 10_000) == 30  # no overflow however long the outage
+    slow = HeartbeatSettings(interval_seconds=45, timeout_seconds=1, lease_seconds=100)
+    assert retry_delay(World.create(["b0"], slow).config, 3) == 45  # never faster than the interval
+
+
+def round_starts(world: World, broker: str, since: float) -> list[float]:
+    """When ``broker`` got active=true: with every activation refused, once per round."""
+    return [t for t, name in world.active_true_calls if name == broker and t >= since]
+
+
+def test_failed_rounds_back_off_exponentially_and_reset_once_a_broker_activates() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    for broker in world.brokers.values():
+        broker.activation_fails = True
+    world.run(100.0)
+    starts = round_starts(world, "b0", 0.0)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    # Each gap is the backoff plus the round itself (two refusals, a fence, an allocation:
+    # a few round trips). Before the backoff, a round began every interval, forever.
+    expected = [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert len(gaps) >= len(expected)
+    for gap, delay in zip(gaps, expected, strict=False):
+        assert delay <= gap <= delay + 0.1, (gaps, expected)
+    assert world.actives() == [] and status_of(world.state, world.config).phase == "Unavailable"
+
+    # The backend comes back: the next round (at most 30 s away) activates b0.
+    for broker in world.brokers.values():
+        broker.activation_fails = False
+    world.run(31.0)
+    assert world.actives() == ["b0"]
+
+    # Success reset the backoff: after a new failure the first retry is one interval later.
+    for broker in world.brokers.values():
+        broker.activation_fails = True
+    world.brokers["b0"].active = False  # b0 loses its activation (say, its backend went away)
+    failed_at = world.now
+    world.run(10.0)
+    starts = round_starts(world, "b1", failed_at)
+    assert len(starts) >= 3 and starts[1] - starts[0] <= FAST.interval_seconds + 0.1, starts
+
+
+def test_every_broker_refusing_costs_a_few_writes_a_minute_not_several_a_second() -> None:
+    # Issue 13: backend and cloud unreachable, default settings: epoch 8 to 70 in 35 s, and
+    # a status write with every epoch.
+    world = World.create(["b0", "b1"], HeartbeatSettings())
+    for broker in world.brokers.values():
+        broker.activation_fails = True
+    world.run(60.0)
+    grants, writes = len(world.grants), world.status_writes
+    world.run(300.0)
+    # At the 30 s cap: one round (two allocations, one per broker) per half minute, and
+    # no status write, since the status shows the same refusals every round.
+    assert len(world.grants) - grants <= 2 * (300 // 30 + 1), world.grants
+    assert world.status_writes == writes
+    assert [e.reason for e in world.events].count("NoBrokerAvailable") == 1
+
+
+def test_status_shows_each_brokers_answer_to_its_activation_not_what_came_after() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.brokers["b0"].activation_fails = True
+    world.brokers["b1"].slow = True  # acts, but its answers arrive after the timeout
+    world.brokers["b1"].activation_fails = True
+    world.run(10.0)
+    # b0 answered its activation BACKEND_UNREACHABLE and then active=false with Inactive;
+    # probes to b1 keep timing out. Status shows what each activation came back with.
+    world.brokers["b1"].slow = False
+    world.brokers["b1"].partitioned = True  # now its probes fail to connect in time
+    world.run(5.0)
+    shown = {b.name: b for b in status_of(world.state, world.config).brokers}
+    assert (shown["b0"].state, shown["b0"].unavailability_code) == ("Unavailable", "BACKEND_UNREACHABLE")
+    assert shown["b0"].unavailability_message == "BACKEND_UNREACHABLE"
+    assert (shown["b1"].state, shown["b1"].unavailability_code) == ("Unavailable", "HEARTBEAT_TIMEOUT")
+    assert world.state.broker("b0").state == "Inactive"  # what it answered last, all the same
+    unavailable = next(e for e in world.events if e.reason == "NoBrokerAvailable")
+    assert "b0: BACKEND_UNREACHABLE" in unavailable.message
+    assert "b1: HEARTBEAT_TIMEOUT" in unavailable.message
+    # Once a broker is active, every broker is shown as it last answered.
+    world.brokers["b1"].partitioned = False
+    world.brokers["b0"].activation_fails = False
+    world.run(31.0)
+    assert world.actives() == ["b0"]
+    shown = {b.name: b for b in status_of(world.state, world.config).brokers}
+    assert (shown["b0"].state, shown["b0"].unavailability_code) == ("Active", None)
+    assert (shown["b1"].state, shown["b1"].unavailability_code) == ("Inactive", None)
+
+
+def test_a_recreated_cluster_jumps_above_the_epoch_its_brokers_remember_in_one_allocation() -> None:
+    # Issue 13: brokers that remember epoch 94 (a deleted BrokerCluster's disks, or endpoints)
+    # made a new cluster climb from 1 to 94 one compare-and-swap at a time.
+    world = World.create(["b0", "b1"], FAST)
+    for broker in world.brokers.values():
+        broker.epoch = 94
+    world.target_epoch = 94
+    world.run(2.0)
+    assert world.actives() == ["b0"]
+    assert world.brokers["b0"].epoch == 95
+    # The first allocation is made before anyone answered; b0 refuses it as STALE_EPOCH with
+    # its stored 94, and the next allocation goes straight above it.
+    assert world.grants == [(1, "engine"), (95, "engine")]
+    assert any(e.reason == "StaleEpoch" and "epoch 94" in e.message for e in world.events)
+
+
+def test_next_epoch_is_above_every_epoch_a_broker_reported() -> None:
+    world = World.create(["b0", "b1"], FAST, stored_epoch=3)
+    state = world.state.with_broker("b1", reported_epoch=94)
+    assert next_epoch(state) == 95
+    assert next_epoch(world.state) == 4  # nobody reported more than the cluster's epoch
+
+
+def test_targets_that_refuse_the_epoch_fail_the_activation_without_a_tight_loop() -> None:
+    # The broker stored our epoch but its backend has seen a higher one: the reply cannot say
+    # which. It used to be re-sent at once with the same epoch, forever.
+    world = World.create(["b0", "b1"], FAST)
+    world.target_epoch = 50
+    world.run(60.0)  # would raise "did not settle" on a livelock
+    assert world.actives() == []
+    shown = {b.name: b for b in status_of(world.state, world.config).brokers}
+    assert shown["b0"].unavailability_code == "STALE_EPOCH"
+    # One new epoch per broker per round, the rounds backing off: a handful, not one per step.
+    assert len(world.grants) <= 2 * 8, world.grants

@@ -75,10 +75,10 @@ async def test_state_file_grants_in_order_and_never_goes_back(tmp_path: Path) ->
     state = StateFile(tmp_path / "state.json")
     out = io.StringIO()
     shell = LocalShell(state, out)
-    assert await shell.allocate_epoch(0) == 1
-    assert await shell.allocate_epoch(1) == 2
+    assert await shell.allocate_epoch(0, 1) == 1
+    assert await shell.allocate_epoch(1, 2) == 2
     with pytest.raises(EpochConflict) as conflict:
-        await shell.allocate_epoch(0)
+        await shell.allocate_epoch(0, 1)
     assert conflict.value.current == 2
     with pytest.raises(EpochConflict):
         state.save(1, None)
@@ -86,6 +86,13 @@ async def test_state_file_grants_in_order_and_never_goes_back(tmp_path: Path) ->
     epoch, status = state.load()
     assert epoch == 2 and status is not None and status.active == "east"
     assert "status phase=Healthy active=east epoch=2" in out.getvalue()
+    # A jump above an epoch a broker reported is one write.
+    assert await shell.allocate_epoch(2, 95) == 95
+    # Only allocate_epoch writes the epoch: a status from an engine that believes in an older
+    # one neither fails nor writes it back.
+    await shell.record_status(ClusterStatus(phase="Degraded", active="east", epoch=2))
+    epoch, status = state.load()
+    assert epoch == 95 and status is not None and status.phase == "Degraded"
 
 
 def test_corrupt_state_file_is_refused_not_reset(tmp_path: Path) -> None:
