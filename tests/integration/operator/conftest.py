@@ -81,6 +81,8 @@ class ProcessShell(LocalShell):
         }
 
     def reasons(self) -> list[str]:
+        """Event reasons so far. A step records its events after its calls return, so a status the
+        test sees may come before its event: wait for an event, do not assert it at once."""
         return [reason for reason, _ in self.events]
 
 

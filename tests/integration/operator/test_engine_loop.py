@@ -43,7 +43,7 @@ async def test_activates_highest_priority_and_reports_healthy(cluster: BrokerTri
     status = loop.status
     assert status.active == "b0" and status.epoch == 1
     assert [b.state for b in status.brokers] == ["Active", "Inactive", "Inactive"]
-    assert "Activated" in shell.reasons()
+    await eventually(lambda: "Activated" in shell.reasons(), 10, "Activated event")
     # Status is written on change only: a quiet second adds no writes.
     writes = len(shell.statuses)
     await asyncio.sleep(1.5)
@@ -124,7 +124,7 @@ async def test_stale_epoch_on_a_broker_raises_the_cluster_epoch(cluster: BrokerT
     await eventually(lambda: loop.status.active is not None, 30, "an active broker")
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
     assert loop.status.epoch >= 5, loop.status.epoch  # never below what a broker already stored
-    assert "StaleEpoch" in shell.reasons()
+    await eventually(lambda: "StaleEpoch" in shell.reasons(), 10, "StaleEpoch event")
 
 
 async def test_failback_after_restart_never_overlaps(cluster: BrokerTrio) -> None:
@@ -138,7 +138,7 @@ async def test_failback_after_restart_never_overlaps(cluster: BrokerTrio) -> Non
     sampler = asyncio.create_task(sample_single_active(cluster, 8.0))
     await eventually(lambda: cluster.actives() == ["b0"], 15, "failback to b0")
     await sampler
-    assert "Failback" in shell.reasons()
+    await eventually(lambda: "Failback" in shell.reasons(), 10, "Failback event")
     assert loop.status.failovers == 2
 
 
@@ -150,7 +150,7 @@ async def test_switchover_to_preferred_active_drains_first(cluster: BrokerTrio) 
     loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
     await eventually(lambda: cluster.actives() == ["b2"], 10, "switchover to b2")
     await sampler
-    assert "Switchover" in shell.reasons()
+    await eventually(lambda: "Switchover" in shell.reasons(), 10, "Switchover event")
     assert loop.status.active == "b2" and loop.status.last_failover is not None
     assert loop.status.last_failover.reason == "PreferredActive"
     # preferredActive keeps b2 even though b0 has the higher priority (Automatic failback).

@@ -32,7 +32,7 @@ async def test_engine_started_without_brokers_activates_those_given_later(cluste
     await eventually(lambda: loop.status.phase == "Healthy", 10, "phase Healthy")
     assert loop.status.active == "b0" and loop.status.epoch == 1
     assert [b.name for b in loop.status.brokers] == ["b0", "b1", "b2"]
-    assert "Activated" in shell.reasons()
+    await eventually(lambda: "Activated" in shell.reasons(), 10, "Activated event")
 
 
 async def test_brokers_added_one_by_one_end_on_the_highest_priority(cluster: BrokerTrio) -> None:
@@ -58,6 +58,6 @@ async def test_removed_active_is_deactivated_before_another_is_activated(cluster
     await sampler
     assert loop.status.active == "b1"
     assert [b.name for b in loop.status.brokers] == ["b1", "b2"]  # b0 is forgotten once fenced
+    await eventually(lambda: "Failover" in shell.reasons(), 10, "Failover event")
     unavailable = next(message for reason, message in shell.events if reason == "ActiveUnavailable")
     assert "b0 was removed from the spec" in unavailable
-    assert "Failover" in shell.reasons()
