@@ -50,6 +50,11 @@ def test_chart_lints_and_renders_the_crd_from_crds_folder(kube_cluster: LocalClu
     [
         (["--set", "operator.replicas=2"], "operator.replicas > 1 needs operator.peering"),
         (["--set", "validator.enabled=true"], "validator.store.claimName must name the message-log claim"),
+        # values.schema.json: a wrong type, a typo and a bad pattern are refused naming the field.
+        (["--set", "operator.replicas=two"], "/operator/replicas"),
+        (["--set", "operator.replicaz=2"], "additional properties 'replicaz' not allowed"),
+        (["--set", "validator.executorMemory=1gb"], "/validator/executorMemory"),
+        (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy"),
     ],
 )
 def test_unsafe_values_are_refused_with_the_reason(
@@ -99,7 +104,7 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
 ) -> None:
     namespace = release
     kube_cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
-    kube_cluster.helm(
+    installed = kube_cluster.helm(
         "install", "bf", str(CHART),
         "--namespace", namespace,
         "--set", f"operator.watchNamespaces={{{namespace}}}",
@@ -108,6 +113,9 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
         "--set", f"operator.healthPort={free_port()}",
         "--wait", "--timeout=120s",
     )  # fmt: skip
+    # NOTES.txt tells the user how to see state, for this release's names.
+    assert "kubectl get brokerclusters" in installed.stdout
+    assert f"kubectl logs -n {namespace} deploy/bf-broker-failover" in installed.stdout
     (operator_pod,) = get_json(kube_cluster, namespace, "pods", "-l", "app.kubernetes.io/component=operator")[
         "items"
     ]
