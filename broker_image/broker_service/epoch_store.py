@@ -6,7 +6,8 @@ it in one small text file in the data directory (the PVC), replaced atomically:
 write a temporary file, fsync it, rename it over the old one, fsync the
 directory. A crash leaves either the old or the new value, never a torn one.
 
-This module does not decide whether an epoch is acceptable; the lifecycle does.
+This module does not decide whether an epoch is acceptable; the term rules do
+(:mod:`broker_service.term`).
 It is synchronous on purpose: a store is a few hundred microseconds and happens
 only when the epoch moves, so it stays on the event loop where ordering with
 the heartbeat's other steps is obvious.

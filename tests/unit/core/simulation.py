@@ -1,17 +1,18 @@
-"""Simulated brokers that follow the broker's Heartbeat rules, and a world that drives the core.
+"""Simulated brokers that run the broker's own term rules, and a world that drives the core.
 
-The decision core is pure, so it can be run against a model of the brokers with a
-simulated clock: every ``SendHeartbeat`` is answered by a :class:`SimBroker` that
-follows ARCHITECTURE.md "Broker rules" (stale epochs refused, epoch stored on
-``active=true``, synchronous activation that may fail, self-fencing after the
-lease) and the rules docs/broker.md adds: a ``renewLease=false`` check changes
-nothing; a broker whose process was stalled longer than the lease margin fences
-itself before it handles anything; and a self-fenced term is never revived by
-an ``active=true`` at the epoch it fenced at (``LEASE_EXPIRED``). The world
-checks the safety properties at the only moments they can break (when a
-broker acts on a request) and records what happened for the convergence
-checks. Nothing here mocks our code: it stands in for broker processes, which
-the integration tests run for real.
+The decision core is pure, so it can be run against simulated broker processes with a
+simulated clock: every ``SendHeartbeat`` is answered by a :class:`SimBroker`, which runs
+the broker's term state machine (:class:`broker_service.term.TermMachine`, the object the
+real ``Broker`` runs) in the order the broker drives it. So ARCHITECTURE.md "Broker
+rules" and the rules docs/broker.md adds (checks, stalls, the fenced-term restriction)
+are the broker's code here, not a model of it; only the I/O is simulated (storing the
+epoch, the targets' answer to an activation) and the process's clock: a running
+process's lease watcher ticks on time, a paused one's does not. A process "acts as the
+active" at an instant when the broker would admit a bundle then (Active, in lease, its
+loop not stalled); the world checks the safety properties at the only moments they can
+break (when a broker acts on a request, and after every step) and records what happened
+for the convergence checks. Nothing here mocks our code: it stands in for broker
+processes, which the integration tests run for real.
 
 The cluster's stored epoch (``status.epoch`` on Kubernetes) is modelled with
 every write that reaches it: the engine's compare-and-swap allocations, another
@@ -24,7 +25,8 @@ goes down and that no epoch is granted twice.
 
 Faults modelled: crash (connection refused), restart (Inactive, epoch kept),
 partition (the request is lost; the caller times out), slow replies (the broker
-acts, the reply arrives after the timeout), pauses (SIGSTOP: requests queue
+acts, the reply arrives after the timeout), journal failures (the broker fences
+itself and answers ``JOURNAL_ERROR`` until restarted), pauses (SIGSTOP: requests queue
 unanswered and are handled when the process resumes, possibly long after the
 caller gave up), activation failures (Unavailable), epoch-allocation conflicts,
 and clock steps (everyone's time jumps). An activation tells the targets its
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker_contracts.soap import BrokerState, UnavailabilityCode
 from broker_operator.core import (
     AllocateEpoch,
     BrokerTarget,
@@ -64,6 +65,7 @@ from broker_operator.core import (
     status_of,
     step,
 )
+from tests.unit.core.sim_broker import SimBroker
 
 RTT = 0.002  # a loopback round trip, in simulated seconds
 NAMES_POOL = ["b0", "b1", "b2", "b3", "b4", "b5"]  # priority = index
@@ -72,72 +74,6 @@ NAMES_POOL = ["b0", "b1", "b2", "b3", "b4", "b5"]  # priority = index
 def pool_url(name: str) -> str:
     """The first address of a pooled broker; re-addressing gives it others."""
     return f"http://127.0.0.1:{9000 + NAMES_POOL.index(name)}/soap"
-
-
-@dataclass
-class SimBroker:
-    name: str
-    lease: float
-    alive: bool = True
-    partitioned: bool = False
-    slow: bool = False
-    activation_fails: bool = False
-    active: bool = False
-    epoch: int = 0
-    renewed_at: float = 0.0
-    fenced_epoch: int = -1  # the epoch of the last self-fenced term: never revived
-    paused_at: float | None = None  # SIGSTOPped since then; requests queue in `queued`
-    queued: list[SendHeartbeat] = field(default_factory=list)
-
-    def fence(self, now: float) -> None:
-        """Self-fencing: an active broker with no renewal for a lease deactivates itself."""
-        if self.active and now - self.renewed_at >= self.lease:
-            self.self_fence()
-
-    def self_fence(self) -> None:
-        if self.active:
-            self.active = False
-            self.fenced_epoch = self.epoch
-
-    def stalled(self, seconds: float, stall_limit: float) -> bool:
-        """The process did not run for ``seconds``: past the stall limit it fences itself first."""
-        if seconds > stall_limit:
-            self.self_fence()
-            return True
-        return False
-
-    def handle(
-        self, active: bool, epoch: int, now: float, renew: bool = True, target_epoch: int = 0
-    ) -> HeartbeatReply:
-        """``target_epoch``: the highest epoch the backend and cloud have seen; an activation
-        below it fails, as the real broker's resend request and cloud probe do (STALE_EPOCH)."""
-        self.fence(now)
-        if not active:
-            self.active = False
-            self.epoch = max(self.epoch, epoch)  # as the real broker: a probe raises the stored epoch
-            return HeartbeatReply(BrokerState.INACTIVE, None, None, self.epoch)
-        if not renew:
-            state = BrokerState.ACTIVE if self.active else BrokerState.INACTIVE
-            return HeartbeatReply(state, None, None, self.epoch)
-        refusal = self._refusal(epoch, target_epoch)
-        if refusal is not None:
-            return HeartbeatReply(BrokerState.UNAVAILABLE, refusal, refusal, self.epoch)
-        self.active = True
-        self.renewed_at = now
-        return HeartbeatReply(BrokerState.ACTIVE, None, None, self.epoch)
-
-    def _refusal(self, epoch: int, target_epoch: int) -> str | None:
-        """Why an ``active=true`` at ``epoch`` is refused (the epoch is stored first unless stale)."""
-        if epoch < self.epoch:
-            return UnavailabilityCode.STALE_EPOCH.value
-        if epoch <= self.fenced_epoch:
-            return UnavailabilityCode.LEASE_EXPIRED.value
-        self.epoch = epoch
-        if not self.active and epoch < target_epoch:
-            return UnavailabilityCode.STALE_EPOCH.value
-        if not self.active and self.activation_fails:
-            return UnavailabilityCode.BACKEND_UNREACHABLE.value
-        return None
 
 
 @dataclass
@@ -163,6 +99,8 @@ class World:
     epoch_owner: dict[int, str] = field(default_factory=dict)
     active_true_calls: list[tuple[float, str]] = field(default_factory=list)
     renewals: list[tuple[float, str]] = field(default_factory=list)  # active=true that may renew a lease
+    # Every answer the engine received: when, to which request, what the broker said.
+    answers: list[tuple[float, SendHeartbeat, HeartbeatReply]] = field(default_factory=list)
     target_epoch: int = 0  # the highest epoch the (simulated) backend and cloud were told of
     pending: list[Observation] = field(default_factory=list)
     # Processes at addresses the spec no longer names: unreachable, still counted.
@@ -233,10 +171,16 @@ class World:
     def processes(self) -> list[SimBroker]:
         return [*self.brokers.values(), *self.retired]
 
-    def actives(self) -> list[str]:
+    def _run_processes(self) -> None:
+        """Every process that runs (alive, not paused) has run up to now."""
         for broker in self.processes():
-            broker.fence(self.now)
-        return [b.name for b in self.processes() if b.active and b.alive]
+            if broker.alive and broker.paused_at is None:
+                broker.run_until(self.now)
+
+    def actives(self) -> list[str]:
+        """The processes that would act as the active if they ran now (a paused one included)."""
+        self._run_processes()
+        return [b.name for b in self.processes() if b.acts_as_active(self.now)]
 
     def set_targets(self, names: list[str], readdress: frozenset[str] = frozenset()) -> None:
         """A spec change: these brokers (created if new), some of them at a new address."""
@@ -253,11 +197,12 @@ class World:
             if name in old and name in readdress:
                 previous = self.brokers[name]
                 if self.pod_mode:
-                    previous.alive = previous.active = False  # the old pod is gone
+                    previous.alive = False  # the old pod is gone
+                    previous.new_process()
                 self.retired.append(previous)
                 self.addresses += 1
                 url = f"http://127.0.1.{self.addresses}:{9000 + NAMES_POOL.index(name)}/soap"
-                fresh = SimBroker(name, config.settings.lease_seconds, epoch=previous.epoch)
+                fresh = SimBroker(name, config.settings.lease_seconds, epoch=previous.term.epoch)
                 self.brokers[name] = self.by_url[url] = fresh
             targets.append(BrokerTarget(name, url, NAMES_POOL.index(name)))
         self.config = ClusterConfig.of(config.cluster, targets, config.settings, config.preferred_active)
@@ -272,44 +217,72 @@ class World:
 
     # -- faults ----------------------------------------------------------------
 
+    def journal_fails(self, name: str) -> None:
+        """A journal write fails (disk full, I/O error): the broker fences itself, as Broker does."""
+        broker = self.brokers[name]
+        if broker.alive and broker.paused_at is None:
+            broker.run_until(self.now)
+            broker.journal_error = "No space left on device (simulated)"
+            broker.term.fence(f"journal failed: {broker.journal_error}")
+
+    def left_active(self, name: str, epoch: int) -> None:
+        """A previous operator's last act: ``name`` activated with ``epoch`` just now."""
+        broker = self.brokers[name]
+        broker.run_until(self.now)
+        broker.handle(True, epoch, self.now)
+        self.target_epoch = max(self.target_epoch, epoch)
+        assert broker.active, f"{name} could not be left active with epoch {epoch}"
+
     def crash(self, name: str) -> None:
         broker = self.brokers[name]
         broker.alive = False
-        broker.active = False  # kill -9: the process and its activity are gone; the epoch is on disk
+        broker.new_process()  # kill -9: the process and its activity are gone; the epoch is on disk
 
     def restart(self, name: str) -> None:
         broker = self.brokers[name]
         broker.alive = True
-        broker.active = False  # a broker always starts Inactive with its stored epoch
-        broker.fenced_epoch = -1  # in memory only; a restarted broker is Inactive anyway
-        broker.paused_at, broker.queued = None, []
+        # A broker always starts Inactive with its stored epoch; the fence restriction was in memory.
+        broker.new_process()
+        broker.run_until(self.now)
 
     def pause(self, name: str) -> None:
         broker = self.brokers[name]
         if broker.paused_at is None:
+            if broker.alive:
+                broker.run_until(self.now)  # its watcher's last tick is now
             broker.paused_at = self.now
 
-    def resume(self, name: str) -> None:
-        """SIGCONT: the stall check runs first, then the queued requests are handled (answers are lost).
+    def resume(self, name: str, *, watcher_first: bool = True) -> None:
+        """SIGCONT: the queued requests are handled (their answers are lost) and the watcher ticks.
 
-        After a stall longer than the limit the broker refuses every ``active=true`` that waited
-        it out (``EVENT_LOOP_STALLED``), an activation included; shorter pauses are handled as if
-        the requests had just arrived.
+        Either may run first after a resume: ``watcher_first`` (its tick sees the pause as the
+        gap since its last one) or the handlers first (each sees it as the time since the
+        watcher's last tick). Longer than tick + margin is a stall: an active broker fences
+        itself, and every ``active=true`` that waited it out is refused
+        (``EVENT_LOOP_STALLED``), an activation included. The term machine decides.
         """
         broker = self.brokers[name]
         if broker.paused_at is None:
             return
-        stalled = broker.stalled(self.now - broker.paused_at, self.config.settings.lease_margin_seconds)
         broker.paused_at, queued, broker.queued = None, broker.queued, []
+        if not broker.alive:
+            return
+        if watcher_first:
+            broker.term.tick(self.now)
         for action in queued:
-            if broker.alive and not (stalled and action.active):
-                self._act(broker, action)
+            self._act(broker, action, watcher_ran=watcher_first)
+        broker.term.tick(self.now)
 
     def clock_step(self, seconds: float) -> None:
-        """Everyone's time jumps (a paused VM): every process notices its stall when it runs again."""
+        """Everyone's time jumps (a paused VM): every process notices its stall when it runs again.
+
+        A running process's watcher sees it at its next tick; a paused one when it resumes.
+        """
+        self._run_processes()
         self.now += seconds
         for broker in self.processes():
-            broker.stalled(seconds, self.config.settings.lease_margin_seconds)
+            if broker.alive and broker.paused_at is None:
+                broker.term.tick(self.now)
 
     # -- driving the engine ----------------------------------------------------
 
@@ -397,20 +370,24 @@ class World:
             return timeout
         answered = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
         self.pending.append(answered)
+        self.answers.append((self.now, action, reply))
         return RTT
 
-    def _act(self, broker: SimBroker, action: SendHeartbeat) -> HeartbeatReply:
+    def _act(self, broker: SimBroker, action: SendHeartbeat, *, watcher_ran: bool = True) -> HeartbeatReply:
+        if watcher_ran:
+            broker.run_until(self.now)
         was_active = broker.active
         reply = broker.handle(action.active, action.epoch, self.now, action.renew, self.target_epoch)
         if broker.active and not was_active:
-            self.target_epoch = max(self.target_epoch, broker.epoch)
+            self.target_epoch = max(self.target_epoch, broker.term.epoch)
             self._check_activation(broker)
         return reply
 
     def _check_activation(self, broker: SimBroker) -> None:
-        self.actives()  # self-fence whoever's lease ran out
-        others = [b.name for b in self.processes() if b is not broker and b.active and b.alive]
+        self._run_processes()  # self-fence whoever's lease ran out
+        others = [b.name for b in self.processes() if b is not broker and b.acts_as_active(self.now)]
         assert not others, f"{broker.name} activated at t={self.now:.3f} while {others} still active"
-        owner = self.epoch_owner.setdefault(broker.epoch, broker.name)
-        assert owner == broker.name, f"epoch {broker.epoch} given to both {owner} and {broker.name}"
-        self.activations.append((self.now, broker.name, broker.epoch))
+        epoch = broker.term.epoch
+        owner = self.epoch_owner.setdefault(epoch, broker.name)
+        assert owner == broker.name, f"epoch {epoch} given to both {owner} and {broker.name}"
+        self.activations.append((self.now, broker.name, epoch))

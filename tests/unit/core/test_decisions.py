@@ -119,7 +119,7 @@ def test_old_active_that_answers_inactive_is_replaced_without_waiting_for_the_le
     world = World.create(["b0", "b1"], FAST)
     world.run(2.0)
     world.brokers["b0"].activation_fails = True  # alive, answers, but cannot stay active
-    world.brokers["b0"].active = False
+    world.brokers["b0"].term.fence("its backend went away (simulated)")
     failed_at = world.now
     world.run(3.0)
     assert world.actives() == ["b1"]
@@ -180,7 +180,7 @@ def test_a_paused_active_that_resumes_cannot_act_on_its_queued_renewal() -> None
     assert world.state.active == "b1"
     world.resume("b0")  # handles the queued renewal at its old epoch: refused, it fenced itself
     assert world.actives() == ["b1"]
-    assert world.brokers["b0"].fenced_epoch == world.brokers["b1"].epoch - 1
+    assert world.brokers["b0"].term.fenced_epoch == world.brokers["b1"].term.epoch - 1
 
 
 def test_planned_switchover_allocates_then_drains_then_activates() -> None:
@@ -213,7 +213,7 @@ def test_epoch_conflict_is_retried_and_reported() -> None:
     world.run(3.0)
     assert world.actives() == ["b0"]
     assert any(e.reason == "EpochConflict" for e in world.events)
-    assert world.brokers["b0"].epoch == world.stored_epoch  # activated with the epoch actually granted
+    assert world.brokers["b0"].term.epoch == world.stored_epoch  # activated with the epoch actually granted
 
 
 def test_automatic_failback_waits_for_stability_and_manual_stays() -> None:
@@ -281,13 +281,13 @@ def test_readdressed_active_fails_over_after_the_old_address_bound() -> None:
 def test_a_lone_broker_that_fenced_itself_after_a_stall_is_reactivated_with_a_new_epoch() -> None:
     world = World.create(["b0"], FAST)
     world.run(2.0)
-    first_epoch = world.brokers["b0"].epoch
+    first_epoch = world.brokers["b0"].term.epoch
     world.clock_step(5.0)  # a VM pause: b0 fences itself at first_epoch when it runs again
     assert world.actives() == []
     world.run(FAST.fence_seconds + 5 * FAST.interval_seconds)
     assert world.actives() == ["b0"]
     assert world.state.active == "b0"
-    assert world.brokers["b0"].epoch > first_epoch  # the fenced epoch was never reused
+    assert world.brokers["b0"].term.epoch > first_epoch  # the fenced epoch was never reused
 
 
 def test_failback_to_a_broker_that_cannot_activate_is_held_off() -> None:
@@ -345,7 +345,7 @@ def test_failed_rounds_back_off_exponentially_and_reset_once_a_broker_activates(
     # Success reset the backoff: after a new failure the first retry is one interval later.
     for broker in world.brokers.values():
         broker.activation_fails = True
-    world.brokers["b0"].active = False  # b0 loses its activation (say, its backend went away)
+    world.brokers["b0"].term.fence("its backend went away (simulated)")  # b0 loses its activation
     failed_at = world.now
     world.run(10.0)
     starts = round_starts(world, "b1", failed_at)
@@ -402,11 +402,11 @@ def test_a_recreated_cluster_jumps_above_the_epoch_its_brokers_remember_in_one_a
     # made a new cluster climb from 1 to 94 one compare-and-swap at a time.
     world = World.create(["b0", "b1"], FAST)
     for broker in world.brokers.values():
-        broker.epoch = 94
+        broker.new_process(epoch=94)
     world.target_epoch = 94
     world.run(2.0)
     assert world.actives() == ["b0"]
-    assert world.brokers["b0"].epoch == 95
+    assert world.brokers["b0"].term.epoch == 95
     # The first allocation is made before anyone answered; b0 refuses it as STALE_EPOCH with
     # its stored 94, and the next allocation goes straight above it.
     assert world.grants == [(1, "engine"), (95, "engine")]

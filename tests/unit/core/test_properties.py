@@ -1,8 +1,9 @@
 """Stateful property tests: the decision core against simulated brokers under random faults.
 
 Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes,
-restarts, partitions, pauses (SIGSTOP), slow replies, activation failures, epoch conflicts,
-preferredActive changes and clock steps, and checks on every broker action that
+restarts, partitions, pauses (SIGSTOP), slow replies, journal failures, activation
+failures, epoch conflicts, preferredActive changes and clock steps, and checks on
+every broker action that
 
 - no two brokers are ever active at the same instant (also during planned moves),
 - every activation uses an epoch granted to this engine (never one another operator
@@ -20,7 +21,8 @@ preferredActive changes and clock steps, and checks on every broker action that
 and, once the faults stop, that the cluster converges: under ``Automatic`` to the
 preferred broker or else the highest-priority one, under ``Manual`` to some
 broker that then stays put. The simulated brokers stand in for broker processes
-(the integration tests run real ones); the core itself is the real code.
+(the integration tests run real ones), but their heartbeat rules are the broker's own
+term state machine (``broker_service.term``); the core itself is the real code.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_operator.core import FailbackMode, HeartbeatSettings, MoveKind, Phase, status_of
+from broker_service.term import lease_margin_seconds
 from tests.unit.core.simulation import NAMES_POOL, World
 
 NAMES = NAMES_POOL[:4]
@@ -43,16 +46,18 @@ NAMES = NAMES_POOL[:4]
 def heartbeat_settings(draw: st.DrawFn) -> HeartbeatSettings:
     interval = draw(st.sampled_from([0.2, 1.0]))
     threshold = draw(st.integers(1, 3))
+    # The lease must exceed interval x threshold (HeartbeatSettings refuses less).
+    lease = interval * threshold + draw(st.sampled_from([0.5, 3.0]))
     return HeartbeatSettings(
         interval_seconds=interval,
         timeout_seconds=draw(st.sampled_from([0.1, 0.2])),
         failure_threshold=threshold,
-        # The lease must exceed interval x threshold (HeartbeatSettings refuses less).
-        lease_seconds=interval * threshold + draw(st.sampled_from([0.5, 3.0])),
+        lease_seconds=lease,
         standby_probe_seconds=draw(st.sampled_from([0.0, 1.0, 10.0])),
         failback=draw(st.sampled_from(list(FailbackMode))),
         failback_stable_seconds=draw(st.sampled_from([0.0, 3.0])),
-        lease_margin_seconds=0.25,
+        # The margin the operator and the broker both derive from the lease (spec and --lease-seconds).
+        lease_margin_seconds=lease_margin_seconds(lease),
     )
 
 
@@ -92,8 +97,7 @@ class FailoverMachine(RuleBasedStateMachine):
         )
         if last_active:
             # A previous operator left this broker active with the stored epoch.
-            broker = self.world.brokers[last_active]
-            broker.active, broker.epoch, broker.renewed_at = True, stored_epoch, self.world.now
+            self.world.left_active(last_active, stored_epoch)
         elif remembered_epoch > stored_epoch:
             # A re-created BrokerCluster whose brokers remember an earlier life's epoch: the
             # engine must get above it (in one allocation: test_decisions checks the count).
@@ -101,7 +105,7 @@ class FailoverMachine(RuleBasedStateMachine):
             # would meet it and climb one epoch per backed-off round, too slow to converge here
             # (test_targets_that_refuse_the_epoch_fail_the_activation_without_a_tight_loop).
             for broker in self.world.brokers.values():
-                broker.epoch = remembered_epoch
+                broker.new_process(epoch=remembered_epoch)
         self.world.run(0.5)
 
     def _name(self, data: st.DataObject) -> str:
@@ -131,15 +135,21 @@ class FailoverMachine(RuleBasedStateMachine):
     def partition(self, data: st.DataObject, on: bool) -> None:
         self.world.brokers[self._name(data)].partitioned = on
 
-    @rule(data=st.data(), on=st.booleans())
-    def pause(self, data: st.DataObject, on: bool) -> None:
-        # SIGSTOP / SIGCONT of one process; what it queued meanwhile is handled on resume.
+    @rule(data=st.data(), on=st.booleans(), watcher_first=st.booleans())
+    def pause(self, data: st.DataObject, on: bool, watcher_first: bool) -> None:
+        # SIGSTOP / SIGCONT of one process; what it queued meanwhile is handled on resume,
+        # before or after the lease watcher's first tick (the event loop may run either first).
         name = self._name(data)
-        self.world.pause(name) if on else self.world.resume(name)
+        self.world.pause(name) if on else self.world.resume(name, watcher_first=watcher_first)
 
     @rule(data=st.data(), on=st.booleans())
     def slow_replies(self, data: st.DataObject, on: bool) -> None:
         self.world.brokers[self._name(data)].slow = on
+
+    @rule(data=st.data())
+    def journal_fails(self, data: st.DataObject) -> None:
+        # A journal write fails: the broker fences itself and is no standby until restarted.
+        self.world.journal_fails(self._name(data))
 
     @rule(data=st.data(), on=st.booleans())
     def activation_fails(self, data: st.DataObject, on: bool) -> None:
@@ -202,7 +212,7 @@ class FailoverMachine(RuleBasedStateMachine):
         for broker in world.brokers.values():
             broker.partitioned = broker.slow = broker.activation_fails = False
             world.resume(broker.name)
-            if not broker.alive:
+            if not broker.alive or broker.journal_error:
                 world.restart(broker.name)
         heartbeat = world.config.settings
         settle = (
