@@ -7,8 +7,10 @@ operations on held messages). Order of checks on ``POST /soap``:
 1. Credentials, before the body is read: the ``Authorization: Bearer`` value
    must be one of the broker's two credentials, the operator's (``--token-file``)
    or the backend's (``--backend-token-file``). Anything else is an
-   ``UNAUTHENTICATED`` fault, so an anonymous caller costs two constant-time
-   compares and never reaches the XML parser.
+   ``UNAUTHENTICATED`` fault, so an anonymous caller costs a few constant-time
+   compares and a ``stat`` of the credential files, and never reaches the XML parser.
+   The credentials follow their mounted Secret files, with a grace window for the
+   value a rotation replaced (``credentials.py``).
 2. Body size: aiohttp's ``client_max_size`` caps what it reads; an oversized
    body becomes a ``HOSTILE_XML`` fault before any parsing.
 3. Hardened parse (:func:`broker_service.soap_codec.parse_request`).
@@ -24,19 +26,16 @@ Not here: any broker state or rules.
 
 from __future__ import annotations
 
-import enum
-import hmac
 import logging
 import time
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
+from broker_service.credentials import BrokerCredentials, Role
 from broker_service.lifecycle import Broker
-from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
     HeartbeatRequest,
     HeldRefRequest,
@@ -67,38 +66,18 @@ def _fault_response(fault: SoapFaultError) -> web.Response:
     return response
 
 
-class Role(enum.Enum):
-    """Who presented a credential: the operator or the backend (they hold different ones)."""
-
-    OPERATOR = "operator"
-    BACKEND = "backend"
+CREDENTIALS_KEY: web.AppKey[BrokerCredentials] = web.AppKey("credentials", BrokerCredentials)
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """The two bearer credentials, encoded once for the per-request comparison."""
-
-    backend: bytes
-    operator: bytes
-
-    @classmethod
-    def of(cls, settings: BrokerSettings) -> Credentials:
-        return cls(backend=settings.backend_token.encode(), operator=settings.token.encode())
-
-
-CREDENTIALS_KEY: web.AppKey[Credentials] = web.AppKey("credentials", Credentials)
-
-
-def _caller_role(request: web.Request, credentials: Credentials) -> Role:
+def _caller_role(request: web.Request, credentials: BrokerCredentials) -> Role:
     """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault."""
     scheme, _, presented = request.headers.get(AUTH_HEADER, "").partition(" ")
     if scheme == AUTH_SCHEME and presented:
-        given = presented.strip().encode()
-        # Both compared in constant time, the backend's first: it is the hot path.
-        if hmac.compare_digest(given, credentials.backend):
-            return Role.BACKEND
-        if hmac.compare_digest(given, credentials.operator):
-            return Role.OPERATOR
+        # Compared in constant time, the backend's first (the hot path); a value that matches
+        # neither makes the credentials look at their files at once (a rotation may be under way).
+        role = credentials.role_of(presented.strip().encode())
+        if role is not None:
+            return role
     raise SoapFaultError(
         FaultCode.UNAUTHENTICATED,
         f"missing or unknown credential: send 'Authorization: {AUTH_SCHEME} <token>' with the backend's "
@@ -191,7 +170,7 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=broker.settings.body_limit_bytes)
     app[BROKER_KEY] = broker
-    app[CREDENTIALS_KEY] = Credentials.of(broker.settings)
+    app[CREDENTIALS_KEY] = BrokerCredentials.from_settings(broker.settings)
     app.router.add_post(SOAP_PATH, soap_post)
     app.router.add_get(SOAP_PATH, soap_get)
     app.router.add_get("/healthz", healthz)

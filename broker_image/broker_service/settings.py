@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from broker_contracts.environment import BROKER_LEASE_SECONDS
+
 
 class PoisonPolicy(StrEnum):
     """What happens to a message that failed ``maxDeliveries`` times (see ARCHITECTURE.md)."""
@@ -45,6 +47,13 @@ class BrokerSettings:
     cloud_url: str = ""
     token: str = ""  # the operator's credential: Heartbeat and the admin operations
     backend_token: str = ""  # the backend's credential: SendMessages only
+    # The files they were read from (None: given as a value in the environment, never re-read).
+    # The broker re-reads a file when it changes and accepts the value it replaced for
+    # token_grace_seconds more (credentials.py: a rotated Secret reaches pods and the operator
+    # at different instants).
+    token_file: Path | None = None
+    backend_token_file: Path | None = None
+    token_grace_seconds: float = 30.0
     lease_seconds: float = 5.0
     max_deliveries: int = 5
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
@@ -62,6 +71,7 @@ class BrokerSettings:
     segment_max_bytes: int = 32 * 1024 * 1024
     segment_max_seconds: float = 30.0
     drain_seconds: float = 5.0
+    token_check_seconds: float = 1.0  # at most this often a credential file is stat-ed per request
 
     @property
     def lease_margin_seconds(self) -> float:
@@ -101,7 +111,8 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--cloud-url", "BROKER_CLOUD_URL", ""),
     ("--token-file", "BROKER_TOKEN_FILE", None),
     ("--backend-token-file", "BROKER_BACKEND_TOKEN_FILE", None),
-    ("--lease-seconds", "BROKER_LEASE_SECONDS", "5"),
+    ("--token-grace-seconds", "BROKER_TOKEN_GRACE_SECONDS", "30"),
+    ("--lease-seconds", BROKER_LEASE_SECONDS, "5"),
     ("--max-deliveries", "BROKER_MAX_DELIVERIES", "5"),
     ("--on-poison", "BROKER_ON_POISON", PoisonPolicy.BLOCK_STREAM.value),
 )
@@ -126,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--segment-max-bytes", type=int, default=BrokerSettings.segment_max_bytes)
     parser.add_argument("--segment-max-seconds", type=float, default=BrokerSettings.segment_max_seconds)
     parser.add_argument("--drain-seconds", type=float, default=BrokerSettings.drain_seconds)
+    parser.add_argument("--token-check-seconds", type=float, default=BrokerSettings.token_check_seconds)
     return parser
 
 
@@ -182,9 +194,12 @@ def parse_settings(
         cloud_url=str(raw["cloud_url"]).rstrip("/"),
         token=token,
         backend_token=backend_token,
-        lease_seconds=_number(
-            str(raw["lease_seconds"]), "--lease-seconds", "BROKER_LEASE_SECONDS", float, 0.1
+        token_file=Path(raw["token_file"]) if raw["token_file"] else None,
+        backend_token_file=Path(raw["backend_token_file"]) if raw["backend_token_file"] else None,
+        token_grace_seconds=_number(
+            str(raw["token_grace_seconds"]), "--token-grace-seconds", "BROKER_TOKEN_GRACE_SECONDS", float, 0
         ),
+        lease_seconds=_number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1),
         max_deliveries=int(
             _number(str(raw["max_deliveries"]), "--max-deliveries", "BROKER_MAX_DELIVERIES", int, 1)
         ),
@@ -201,6 +216,7 @@ def parse_settings(
         segment_max_bytes=args.segment_max_bytes,
         segment_max_seconds=args.segment_max_seconds,
         drain_seconds=args.drain_seconds,
+        token_check_seconds=args.token_check_seconds,
     )
 
 

@@ -13,13 +13,25 @@ request may have been received: only a failed connect proves it was not, and the
 engine relies on that to decide whether an ``active=true`` call could have
 renewed a broker's lease.
 
-This module does not decide anything and does not retry; the engine does both.
+Token rotation: the client holds the cluster's current operator token and the one it
+replaced (``update_token``), and remembers per broker which one that broker last took. A
+heartbeat refused with ``UNAUTHENTICATED`` is sent again with the other token, and if both are
+refused the client re-reads the token (``refresh_token``: the Secret, at most once a second)
+and tries the new value. Re-sending is safe because a broker checks the credential before it
+reads the body, so a refused call changed nothing. That is the client's only retry: a Secret
+update reaches the operator and each broker pod at different instants, and a heartbeat must
+not fail (and count towards a failover) because of the order; see docs/operator.md.
+
+This module does not decide anything and does not retry otherwise; the engine does both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +42,7 @@ from lxml import etree
 from zeep.transports import Transport
 
 import broker_contracts
-from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState
+from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState, FaultCode
 from broker_operator.core.model import BrokerTarget, HeartbeatReply
 
 __all__ = ["HeartbeatClient", "HeartbeatError", "HeartbeatReply"]
@@ -38,16 +50,21 @@ __all__ = ["HeartbeatClient", "HeartbeatError", "HeartbeatReply"]
 _SOAP_ACTION = f"{NAMESPACE}/Heartbeat"
 _MAX_REPLY_BYTES = 64 * 1024  # a Heartbeat reply is a few hundred bytes; refuse anything huge
 _REPLY_CACHE_SIZE = 8192  # distinct replies kept; cleared when full (replies are ~400 bytes)
+_REFRESH_MIN_SECONDS = 1.0  # a broker refusing every token re-reads the Secret at most this often
+
+logger = logging.getLogger(__name__)
+TokenReader = Callable[[], Awaitable[str | None]]
 
 
 class HeartbeatError(Exception):
     """A heartbeat that got no usable answer. ``reached`` is False only if it surely never arrived."""
 
-    def __init__(self, target: BrokerTarget, reason: str, *, reached: bool) -> None:
+    def __init__(self, target: BrokerTarget, reason: str, *, reached: bool, code: str | None = None) -> None:
         super().__init__(f"heartbeat to {target.name} at {target.url}: {reason}")
         self.target = target
         self.reason = reason
         self.reached = reached
+        self.code = code  # the SOAP fault's code, when the broker answered with one
 
 
 @dataclass
@@ -69,18 +86,23 @@ def _zeep_client() -> zeep.Client:
 
 
 class HeartbeatClient:
-    """Sends ``Heartbeat(active, epoch, operatorId)`` to brokers; one instance per operator process."""
+    """Sends ``Heartbeat(active, epoch, operatorId)`` to brokers with one operator token (and the
+    one it replaced); one instance per cluster. ``refresh`` re-reads the token (its Secret)."""
 
-    def __init__(self, token: str, operator_id: str, timeout: float) -> None:
+    def __init__(
+        self, token: str, operator_id: str, timeout: float, *, refresh: TokenReader | None = None
+    ) -> None:
         if not token:
             raise ValueError(
                 "HeartbeatClient needs the operator's token (brokers refuse unauthenticated calls)"
             )
-        self._headers = {
-            "Content-Type": 'text/xml; charset="utf-8"',
-            "SOAPAction": f'"{_SOAP_ACTION}"',
-            AUTH_HEADER: f"{AUTH_SCHEME} {token}",
-        }
+        self._token = token
+        self._previous_token: str | None = None
+        self._taken: dict[str, str] = {}  # broker URL -> the token it last accepted
+        self._header_cache: dict[str, dict[str, str]] = {}
+        self._refresh = refresh
+        self._refresh_lock = asyncio.Lock()
+        self._refreshed_at = -_REFRESH_MIN_SECONDS
         self._operator_id = operator_id
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._client = _zeep_client()
@@ -88,6 +110,54 @@ class HeartbeatClient:
         self._operation = self._binding.get("Heartbeat")
         self._session: aiohttp.ClientSession | None = None
         self._replies: dict[tuple[bytes, str], HeartbeatReply] = {}
+
+    @property
+    def token(self) -> str:
+        return self._token
+
+    def update_token(self, token: str) -> bool:
+        """Use ``token`` from now on, keeping the current one for brokers that have not seen it yet."""
+        if not token or token == self._token:
+            return False
+        self._previous_token, self._token = self._token, token
+        self._taken.clear()  # every broker is offered the new token first
+        logger.info("the operator token changed; heartbeats use the new one (the previous one as fallback)")
+        return True
+
+    async def refresh_token(self) -> bool:
+        """Re-read the token now, unless it was read less than a second ago; True if it changed.
+
+        Concurrent callers (every broker of a cluster refusing at once) share one read.
+        """
+        if self._refresh is None:
+            return False
+        async with self._refresh_lock:
+            if time.monotonic() - self._refreshed_at < _REFRESH_MIN_SECONDS:
+                return False
+            self._refreshed_at = time.monotonic()
+            try:
+                token = await self._refresh()
+            except Exception as error:  # an unreadable Secret must not stop the heartbeats
+                logger.warning("re-reading the operator token failed (%s); keeping the current one", error)
+                return False
+            return self.update_token(token or "")
+
+    def _headers(self, token: str) -> dict[str, str]:
+        headers = self._header_cache.get(token)
+        if headers is None:
+            if len(self._header_cache) >= 2:
+                self._header_cache.clear()  # only the current and the previous token are ever sent
+            headers = self._header_cache[token] = {
+                "Content-Type": 'text/xml; charset="utf-8"',
+                "SOAPAction": f'"{_SOAP_ACTION}"',
+                AUTH_HEADER: f"{AUTH_SCHEME} {token}",
+            }
+        return headers
+
+    def _tokens_to_offer(self, url: str) -> list[str]:
+        """The token this broker last took first, then the current one, then the previous one."""
+        ordered = [self._taken.get(url), self._token, self._previous_token]
+        return list(dict.fromkeys(t for t in ordered if t))
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -116,8 +186,33 @@ class HeartbeatClient:
     ) -> HeartbeatReply:
         """``renew=False`` (with ``active=True``) checks the active without renewing its lease."""
         body = self._envelope(active, epoch, renew)
+        offered: list[str] = []
+        refused: HeartbeatError | None = None
+        for attempt in range(2):
+            if attempt:  # every token we knew was refused: the Secret may hold a newer one
+                await self.refresh_token()
+            for token in self._tokens_to_offer(target.url):
+                if token in offered:
+                    continue
+                offered.append(token)
+                try:
+                    reply = await self._send(target, body, token)
+                except HeartbeatError as error:
+                    if error.code != FaultCode.UNAUTHENTICATED:
+                        raise
+                    refused = error  # changed nothing on the broker: offer the next token
+                    continue
+                if len(self._taken) >= _REPLY_CACHE_SIZE:
+                    self._taken.clear()  # pods come and go with new addresses
+                self._taken[target.url] = token
+                return reply
+        raise refused or HeartbeatError(target, "no operator token to send", reached=False)
+
+    async def _send(self, target: BrokerTarget, body: bytes, token: str) -> HeartbeatReply:
         try:
-            async with self._session_now().post(target.url, data=body, headers=self._headers) as response:
+            async with self._session_now().post(
+                target.url, data=body, headers=self._headers(token)
+            ) as response:
                 content = await response.content.read(_MAX_REPLY_BYTES + 1)
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
@@ -152,8 +247,9 @@ class HeartbeatClient:
         try:
             result: Any = self._binding.process_reply(self._client, self._operation, shim)
         except zeep.exceptions.Fault as fault:
+            code = _fault_code(fault)
             raise HeartbeatError(
-                target, f"SOAP fault {_fault_code(fault)}: {fault.message}", reached=True
+                target, f"SOAP fault {code}: {fault.message}", reached=True, code=code
             ) from None
         except (zeep.exceptions.Error, etree.LxmlError, ValueError) as error:
             raise HeartbeatError(target, f"unusable reply (HTTP {status}): {error}", reached=True) from None

@@ -207,8 +207,16 @@ class LocalShell:
 
 
 async def run_cluster(
-    manifest: Path, state_path: Path, token: str, out: TextIO, metrics_port: int | None
+    manifest: Path,
+    state_path: Path,
+    token: str,
+    out: TextIO,
+    metrics_port: int | None,
+    *,
+    token_file: Path | None = None,
 ) -> None:
+    """Run one cluster until cancelled; with ``token_file``, a broker refusing the token makes the
+    client read that file again (a rotated token is used without a restart)."""
     cluster = read_manifest(manifest)
     state = StateFile(state_path)
     stored_epoch, last_status = state.load()
@@ -217,8 +225,14 @@ async def run_cluster(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr="127.0.0.1")
+
+    async def read_token() -> str | None:
+        if token_file is None:
+            return None
+        return (await asyncio.to_thread(token_file.read_text, encoding="utf-8")).strip()
+
     heartbeats = HeartbeatClient(
-        token, f"local-runner@{socket.gethostname()}", cluster.settings.timeout_seconds
+        token, f"local-runner@{socket.gethostname()}", cluster.settings.timeout_seconds, refresh=read_token
     )
     shell = LocalShell(state, out)
     loop = ClusterLoop(
@@ -285,14 +299,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     state_path = args.state_file or args.manifest.with_name(args.manifest.name + ".state.json")
     try:
-        return asyncio.run(_main_async(args.manifest, state_path, token, args.metrics_port))
+        token_file = Path(args.token_file) if args.token_file else None
+        return asyncio.run(_main_async(args.manifest, state_path, token, args.metrics_port, token_file))
     except ManifestError as error:
         print(f"broker-local-runner: {error}", file=sys.stderr)
         return 2
 
 
-async def _main_async(manifest: Path, state_path: Path, token: str, metrics_port: int | None) -> int:
-    runner = asyncio.create_task(run_cluster(manifest, state_path, token, sys.stdout, metrics_port))
+async def _main_async(
+    manifest: Path, state_path: Path, token: str, metrics_port: int | None, token_file: Path | None
+) -> int:
+    runner = asyncio.create_task(
+        run_cluster(manifest, state_path, token, sys.stdout, metrics_port, token_file=token_file)
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

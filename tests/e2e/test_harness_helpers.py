@@ -6,15 +6,25 @@ docs/local-cluster.md) so a change to them is a visible decision.
 
 from __future__ import annotations
 
+import base64
 import signal
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from tests.harness.images import ImageNotMappedError, ImageTable, image_key
 from tests.harness.node_agent import PodAddressPool
 from tests.harness.pod_runtime import describe_exit
-from tests.harness.pod_sandbox import Mount, expand_references, rewrite_paths
+from tests.harness.pod_sandbox import (
+    ApiServerAddress,
+    Mount,
+    PodSandbox,
+    expand_references,
+    rewrite_paths,
+    write_atomically,
+)
 
 
 @pytest.mark.parametrize(
@@ -105,3 +115,62 @@ def test_pod_address_pool_never_hands_out_an_address_twice() -> None:
     assert first in addresses and second not in addresses
     with pytest.raises(RuntimeError, match=r"127\.9\.9\.0/24 exhausted"):
         pool.allocate("one-too-many")
+
+
+def test_a_secret_volume_is_swapped_atomically_as_the_kubelet_does(tmp_path: Path) -> None:
+    volume = tmp_path / "operator-token"
+    assert write_atomically(volume, {"token": b"t1", "nested/key": b"n1"})
+    token = volume / "token"
+    assert (token.is_symlink(), token.read_bytes(), (volume / "nested" / "key").read_bytes()) == (
+        True,
+        b"t1",
+        b"n1",
+    )
+    first = token.resolve()
+    assert not write_atomically(volume, {"token": b"t1", "nested/key": b"n1"}), "unchanged: no swap"
+    assert write_atomically(volume, {"token": b"t2"})
+    # The same path now names a new file (what a broker's stat notices); the old one is gone.
+    assert token.read_bytes() == b"t2" and token.resolve() != first and not first.exists()
+    assert not (volume / "nested").exists()
+    assert sorted(p.name for p in volume.iterdir() if not p.name.startswith("..")) == ["token"]
+
+
+class SecretsStandIn:
+    """The one CoreV1Api call a Secret volume needs, answering from a dict."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in self.data.items()}
+        return SimpleNamespace(data=encoded)
+
+
+def test_refresh_volumes_follows_a_changed_secret(tmp_path: Path) -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "containers": [],
+            "volumes": [
+                {"name": "tok", "secret": {"secretName": "s", "items": [{"key": "token", "path": "token"}]}},
+                {"name": "scratch", "emptyDir": {}},
+            ],
+        },
+    }
+    secrets = SecretsStandIn({"token": "old"})
+    sandbox = PodSandbox(
+        pod,
+        pod_dir=tmp_path / "pod",
+        claims_dir=tmp_path / "claims",
+        core=secrets,  # type: ignore[arg-type]
+        apiserver=ApiServerAddress("127.0.0.1", 6443, tmp_path / "ca.crt"),
+        pod_ip="127.0.0.2",
+        host_ip="127.0.0.1",
+    )
+    sandbox.materialize_volumes()
+    token = sandbox.volume_paths["tok"] / "token"
+    assert token.read_text() == "old"
+    assert sandbox.refresh_volumes() == []
+    secrets.data = {"token": "new"}
+    assert sandbox.refresh_volumes() == ["tok"]
+    assert token.read_text() == "new"

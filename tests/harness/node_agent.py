@@ -64,6 +64,7 @@ class NodeAgentSettings:
     pod_subnet: str = "127.0.0"
     images_file: Path = DEFAULT_IMAGES_FILE
     loop_interval_seconds: float = 0.1
+    volume_resync_seconds: float = 3.0  # how often Secret/ConfigMap volumes follow their objects
 
     @property
     def pgid_dir(self) -> Path:
@@ -165,6 +166,8 @@ class NodeAgent:
             base_env=minimal_base_env(),
             pgid_dir=settings.pgid_dir,
             probe_pool=ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe"),
+            volume_pool=ThreadPoolExecutor(max_workers=2, thread_name_prefix="volumes"),
+            volume_resync_seconds=settings.volume_resync_seconds,
         )
         self.pods: dict[str, PodRuntime] = {}
         self.finished: set[str] = set()  # uids whose processes are done; the object may linger (finalizers)
@@ -370,6 +373,7 @@ class NodeAgent:
         for runtime in self.pods.values():
             runtime.kill_now()
         self.context.probe_pool.shutdown(wait=False, cancel_futures=True)
+        self.context.volume_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,6 +123,10 @@ class PodRuntimeContext:
     base_env: dict[str, str]
     pgid_dir: Path
     probe_pool: ThreadPoolExecutor
+    # Secret/ConfigMap volumes are re-read this often (the kubelet's sync: about a minute) on a
+    # pool of their own, so a slow API server never delays a probe.
+    volume_pool: ThreadPoolExecutor
+    volume_resync_seconds: float = 3.0
 
 
 class PodRuntime:
@@ -134,6 +138,8 @@ class PodRuntime:
         self.start_time = time.time()
         self.volumes_ready = False
         self.volume_retry_at = 0.0
+        self.volume_resync: Future[list[str]] | None = None
+        self.volume_resync_at = 0.0
         self.terminating_deadline: float | None = None
         self.condition_times: dict[str, tuple[str, str]] = {}
 
@@ -378,11 +384,29 @@ class PodRuntime:
                     )
                 self.volume_retry_at = now + 2.0
                 return
+        self._resync_volumes(now)
         for container in self.containers:
             self._reap(container, now)
             if self._will_start(container) and now >= container.next_start_at:
                 self._start(container, now)
             self._step_probes(container, now)
+
+    def _resync_volumes(self, now: float) -> None:
+        """Refresh Secret/ConfigMap volumes every ``volume_resync_seconds``, off the agent's loop."""
+        if self.volume_resync is not None:
+            if not self.volume_resync.done():
+                return
+            try:
+                changed = self.volume_resync.result()
+            except Exception:  # an unreadable object leaves the volume as it was; tried again later
+                log.exception("%s: refreshing volumes failed", self._pod_ref())
+            else:
+                if changed:
+                    log.info("%s: volumes updated: %s", self._pod_ref(), ", ".join(changed))
+            self.volume_resync = None
+        if now >= self.volume_resync_at:
+            self.volume_resync_at = now + self.context.volume_resync_seconds
+            self.volume_resync = self.context.volume_pool.submit(self.sandbox.refresh_volumes)
 
     def begin_termination(self, grace_seconds: float, now: float) -> None:
         """SIGTERM every container's group; ``finished_terminating`` says when all are gone."""

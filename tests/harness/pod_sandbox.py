@@ -19,15 +19,27 @@ In-cluster config: the service-account token comes from the real TokenRequest AP
 holding that token; client libraries (kubernetes, kopf) fall back from in-cluster
 config to it.
 
-What it does not do: no live updates of mounted Secrets/ConfigMaps or token
-rotation (tokens last an hour), no file modes or ownership, no image volumes.
+Secret, ConfigMap, downwardAPI and projected volumes are written as the kubelet's
+AtomicWriter writes them: the files in a fresh ``..<timestamp>`` directory, ``..data`` a
+symlink to it, each top-level key a symlink through ``..data``, and an update swaps ``..data``
+in one rename, so a reader sees the old files or the new ones, never a mix.
+``refresh_volumes`` re-reads the Secret and ConfigMap volumes and swaps the changed ones; the
+pod runtime calls it periodically, as the kubelet's sync loop does, so a rotated Secret reaches
+a running pod without a restart (environment variables, as on a real node, do not change).
+
+What it does not do: no token rotation of projected service-account tokens (they last an
+hour), no refresh of projected volumes, no file modes or ownership, no image volumes, and a
+``subPath`` mount follows updates (the kubelet's does not).
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +80,53 @@ def _config_map_items(config_map: Any) -> dict[str, bytes]:
     items = {key: value.encode() for key, value in (config_map.data or {}).items()}
     items.update({key: base64.b64decode(value) for key, value in (config_map.binary_data or {}).items()})
     return items
+
+
+def _read_tree(directory: Path) -> dict[str, bytes]:
+    files = {}
+    for path in directory.rglob("*"):
+        if path.is_file():
+            files[str(path.relative_to(directory))] = path.read_bytes()
+    return files
+
+
+def write_atomically(target: Path, files: dict[str, bytes]) -> bool:
+    """Make ``target`` hold exactly ``files`` (relative path: bytes) with one atomic swap; True if changed.
+
+    The kubelet's AtomicWriter layout: a reader holding ``target/<key>`` opens the old file or
+    the new one, never a half-written one, and a watcher sees the key's target change.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    data_link = target / "..data"
+    old_dir = target / os.readlink(data_link) if data_link.is_symlink() else None
+    if old_dir is not None and old_dir.is_dir() and _read_tree(old_dir) == files:
+        return False
+    stamp = time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime())
+    new_dir = target / f"..{stamp}.{uuid.uuid4().hex[:8]}"
+    for relative, content in files.items():
+        path = new_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    new_dir.mkdir(exist_ok=True)
+    staged = target / "..data_tmp"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(new_dir.name)
+    os.replace(staged, data_link)  # the one step that switches every key at once
+    visible = {relative.split("/", 1)[0] for relative in files}
+    for name in visible:
+        link = target / name
+        if not link.is_symlink():
+            if link.is_dir():
+                shutil.rmtree(link)
+            else:
+                link.unlink(missing_ok=True)
+            link.symlink_to(f"..data/{name}")
+    for entry in target.iterdir():
+        if not entry.name.startswith("..") and entry.name not in visible:
+            entry.unlink() if entry.is_symlink() or entry.is_file() else shutil.rmtree(entry)
+    if old_dir is not None:
+        shutil.rmtree(old_dir, ignore_errors=True)
+    return True
 
 
 class PodSandbox:
@@ -121,17 +180,17 @@ class PodSandbox:
 
     # ---- volumes ------------------------------------------------------------------
 
-    def _write_items(self, target: Path, items: dict[str, bytes], selection: list[Body] | None) -> None:
-        target.mkdir(parents=True, exist_ok=True)
+    @staticmethod
+    def _selected(items: dict[str, bytes], selection: list[Body] | None, volume: str) -> dict[str, bytes]:
         chosen = (
             {item["key"]: item["path"] for item in selection} if selection else {key: key for key in items}
         )
+        files = {}
         for key, relative in chosen.items():
             if key not in items:
-                raise ContainerConfigError(f"key {key!r} not found for a volume item in {target.name}")
-            path = target / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(items[key])
+                raise ContainerConfigError(f"key {key!r} not found for a volume item in {volume}")
+            files[relative] = items[key]
+        return files
 
     def _secret_items(self, name: str, optional: bool) -> dict[str, bytes] | None:
         try:
@@ -172,34 +231,46 @@ class PodSandbox:
             )
         return str(reply.status.token).encode()
 
-    def _projected(self, target: Path, sources: list[Body]) -> None:
-        target.mkdir(parents=True, exist_ok=True)
+    def _projected(self, name: str, sources: list[Body]) -> dict[str, bytes]:
+        files: dict[str, bytes] = {}
         for source in sources:
             if source.get("serviceAccountToken"):
                 token = source["serviceAccountToken"]
-                (target / token["path"]).write_bytes(
-                    self._service_account_token(
-                        int(token.get("expirationSeconds") or 3600), token.get("audience")
-                    )
+                files[token["path"]] = self._service_account_token(
+                    int(token.get("expirationSeconds") or 3600), token.get("audience")
                 )
             elif source.get("configMap"):
                 ref = source["configMap"]
                 items = self._config_map_items(ref["name"], bool(ref.get("optional")))
                 if items is not None:
-                    self._write_items(target, items, ref.get("items"))
+                    files.update(self._selected(items, ref.get("items"), name))
             elif source.get("secret"):
                 ref = source["secret"]
                 items = self._secret_items(ref["name"], bool(ref.get("optional")))
                 if items is not None:
-                    self._write_items(target, items, ref.get("items"))
+                    files.update(self._selected(items, ref.get("items"), name))
             elif source.get("downwardAPI"):
-                self._downward_api(target, source["downwardAPI"].get("items") or [])
+                files.update(self._downward_api(source["downwardAPI"].get("items") or []))
+        return files
 
-    def _downward_api(self, target: Path, items: list[Body]) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        for item in items:
-            if item.get("fieldRef"):
-                (target / item["path"]).write_text(self.field_value(item["fieldRef"]["fieldPath"]))
+    def _downward_api(self, items: list[Body]) -> dict[str, bytes]:
+        return {
+            item["path"]: self.field_value(item["fieldRef"]["fieldPath"]).encode()
+            for item in items
+            if item.get("fieldRef")
+        }
+
+    def _referenced_files(self, volume: Body) -> dict[str, bytes] | None:
+        """The files of a Secret or ConfigMap volume as the API server has them now; None otherwise."""
+        if volume.get("secret"):
+            ref = volume["secret"]
+            items = self._secret_items(ref["secretName"], bool(ref.get("optional")))
+            return self._selected(items or {}, ref.get("items"), volume["name"])
+        if volume.get("configMap"):
+            ref = volume["configMap"]
+            items = self._config_map_items(ref["name"], bool(ref.get("optional")))
+            return self._selected(items or {}, ref.get("items"), volume["name"])
+        return None
 
     def materialize_volumes(self) -> None:
         """Create every volume of the pod; safe to call again (contents are refreshed)."""
@@ -207,7 +278,10 @@ class PodSandbox:
         for volume in self.pod["spec"].get("volumes") or []:
             name = volume["name"]
             target = volumes_dir / name
-            if volume.get("persistentVolumeClaim"):
+            referenced = self._referenced_files(volume)
+            if referenced is not None:
+                write_atomically(target, referenced)
+            elif volume.get("persistentVolumeClaim"):
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 # Lives outside the pod directory: a StatefulSet pod's replacement
                 # must find the journal its predecessor wrote.
@@ -215,22 +289,31 @@ class PodSandbox:
                 target.mkdir(parents=True, exist_ok=True)
             elif volume.get("hostPath"):
                 target = Path(volume["hostPath"]["path"])
-            elif volume.get("secret"):
-                ref = volume["secret"]
-                items = self._secret_items(ref["secretName"], bool(ref.get("optional")))
-                self._write_items(target, items or {}, ref.get("items"))
-            elif volume.get("configMap"):
-                ref = volume["configMap"]
-                items = self._config_map_items(ref["name"], bool(ref.get("optional")))
-                self._write_items(target, items or {}, ref.get("items"))
             elif volume.get("projected"):
-                self._projected(target, volume["projected"].get("sources") or [])
+                write_atomically(target, self._projected(name, volume["projected"].get("sources") or []))
             elif volume.get("downwardAPI"):
-                self._downward_api(target, volume["downwardAPI"].get("items") or [])
+                write_atomically(target, self._downward_api(volume["downwardAPI"].get("items") or []))
             else:
                 # emptyDir and anything else: an empty directory private to this pod.
                 target.mkdir(parents=True, exist_ok=True)
             self.volume_paths[name] = target
+
+    def refresh_volumes(self) -> list[str]:
+        """Swap in the current content of every Secret and ConfigMap volume; the names that changed.
+
+        As the kubelet's sync: a Secret that cannot be read now leaves the volume as it was.
+        """
+        changed = []
+        for volume in self.pod["spec"].get("volumes") or []:
+            if volume["name"] not in self.volume_paths:
+                continue
+            try:
+                files = self._referenced_files(volume)
+            except ContainerConfigError:
+                continue
+            if files is not None and write_atomically(self.volume_paths[volume["name"]], files):
+                changed.append(volume["name"])
+        return changed
 
     def mounts(self, container: Body) -> list[Mount]:
         """The container's mounts, longest path first so nested mounts win when rewriting."""

@@ -10,6 +10,10 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   pod dies (``wake``, called by the pod watch), so a kill -9 fails over
   without waiting for heartbeat failures;
 - stops the engine if an older BrokerCluster takes the pair (``Conflict``);
+- reads the token Secret again every ``token_recheck_seconds`` and hands a new value to the
+  heartbeat client (which also re-reads it when a broker refuses every token it knows), so a
+  rotated token is used without a restart. Not a Secret watch: that would stream every Secret
+  of the namespace through the operator, and a user-named Secret carries no label to filter on;
 - once the engine has stopped because the BrokerCluster was deleted, drops the
   cluster's metric series (``metrics.forget_cluster``). Here rather than in the
   delete handler: kopf runs that handler while the daemon is still stopping, and
@@ -127,6 +131,17 @@ async def _ready_to_run(
     return None
 
 
+async def read_token(
+    context: ControllerContext, ref: ClusterRef, spec: Mapping[str, Any], parsed: ClusterSpec
+) -> str | None:
+    """The operator token now in the cluster's Secret (the one the spec names now, if it is valid)."""
+    try:
+        token_ref = parse_spec(ref.name, spec).token_ref(ref.name)
+    except SpecError:
+        token_ref = parsed.token_ref(ref.name)
+    return await context.api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+
+
 async def run_cluster_heartbeats(
     *,
     context: ControllerContext,
@@ -196,7 +211,10 @@ async def _run_engine(
         manages_pods=not parsed.endpoints_mode,
     )
     heartbeats = HeartbeatClient(
-        token=token, operator_id=context.settings.operator_id, timeout=settings.timeout_seconds
+        token=token,
+        operator_id=context.settings.operator_id,
+        timeout=settings.timeout_seconds,
+        refresh=lambda: read_token(context, ref_of(), spec, parsed),
     )
     loop = ClusterLoop(
         cluster=ref.name,
@@ -230,9 +248,14 @@ async def _run_engine(
     observations.wake = loop.wake
     observations.retarget = retarget
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
+    token_due = time.monotonic() + context.settings.token_recheck_seconds
     try:
         while not stopped and not engine.done():
             await stopped.wait(context.settings.daemon_poll_seconds)
+            if time.monotonic() >= token_due:
+                # A rotated Secret reaches the heartbeats here (see heartbeat_client for the order).
+                token_due = time.monotonic() + context.settings.token_recheck_seconds
+                await heartbeats.refresh_token()
             if conflict_owner(ref_of(), claims()) is not None:
                 logger.warning("an older BrokerCluster took the pair: stopping heartbeats")
                 break

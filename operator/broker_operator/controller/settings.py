@@ -30,6 +30,9 @@ class ControllerSettings:
     # with those that have an IP (see daemon.may_start).
     startup_grace_seconds: float = 30.0
     daemon_poll_seconds: float = 1.0  # how often a waiting daemon re-checks (token, pod IPs, conflict)
+    # How often a running cluster's token Secret is read again, so a rotated token reaches the
+    # heartbeats without a restart (a broker refusing every token known also triggers a read).
+    token_recheck_seconds: float = 30.0
 
 
 def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerSettings:
@@ -62,12 +65,20 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         default=float(env("OPERATOR_STARTUP_GRACE_SECONDS", "30")),
         help="how long a new cluster waits for every broker pod to be Ready before heartbeats start",
     )
+    parser.add_argument(
+        "--token-recheck-seconds",
+        type=float,
+        default=float(env("OPERATOR_TOKEN_RECHECK_SECONDS", "30")),
+        help="how often each cluster's operator-token Secret is read again (rotation without restart)",
+    )
     args = parser.parse_args(argv)
     namespaces = args.namespace or [ns for ns in env("OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
     if args.metrics_port < 0 or args.metrics_port > 65535:
         parser.error(f"--metrics-port ({args.metrics_port}) must be 0..65535 (0 = no metrics server)")
     if args.reconcile_seconds <= 0:
         parser.error(f"--reconcile-seconds ({args.reconcile_seconds}) must be positive")
+    if args.token_recheck_seconds <= 0:
+        parser.error(f"--token-recheck-seconds ({args.token_recheck_seconds}) must be positive")
     return ControllerSettings(
         namespaces=tuple(ns.strip() for ns in namespaces),
         operator_id=args.operator_id,
@@ -77,4 +88,5 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         peering=args.peering,
         reconcile_seconds=args.reconcile_seconds,
         startup_grace_seconds=args.startup_grace_seconds,
+        token_recheck_seconds=args.token_recheck_seconds,
     )

@@ -26,7 +26,15 @@ def test_defaults_watch_everything_standalone() -> None:
     assert settings.reconcile_seconds == ControllerSettings().reconcile_seconds
 
 
-@pytest.mark.parametrize("argv", [["--metrics-port", "70000"], ["--reconcile-seconds", "0"]])
+def test_the_token_recheck_interval_is_a_setting() -> None:
+    assert parse_settings([], {}).token_recheck_seconds == 30
+    assert parse_settings([], {"OPERATOR_TOKEN_RECHECK_SECONDS": "2"}).token_recheck_seconds == 2
+    assert parse_settings(["--token-recheck-seconds", "5"], {}).token_recheck_seconds == 5
+
+
+@pytest.mark.parametrize(
+    "argv", [["--metrics-port", "70000"], ["--reconcile-seconds", "0"], ["--token-recheck-seconds", "0"]]
+)
 def test_bad_values_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_settings(argv, {})
