@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 
-from broker_contracts.soap import BrokerState, UnavailabilityCode
+from broker_contracts.soap import BrokerState, HeartbeatReply, UnavailabilityCode
 from broker_service.epoch_store import EpochStore, EpochStoreError
 from broker_service.forwarder import OutboundForwarder
 from broker_service.held_admin import HeldAdmin
@@ -48,7 +48,6 @@ from broker_service.soap_codec import AcceptResult, HeartbeatRequest, SendMessag
 from broker_service.term import (
     Activate,
     Effect,
-    HeartbeatReply,
     LogLifecycle,
     SelfFenced,
     StallSeen,

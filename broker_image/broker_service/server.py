@@ -124,7 +124,9 @@ async def soap_post(request: web.Request) -> web.Response:
             broker.metrics.accept_seconds.observe(time.perf_counter() - started)
         elif isinstance(parsed, HeartbeatRequest):
             reply = await broker.heartbeat(parsed)
-            payload = soap_codec.render_heartbeat(reply.state.value, reply.epoch, reply.code, reply.message)
+            payload = soap_codec.render_heartbeat(
+                reply.state.value, reply.epoch, reply.unavailability_code, reply.unavailability_message
+            )
         elif isinstance(parsed, ListHeldRequest):
             payload = soap_codec.render_list_held([e.view() for e in await broker.list_held(parsed.stream)])
         elif isinstance(parsed, HeldRefRequest):

@@ -50,17 +50,14 @@ import math
 from dataclasses import dataclass
 
 from broker_contracts.message_log import Event
-from broker_contracts.soap import BrokerState, UnavailabilityCode
+from broker_contracts.soap import BrokerState, HeartbeatReply, UnavailabilityCode
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatReply:
-    """The answer to one Heartbeat, as the WSDL's ``HeartbeatResponse``."""
-
-    state: BrokerState
-    epoch: int
-    code: str | None = None
-    message: str | None = None
+def reply_of(
+    state: BrokerState, epoch: int, code: str | None = None, message: str | None = None
+) -> HeartbeatReply:
+    """The answer to one Heartbeat: the contract's ``HeartbeatReply`` (the WSDL's response)."""
+    return HeartbeatReply(state=state, unavailability_code=code, unavailability_message=message, epoch=epoch)
 
 
 # ---- effects: what the caller performs, in the order given ------------------------------------
@@ -309,7 +306,7 @@ class TermMachine:
         """``Inactive``, or ``JOURNAL_ERROR`` when the journal failed: not a usable standby."""
         if journal_error:
             return self._unavailable(UnavailabilityCode.JOURNAL_ERROR, journal_error[:500])
-        return HeartbeatReply(BrokerState.INACTIVE, self.epoch)
+        return reply_of(BrokerState.INACTIVE, self.epoch)
 
     def check(self, epoch: int, now: float, journal_problem: str | None) -> Answer:
         """``renewLease=false``: is this broker Active? Changes nothing but a due fence; no lock."""
@@ -324,8 +321,8 @@ class TermMachine:
             if now > self.lease_deadline:
                 effects = self._self_fence(self._lease_expired_reason())
             else:
-                return Answer(HeartbeatReply(BrokerState.ACTIVE, self.epoch))
-        return Answer(self._fenced_term(epoch) or HeartbeatReply(BrokerState.INACTIVE, self.epoch), effects)
+                return Answer(reply_of(BrokerState.ACTIVE, self.epoch))
+        return Answer(self._fenced_term(epoch) or reply_of(BrokerState.INACTIVE, self.epoch), effects)
 
     def renewal_arrives(self, now: float) -> Answer:
         """A renewing ``active=true``, before the lock. No reply means: go on under the lock.
@@ -389,12 +386,12 @@ class TermMachine:
         # Counted from when this call started to be handled: the operator counts from when it
         # saw the answer, which is later, so the broker's lease always ends first.
         self.lease_deadline = max(self.lease_deadline, started + self.lease_seconds)
-        return HeartbeatReply(BrokerState.ACTIVE, self.epoch)
+        return reply_of(BrokerState.ACTIVE, self.epoch)
 
     # ---- refusals ------------------------------------------------------------------------------
 
     def _unavailable(self, code: UnavailabilityCode, message: str) -> HeartbeatReply:
-        return HeartbeatReply(BrokerState.UNAVAILABLE, self.epoch, code.value, message)
+        return reply_of(BrokerState.UNAVAILABLE, self.epoch, code.value, message)
 
     def _stale(self, epoch: int) -> HeartbeatReply | None:
         if epoch < self.epoch:

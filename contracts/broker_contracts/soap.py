@@ -6,6 +6,7 @@ It does not parse or build SOAP envelopes: the broker parses with hardened
 lxml, the clients use zeep.
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
@@ -28,6 +29,21 @@ class BrokerState(StrEnum):
     ACTIVE = "Active"
     INACTIVE = "Inactive"
     UNAVAILABLE = "Unavailable"
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """A broker's answer to Heartbeat: the WSDL's ``HeartbeatResponse``, field for field, in its order.
+
+    The broker builds it and renders it; the operator's client parses the response into it and
+    the decision core reads it. Defined here so that the two sides cannot drift apart
+    (``tests/unit/test_contracts.py`` checks it against the WSDL).
+    """
+
+    state: BrokerState
+    unavailability_code: str | None  # at most UNAVAILABILITY_CODE_MAX_LEN characters
+    unavailability_message: str | None  # English, for people
+    epoch: int
 
 
 class AcceptStatus(StrEnum):

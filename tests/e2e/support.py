@@ -6,17 +6,21 @@ performance assertions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness.cluster import LocalCluster
+from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 WAIT_SECONDS = 60.0
+CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+CRD_NAME = "brokerclusters.broker.failover.dev"
 
 
 def wait_for(
@@ -61,3 +65,21 @@ def delete_crd_releasing_finalizers(cluster: LocalCluster, crd_file: str) -> Non
                 "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False,
             )  # fmt: skip
     cluster.kubectl("delete", "-f", crd_file, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def installed_crd(cluster: LocalCluster, crd_file: Path = CRD_FILE) -> Iterator[None]:
+    """The CRD for one test module: applied once an earlier module's deletion of it has finished
+    (an apply during deletion would be lost with it), deleted again at the end."""
+
+    def not_being_deleted() -> bool:
+        crd = get_json(cluster, "default", "crd", CRD_NAME) or {}
+        return not crd.get("metadata", {}).get("deletionTimestamp")
+
+    wait_for("an earlier module's CRD deletion to finish", not_being_deleted, timeout=120)
+    cluster.kubectl("apply", "-f", str(crd_file))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        delete_crd_releasing_finalizers(cluster, str(crd_file))

@@ -10,6 +10,7 @@ the ClusterRole shows up here as a cluster that never gets an active broker.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -144,3 +145,53 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
     active_pods = get_json(kube_cluster, namespace, "pods", "-l", "role=active")["items"]
     assert [pod["metadata"]["name"] for pod in active_pods] == ["charted-0"]
     kube_cluster.kubectl("-n", namespace, "delete", "bc", "charted", "--wait=true", "--timeout=60s")
+
+    # Least privilege, checked against what the operator really asked the API server for.
+    account = f"system:serviceaccount:{namespace}:bf-broker-failover"
+    calls = audited_calls(kube_cluster, account)
+    refused = sorted(f"{verb} {resource}" for verb, resource, code in calls if code == 403)
+    assert not refused, f"the chart's RBAC refused calls the operator makes: {refused}"
+    used = {(verb, resource) for verb, resource, _ in calls}
+    granted = granted_by_chart(kube_cluster, namespace)
+    assert granted - used - GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE == set(), "granted, never used"
+    assert granted >= GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE
+
+
+# What the chart grants for code paths this test does not take, each with the path.
+GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
+    ("delete", "/pods"),  # a rolling update replaces a pod (reconcile.py, StepKind.DELETE_POD)
+    ("get", "/pods"),  # whenScaled: Delete waits until a surplus pod is gone (claims.py)
+    ("delete", "/persistentvolumeclaims"),  # spec.persistentVolumeClaimRetentionPolicy.whenScaled: Delete
+    ("patch", "/persistentvolumeclaims"),  # a retention policy change re-owns existing claims
+}
+
+
+def audited_calls(cluster: LocalCluster, user: str) -> list[tuple[str, str, int]]:
+    """(verb, group/resource[/subresource], HTTP code) of every request ``user`` made (audit log)."""
+    calls = []
+    for line in cluster.control_plane.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef")
+        if event["user"]["username"] != user or not ref:
+            continue
+        resource = f"{ref.get('apiGroup', '')}/{ref['resource']}" + (
+            f"/{ref['subresource']}" if ref.get("subresource") else ""
+        )
+        calls.append((event["verb"], resource, event.get("responseStatus", {}).get("code", 0)))
+    return calls
+
+
+def granted_by_chart(cluster: LocalCluster, namespace: str) -> set[tuple[str, str]]:
+    """(verb, group/resource) pairs the release's ClusterRole and its Role in ``namespace`` grant."""
+    roles = [
+        get_json(cluster, namespace, "clusterrole", "bf-broker-failover"),
+        get_json(cluster, namespace, "role", "bf-broker-failover"),
+    ]
+    return {
+        (verb, f"{group}/{resource}")
+        for role in roles
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }

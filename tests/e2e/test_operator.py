@@ -45,12 +45,11 @@ from broker_operator.engine import (
     HeartbeatReply,
     HeartbeatSettings,
 )
-from tests.e2e.support import WAIT_SECONDS, delete_crd_releasing_finalizers, free_port, get_json, wait_for
+from tests.e2e.support import WAIT_SECONDS, free_port, get_json, installed_crd, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
 
-CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 
 
@@ -114,12 +113,8 @@ def listening(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def crd_installed(kube_cluster: LocalCluster) -> Iterator[None]:
-    kube_cluster.kubectl("apply", "-f", str(CRD_FILE))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
-    )
-    yield
-    delete_crd_releasing_finalizers(kube_cluster, str(CRD_FILE))
+    with installed_crd(kube_cluster):
+        yield
 
 
 def new_namespace(cluster: LocalCluster, prefix: str) -> str:
@@ -207,6 +202,10 @@ def test_kubectl_knows_the_short_name_and_columns(kube_cluster: LocalCluster, na
     }
     assert (defaulted["failback"], defaulted["failbackStableSeconds"]) == ("Automatic", 30)
     assert defaulted["delivery"] == {"maxDeliveries": 5, "onPoison": "BlockStream"}
+    assert defaulted["persistentVolumeClaimRetentionPolicy"] == {
+        "whenScaled": "Retain",
+        "whenDeleted": "Retain",
+    }
     kube_cluster.kubectl("-n", namespace, "delete", "bc", "columns", "--wait=false")
 
 
@@ -235,6 +234,10 @@ INVALID = [
     ),
     ({"failback": "Sometimes"}, "spec.failback"),
     ({"delivery": {"onPoison": "Drop"}}, "spec.delivery.onPoison"),
+    (
+        {"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Drop"}},
+        "spec.persistentVolumeClaimRetentionPolicy.whenScaled",
+    ),
     ({"replicas": 0}, "spec.replicas"),
     (
         {"backend": {"url": "http://a", "urlSecretRef": {"name": "s"}}},
@@ -500,12 +503,14 @@ def event_reasons(cluster: LocalCluster, namespace: str, name: str) -> list[str]
 
 
 def assert_children_owned(cluster: LocalCluster, namespace: str, uid: str) -> None:
-    """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``)."""
+    """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``), but the
+    journal claims, which the default ``whenDeleted: Retain`` leaves unowned."""
+    for name in ("journal-orders-0", "journal-orders-1"):
+        claim = wait_for(f"pvc/{name}", lambda name=name: get_json(cluster, namespace, "pvc", name))
+        assert not claim["metadata"].get("ownerReferences"), claim["metadata"]
     for kind, name in [
         ("pod", "orders-0"),
         ("pod", "orders-1"),
-        ("pvc", "journal-orders-0"),
-        ("pvc", "journal-orders-1"),
         ("service", "orders-active"),
         ("service", "orders-brokers"),
         ("secret", "orders-broker-token"),
@@ -751,6 +756,9 @@ def template_hash(cluster: LocalCluster, namespace: str, name: str) -> str:
     return str((pod(cluster, namespace, name) or {})["metadata"]["annotations"][TEMPLATE_HASH])
 
 
+LEASE_RESTART_SECONDS = 15
+
+
 def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
     kube_cluster: LocalCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
 ) -> None:
@@ -759,8 +767,14 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
     first = start_operator(kube_cluster, namespace, tmp_path / "first.log")
     second: LocalProcess | None = None
     try:
+        # A 15 s lease: an operator restart on a loaded 2-core machine can take longer than the
+        # default 5 s (the broker would then rightly fence itself, and the epoch would move on).
         manifest = broker_cluster(
-            "restart", replicas=2, backend={"url": simulators["backend"]}, cloud={"url": simulators["cloud"]}
+            "restart",
+            replicas=2,
+            backend={"url": simulators["backend"]},
+            cloud={"url": simulators["cloud"]},
+            heartbeat={"leaseSeconds": LEASE_RESTART_SECONDS},
         )
         assert apply(kube_cluster, namespace, manifest).returncode == 0
         before = wait_for_row(
@@ -775,7 +789,7 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
         second = start_operator(kube_cluster, namespace, tmp_path / "second.log")
         # The new operator reads the active and the epoch back from status and renews that active;
         # it never activates anything with an epoch at or below one already granted.
-        time.sleep(8)  # longer than the 5 s lease: a lost active would have shown by now
+        time.sleep(LEASE_RESTART_SECONDS + 2)  # longer than the lease: a lost active would show by now
         after = wait_for_row(
             kube_cluster,
             namespace,
@@ -792,3 +806,86 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
         if second is not None:
             second.stop()
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def claim_names(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+    """``kubectl get pvc`` of one BrokerCluster's journal claims (Pending here: no provisioner)."""
+    listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
+    return sorted(c["metadata"]["name"] for c in (listing or {}).get("items", []))
+
+
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
+    kube_cluster: LocalCluster,
+    namespace: str,
+    simulators: dict[str, str],
+    operator: LocalProcess,
+    policy: str,
+) -> None:
+    name = f"shrink-{policy.lower()}"
+    manifest = broker_cluster(
+        name,
+        replicas=3,
+        company=f"6000-{policy}",
+        persistentVolumeClaimRetentionPolicy={"whenScaled": policy, "whenDeleted": policy},
+        backend={"url": simulators["backend"]},
+        cloud={"url": simulators["cloud"]},
+    )
+    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    wait_for_row(
+        kube_cluster,
+        namespace,
+        name,
+        f"{name}-0 active",
+        lambda row: row["ACTIVE"] == f"{name}-0" and row["PHASE"] == "Healthy",
+        timeout=120,
+    )
+    claims = [f"journal-{name}-{ordinal}" for ordinal in range(3)]
+    assert claim_names(kube_cluster, namespace, name) == claims
+    owners = {
+        claim: [
+            ref["uid"]
+            for ref in get_json(kube_cluster, namespace, "pvc", claim)["metadata"].get("ownerReferences")
+            or []
+        ]
+        for claim in claims
+    }
+    uid = get_json(kube_cluster, namespace, "bc", name)["metadata"]["uid"]
+    assert set(map(tuple, owners.values())) == ({(uid,)} if policy == "Delete" else {()}), owners
+
+    patched = kube_cluster.kubectl(
+        "-n", namespace, "patch", "bc", name, "--type=merge", "-p", '{"spec": {"replicas": 2}}'
+    )
+    assert patched.returncode == 0, patched.stderr
+    wait_for(f"pod {name}-2 gone", lambda: pod(kube_cluster, namespace, f"{name}-2") is None, timeout=90)
+    if policy == "Delete":
+        wait_for(
+            f"journal-{name}-2 deleted",
+            lambda: claim_names(kube_cluster, namespace, name) == claims[:2],
+            timeout=60,
+        )
+        assert "ClaimDeleted" in event_reasons(kube_cluster, namespace, name)
+    else:
+        time.sleep(6)  # three reconcile periods of the operator (--reconcile-seconds 2)
+        assert claim_names(kube_cluster, namespace, name) == claims
+    assert bc_row(kube_cluster, namespace, name)["ACTIVE"] == f"{name}-0"
+
+    # Deleting the BrokerCluster: the garbage collector takes the owned claims (whenDeleted: Delete),
+    # or they stay for a BrokerCluster created again under the name (Retain).
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
+    wait_for(
+        f"pods of {name} gone",
+        lambda: (
+            not get_json(kube_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")[
+                "items"
+            ]
+        ),
+        timeout=90,
+    )
+    if policy == "Delete":
+        wait_for(
+            f"claims of {name} gone", lambda: claim_names(kube_cluster, namespace, name) == [], timeout=90
+        )
+    else:
+        time.sleep(4)
+        assert claim_names(kube_cluster, namespace, name) == claims

@@ -41,7 +41,7 @@ from broker_validator.entrypoint import EntrypointError, command_for
 from broker_validator.report_schema import Report
 from broker_validator.spark import SparkSettings, SparkSettingsError, kubernetes_conf, local_conf
 from broker_validator.status import OrderingStatusError, record_ordering
-from tests.e2e.support import free_port, get_json, wait_for
+from tests.e2e.support import free_port, get_json, installed_crd, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 from tests.harness.pki import write_kubeconfig
 from tests.integration.processes import free_port as free_port_on
@@ -50,8 +50,6 @@ from tests.integration.processes import loopback_host
 pytestmark = pytest.mark.e2e
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
-CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
-CRD_NAME = "brokerclusters.broker.failover.dev"
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 RELEASE = "bf"
 CRONJOB = f"{RELEASE}-broker-failover-validator"
@@ -70,19 +68,10 @@ def say(started: float, text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def crd(kube_cluster: LocalCluster) -> None:
+def crd(kube_cluster: LocalCluster) -> Iterator[None]:
     """The CRD, applied here (helm skips a CRD that exists, even one being deleted by another module)."""
-    wait_for(
-        "an earlier module's CRD deletion to finish",
-        lambda: (
-            not (get_json(kube_cluster, "default", "crd", CRD_NAME) or {})
-            .get("metadata", {})
-            .get("deletionTimestamp")
-        ),
-        timeout=120,
-    )
-    kube_cluster.kubectl("apply", "-f", str(CRD_FILE))
-    kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    with installed_crd(kube_cluster):
+        yield
 
 
 @pytest.fixture

@@ -70,10 +70,31 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
+    @property
+    def audit_log(self) -> Path:
+        """What service accounts outside kube-system asked the API server (see AUDIT_POLICY)."""
+        return self.settings.workdir / "logs" / "audit.log"
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+
+
+# The API calls of workloads' service accounts (the operator's, the validator's), metadata only:
+# a test compares them with what RBAC grants. The controller-manager's own accounts
+# (kube-system) and every other user are left out of the log.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def free_loopback_port() -> int:
@@ -156,6 +177,8 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
         user="system:kube-controller-manager",
         client=pki.controller_manager,
     )
+    audit_policy = workdir / "audit-policy.yaml"
+    audit_policy.write_text(AUDIT_POLICY, encoding="utf-8")
     plane = ControlPlane(
         settings=settings, pki=pki, apiserver_port=apiserver_port, admin_kubeconfig=admin_kubeconfig
     )
@@ -206,6 +229,9 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
                     # Endpoints validation refuses; nothing routes ClusterIPs here anyway.
                     "--endpoint-reconciler-type=none",
                     f"--cert-dir={workdir / 'apiserver-certs'}",
+                    f"--audit-policy-file={audit_policy}",
+                    f"--audit-log-path={plane.audit_log}",
+                    "--audit-log-format=json",
                     "--v=1",
                 ],
                 log_path=logs / "kube-apiserver.log",

@@ -1,13 +1,22 @@
 """The shared contracts: zeep can consume the WSDL, and message-log records round-trip and are checked."""
 
+import dataclasses
 import json
+import re
 from datetime import UTC, datetime
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import zeep
 
-from broker_contracts import message_log, soap, wsdl_path
+from broker_contracts import environment, message_log, soap, wsdl_path
 from broker_contracts.message_log import Event, MessageLogError
+from broker_operator import heartbeat_client
+from broker_operator.controller import builders
+from broker_operator.controller.spec import parse_spec
+from broker_operator.core import model as core_model
+from broker_service import settings as broker_settings
 
 
 def test_zeep_builds_every_operation_from_the_wsdl() -> None:
@@ -101,3 +110,70 @@ def test_naive_timestamp_is_refused() -> None:
 
 def test_unavailability_codes_fit_the_contract_field() -> None:
     assert all(len(code) <= soap.UNAVAILABILITY_CODE_MAX_LEN for code in soap.UnavailabilityCode)
+
+
+# ---- one definition each: the Heartbeat reply and the broker's environment names ---------------
+
+
+def test_the_heartbeat_reply_is_the_wsdls_heartbeat_response_field_for_field() -> None:
+    tree = ElementTree.parse(wsdl_path())
+    xsd = "{http://www.w3.org/2001/XMLSchema}"
+    (response,) = [e for e in tree.iter(f"{xsd}element") if e.get("name") == "HeartbeatResponse"]
+    in_wsdl = [e.get("name") for e in response.iter(f"{xsd}element") if e is not response]
+    in_python = [
+        re.sub(r"_([a-z])", lambda m: m.group(1).upper(), f.name)
+        for f in dataclasses.fields(soap.HeartbeatReply)
+    ]
+    assert in_python == in_wsdl
+
+
+def test_the_operator_uses_the_contracts_heartbeat_reply() -> None:
+    # One class: the client parses into it and the decision core reads it (no copy in the operator).
+    assert core_model.HeartbeatReply is soap.HeartbeatReply
+    assert heartbeat_client.HeartbeatReply is soap.HeartbeatReply
+    assert "class HeartbeatReply" not in Path(core_model.__file__).read_text(encoding="utf-8")
+
+
+def test_every_variable_the_operator_sets_in_a_broker_pod_is_read_by_the_broker(tmp_path: Path) -> None:
+    spec = parse_spec(
+        "orders",
+        {
+            "account": "acme",
+            "company": "1000",
+            "heartbeat": {"leaseSeconds": 7},
+            "delivery": {"maxDeliveries": 3, "onPoison": "Hold"},
+            "backend": {"url": "http://erp.example/broker"},
+            "cloud": {"url": "https://cloud.example/api"},
+        },
+    )
+    owner = {"metadata": {"name": "orders", "namespace": "erp", "uid": "u"}, "kind": "BrokerCluster"}
+    owner["apiVersion"] = "broker.failover.dev/v1alpha1"
+    (container,) = builders.build_pod(owner, 1, spec, active=False)["spec"]["containers"]
+    names = [variable["name"] for variable in container["env"]]
+    assert set(names) <= set(environment.POD_ENVIRONMENT)
+    assert set(environment.POD_ENVIRONMENT) <= {env for _, env, _ in broker_settings._ENV_FLAGS}
+    # And the values round-trip: the broker reads what the operator meant (files and fields
+    # resolved here as the kubelet would).
+    (tmp_path / "token").write_text("operator")
+    (tmp_path / "backend").write_text("backend")
+    resolved = {variable["name"]: variable.get("value", "orders-1") for variable in container["env"]}
+    resolved |= {
+        environment.BROKER_HOST: "127.0.0.1",
+        environment.BROKER_DATA_DIR: str(tmp_path),
+        environment.BROKER_MESSAGE_LOG_DIR: str(tmp_path / "log"),
+        environment.BROKER_TOKEN_FILE: str(tmp_path / "token"),
+        environment.BROKER_BACKEND_TOKEN_FILE: str(tmp_path / "backend"),
+    }
+    settings = broker_settings.parse_settings([], resolved)
+    assert settings.lease_seconds == spec.heartbeat.lease_seconds == 7
+    assert (settings.max_deliveries, settings.on_poison.value) == (3, "Hold")
+    assert (settings.cluster, settings.name, settings.account, settings.company) == (
+        "orders",
+        "orders-1",
+        "acme",
+        "1000",
+    )
+    assert (settings.backend_url, settings.cloud_url) == (
+        "http://erp.example/broker",
+        "https://cloud.example/api",
+    )

@@ -1,87 +1,29 @@
-"""Typed views of the Kubernetes bodies the controller reads: the BrokerCluster and its pods.
+"""Typed views of the Kubernetes bodies the controller reads: the BrokerCluster, its pods and claims.
 
 kopf hands bodies over as mappings; these ``TypedDict``s name the fields the
 controller actually reads (down to those and no further), so that mypy catches
 a misspelt ``unavailabilityCode`` instead of a failover silently reading None.
-They mirror ``crds/broker.failover.dev_brokerclusters.yaml``; the CRD is the
-authority. Nothing here validates: see ``spec.py`` for that. Objects the
+Each is used by the modules that read that body (``tests/unit/controller/
+test_crd.py`` checks that none is declared for nothing, and that the status
+fields are the CRD's). The spec is not restated here: ``spec.parse_spec``
+reads it into ``ClusterSpec``, its one typed view, with the CRD's defaults and
+bounds from ``core/spec_fields.py``. Nothing here validates. Objects the
 controller writes are built by ``builders.py`` as plain dicts in the shape the
 API server expects.
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 
-class SecretKeyRef(TypedDict, total=False):
+class OwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
     name: str
-    key: str
-
-
-class EndpointEntry(TypedDict):
-    name: str
-    url: str
-    priority: int
-
-
-class ConnectionSpec(TypedDict, total=False):
-    url: str
-    urlSecretRef: SecretKeyRef
-
-
-class AuthSpec(TypedDict, total=False):
-    tokenSecretRef: SecretKeyRef
-    backendTokenSecretRef: SecretKeyRef
-
-
-class StorageSpec(TypedDict, total=False):
-    size: str
-    storageClassName: str
-
-
-class HeartbeatSpec(TypedDict, total=False):
-    intervalSeconds: int
-    timeoutSeconds: int
-    failureThreshold: int
-    leaseSeconds: int
-    standbyProbeSeconds: int
-
-
-class DeliverySpec(TypedDict, total=False):
-    maxDeliveries: int
-    onPoison: str
-
-
-class MessageLogSpec(TypedDict, total=False):
-    claimName: str
-    mountPath: str
-    schedule: str
-
-
-class ResourceRequirements(TypedDict, total=False):
-    requests: dict[str, str | int]
-    limits: dict[str, str | int]
-
-
-class BrokerClusterSpec(TypedDict, total=False):
-    account: str
-    company: str
-    replicas: int
-    endpoints: list[EndpointEntry]
-    image: str
-    imagePullPolicy: str
-    resources: ResourceRequirements
-    storage: StorageSpec
-    backend: ConnectionSpec
-    cloud: ConnectionSpec
-    auth: AuthSpec
-    heartbeat: HeartbeatSpec
-    failback: str
-    failbackStableSeconds: int
-    preferredActive: str
-    delivery: DeliverySpec
-    messageLog: MessageLogSpec
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
 
 
 class ObjectMeta(TypedDict, total=False):
@@ -94,6 +36,7 @@ class ObjectMeta(TypedDict, total=False):
     deletionTimestamp: str
     labels: dict[str, str]
     annotations: dict[str, str]
+    ownerReferences: list[OwnerReference]
 
 
 class BrokerClusterStatus(TypedDict, total=False):
@@ -108,7 +51,7 @@ class BrokerClusterBody(TypedDict, total=False):
     apiVersion: str
     kind: str
     metadata: ObjectMeta
-    spec: BrokerClusterSpec
+    spec: dict[str, Any]  # read only through spec.parse_spec, into its typed view ClusterSpec
     status: BrokerClusterStatus
 
 
@@ -146,3 +89,9 @@ class PodStatus(TypedDict, total=False):
 class PodBody(TypedDict, total=False):
     metadata: ObjectMeta
     status: PodStatus
+
+
+class ClaimBody(TypedDict, total=False):
+    """A journal PersistentVolumeClaim, down to what the retention policy reads (``claims.py``)."""
+
+    metadata: ObjectMeta

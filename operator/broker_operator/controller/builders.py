@@ -17,11 +17,13 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
+from broker_contracts import environment
 from broker_operator.controller import names
+from broker_operator.controller.bodies import OwnerReference
 from broker_operator.controller.spec import ClusterSpec, Connection
 
 Manifest = dict[str, Any]
@@ -58,24 +60,25 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
     """The broker container, configured through the broker CLI's environment variables."""
     env: list[Manifest] = [
         # The broker listens on its pod IP; the operator heartbeats exactly that address.
-        {"name": "BROKER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "BROKER_PORT", "value": str(names.BROKER_PORT)},
-        {"name": "BROKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "BROKER_CLUSTER", "value": cluster},
-        {"name": "BROKER_ACCOUNT", "value": spec.account},
-        {"name": "BROKER_COMPANY", "value": spec.company},
-        {"name": "BROKER_DATA_DIR", "value": names.DATA_MOUNT},
-        {"name": "BROKER_MESSAGE_LOG_DIR", "value": spec.message_log_mount},
-        {"name": "BROKER_TOKEN_FILE", "value": f"{names.TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}"},
+        {"name": environment.BROKER_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": environment.BROKER_PORT, "value": str(names.BROKER_PORT)},
+        {"name": environment.BROKER_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": environment.BROKER_CLUSTER, "value": cluster},
+        {"name": environment.BROKER_ACCOUNT, "value": spec.account},
+        {"name": environment.BROKER_COMPANY, "value": spec.company},
+        {"name": environment.BROKER_DATA_DIR, "value": names.DATA_MOUNT},
+        {"name": environment.BROKER_MESSAGE_LOG_DIR, "value": spec.message_log_mount},
+        {"name": environment.BROKER_TOKEN_FILE, "value": f"{names.TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}"},
         {
-            "name": "BROKER_BACKEND_TOKEN_FILE",
+            "name": environment.BROKER_BACKEND_TOKEN_FILE,
             "value": f"{names.BACKEND_TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}",
         },
-        {"name": "BROKER_LEASE_SECONDS", "value": str(spec.lease_seconds)},
-        {"name": "BROKER_MAX_DELIVERIES", "value": str(spec.max_deliveries)},
-        {"name": "BROKER_ON_POISON", "value": spec.on_poison},
-        *_connection_env("BROKER_BACKEND_URL", spec.backend),
-        *_connection_env("BROKER_CLOUD_URL", spec.cloud),
+        # Whole seconds as the CRD gives them ("5", not "5.0": the value is part of the template hash).
+        {"name": environment.BROKER_LEASE_SECONDS, "value": f"{spec.heartbeat.lease_seconds:g}"},
+        {"name": environment.BROKER_MAX_DELIVERIES, "value": str(spec.max_deliveries)},
+        {"name": environment.BROKER_ON_POISON, "value": spec.on_poison},
+        *_connection_env(environment.BROKER_BACKEND_URL, spec.backend),
+        *_connection_env(environment.BROKER_CLOUD_URL, spec.cloud),
     ]
     probe_port = names.BROKER_PORT_NAME
     return {
@@ -174,7 +177,12 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
 
 
 def build_journal_claim(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec) -> Manifest:
-    """The PVC for pod ``ordinal``'s journal and stored epoch; it outlives the pod, not the cluster."""
+    """The PVC for pod ``ordinal``'s journal and stored epoch; it outlives the pod.
+
+    Owned by the BrokerCluster (so garbage-collected with it) only when
+    ``persistentVolumeClaimRetentionPolicy.whenDeleted`` is Delete; ``claims.py`` keeps the owner
+    reference of existing claims in line with the policy.
+    """
     cluster = owner["metadata"]["name"]
     claim_spec: Manifest = {
         "accessModes": ["ReadWriteOnce"],
@@ -182,12 +190,19 @@ def build_journal_claim(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpe
     }
     if spec.storage_class is not None:
         claim_spec["storageClassName"] = spec.storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": _owned_meta(owner, names.journal_claim_name(cluster, ordinal), cluster_labels(cluster)),
-        "spec": claim_spec,
-    }
+    labels = {**cluster_labels(cluster), names.LABEL_ORDINAL: str(ordinal)}
+    metadata = _owned_meta(owner, names.journal_claim_name(cluster, ordinal), labels)
+    metadata["ownerReferences"] = claim_owner_references(owner, spec)
+    if not metadata["ownerReferences"]:
+        del metadata["ownerReferences"]  # retained: nothing garbage-collects it
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
+
+
+def claim_owner_references(owner: Mapping[str, Any], spec: ClusterSpec) -> list[OwnerReference]:
+    """The owner references of this cluster that a journal claim should carry under the spec's policy."""
+    if not spec.claim_retention.delete_when_deleted:
+        return []
+    return [cast(OwnerReference, dict(kopf.build_owner_reference(owner)))]  # type: ignore[arg-type]
 
 
 def _service_port() -> Manifest:

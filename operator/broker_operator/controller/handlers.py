@@ -12,6 +12,7 @@ Handlers:
 - update of ``spec``: also hand the running engine its new settings;
 - daemon: ``run_cluster_heartbeats``, one per BrokerCluster;
 - pod events: record the pod, wake the engine when the active's pod dies;
+- journal claim events: record the claim for the retention policy (``claims``);
 - deletions of Services and PVCs: forget that they were ensured, so the next
   periodic reconcile creates them again. Secrets are not watched (that would
   stream every Secret of the cluster through the operator); the token Secret is
@@ -33,7 +34,7 @@ import kopf
 
 from broker_operator import metrics
 from broker_operator.controller import names
-from broker_operator.controller.bodies import PodBody
+from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.conflicts import PairClaim, pair_key
 from broker_operator.controller.context import context_from
 from broker_operator.controller.daemon import run_cluster_heartbeats
@@ -185,8 +186,35 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         if death_changed and observations.wake is not None:
             observations.wake()
 
-    for kind, plural in (("Service", "services"), ("PersistentVolumeClaim", "persistentvolumeclaims")):
-        _register_child_deletion(registry, kind, plural)
+    @kopf.on.event(
+        "v1",
+        "persistentvolumeclaims",
+        id="observe-journal-claims",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        registry=registry,
+    )
+    async def observe_journal_claim(
+        *,
+        event: kopf.RawEvent,
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        labels: kopf.Labels,
+        memo: Any,
+        **_: Any,
+    ) -> None:
+        # Recorded for the retention policy (claims.py); a deleted claim is also forgotten as
+        # ensured, so the next reconcile creates it again if its ordinal is still wanted.
+        context = context_from(memo)
+        key = (namespace or "", labels[names.LABEL_CLUSTER])
+        if event.get("type") == "DELETED":
+            if key in context.observations:  # else: the cluster is gone, and its claims with it
+                context.observations[key].claims.pop(name, None)
+                context.observations[key].ensured.discard(f"PersistentVolumeClaim/{name}")
+            return
+        context.observations_for(*key).claims[name] = cast(ClaimBody, dict(body))
+
+    _register_child_deletion(registry, "Service", "services")
 
 
 def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:

@@ -24,7 +24,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import names
-from broker_operator.controller.bodies import BrokerClusterBody, PodBody
+from broker_operator.controller.bodies import BrokerClusterBody, OwnerReference, PodBody
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
@@ -105,6 +105,52 @@ class KubeApi:
         except ApiException as error:
             if error.status != HTTP_NOT_FOUND:
                 raise
+
+    async def pod_exists(self, namespace: str, pod: str) -> bool:
+        """Whether the API server (not a watch that may lag behind it) still has pod ``pod``."""
+        try:
+            await asyncio.to_thread(self._core.read_namespaced_pod, pod, namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def delete_claim(self, namespace: str, claim: str, uid: str | None) -> None:
+        """Delete PVC ``claim`` if it is still the object ``uid`` (not one created since under its name)."""
+        preconditions = kubernetes.client.V1Preconditions(uid=uid) if uid else None
+        options = kubernetes.client.V1DeleteOptions(preconditions=preconditions)
+        try:
+            await asyncio.to_thread(
+                self._core.delete_namespaced_persistent_volume_claim, claim, namespace, body=options
+            )
+        except ApiException as error:
+            # Gone already, or replaced by a claim the decision was not about: nothing to delete.
+            if error.status not in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
+                raise
+
+    async def set_claim_owners(
+        self, namespace: str, claim: str, owners: list[OwnerReference], resource_version: str | None
+    ) -> bool:
+        """Replace the claim's owner references, conditional on ``resource_version``; False on a conflict."""
+        metadata: dict[str, Any] = {"ownerReferences": owners}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        try:
+            # A merge patch replaces the list; a strategic merge (the client's default) would merge
+            # by uid and could never take a reference away.
+            await asyncio.to_thread(
+                self._core.patch_namespaced_persistent_volume_claim,
+                claim,
+                namespace,
+                {"metadata": metadata},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:  # the watch brings the newer body
+                return False
+            raise
+        return True
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""

@@ -1,4 +1,4 @@
-"""What the controller has seen of one BrokerCluster's pods, and what the engine needs from it.
+"""What the controller has seen of one BrokerCluster's pods and claims, and what the engine needs.
 
 The pod watch (a kopf event handler) and the heartbeat daemon run apart; this
 per-cluster record is where the first leaves what it saw and the second reads
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from broker_operator.controller import names
-from broker_operator.controller.bodies import PodBody
+from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.rollout import PodView
 from broker_operator.controller.spec import ClusterSpec
 from broker_operator.core.model import BrokerTarget, PodFacts
@@ -101,6 +101,8 @@ class ClusterObservations:
     wake: Callable[[], None] | None = None
     # Set by the daemon: push new targets to a running engine when an IP appears or changes.
     retarget: Callable[[], None] | None = None
+    # The latest body of every journal claim of the cluster, by name (the retention policy's input).
+    claims: dict[str, ClaimBody] = field(default_factory=dict)
     # Children the reconciler created or found, so that it does not re-create them every pass.
     ensured: set[str] = field(default_factory=set)
     ensured_generation: int | None = None

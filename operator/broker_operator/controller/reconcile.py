@@ -1,4 +1,5 @@
-"""Bring one BrokerCluster's children in line with its spec: Secret, Services, PVCs, pods, rollout.
+"""Bring one BrokerCluster's children in line with its spec: Secret, Services, PVCs, pods, rollout,
+and the journal claims' retention policy (``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
@@ -21,6 +22,7 @@ from typing import Any, cast
 import kopf
 
 from broker_operator.controller import builders, names
+from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import pod_views
@@ -127,6 +129,7 @@ async def reconcile_cluster(
     await ensure_children(context, ref, parsed)
     if not parsed.endpoints_mode:
         await roll_out(context, ref, parsed, logger)
+        await apply_claim_retention(context, ref, parsed, logger)
     return parsed
 
 

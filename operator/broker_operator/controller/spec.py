@@ -8,9 +8,14 @@ defaults and the same checks with the same messages, so the operator never
 runs a cluster the CRD would have refused. The messages name the field and
 the value, like the CEL ``messageExpression``s do.
 
+Every default, range and enum comes from ``core/spec_fields.py``, the Python
+transcription of the CRD that ``tests/unit/controller/test_crd.py`` checks
+against it; the heartbeat and failback fields are parsed by the engine's own
+``HeartbeatSettings.from_spec`` (whole seconds, as the CRD), so there is one
+parser of them, and ``ClusterSpec.heartbeat`` is what it returned.
+
 This module reads and checks; it does not talk to Kubernetes and does not
-decide anything about failover (the engine reads the heartbeat settings
-itself through ``HeartbeatSettings.from_spec``).
+decide anything about failover.
 """
 
 from __future__ import annotations
@@ -21,14 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from broker_operator.controller import names
+from broker_operator.core import spec_fields as fields
+from broker_operator.core.model import HeartbeatSettings, SettingsError
 
-DEFAULT_REPLICAS: Final = 2
-DEFAULT_IMAGE: Final = "broker-failover/broker:0.1.0"
-DEFAULT_STORAGE_SIZE: Final = "1Gi"
-DEFAULT_MESSAGE_LOG_MOUNT: Final = "/var/lib/broker/message-log"
-MAX_REPLICAS: Final = 9
-ON_POISON_POLICIES: Final = ("BlockStream", "Hold")
-FAILBACK_MODES: Final = ("Automatic", "Manual")
+DEFAULT_IMAGE: Final = fields.IMAGE.default
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _URL: Final = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 
@@ -63,6 +64,26 @@ class Connection:
 
 
 @dataclass(frozen=True)
+class ClaimRetention:
+    """``spec.persistentVolumeClaimRetentionPolicy``: what becomes of the journal claims.
+
+    ``when_scaled`` applies to the claims of ordinals at or above ``replicas`` after a scale-down,
+    ``when_deleted`` to every claim when the BrokerCluster is deleted; each is Retain or Delete.
+    """
+
+    when_scaled: str = fields.WHEN_SCALED.default
+    when_deleted: str = fields.WHEN_DELETED.default
+
+    @property
+    def delete_when_scaled(self) -> bool:
+        return self.when_scaled == "Delete"
+
+    @property
+    def delete_when_deleted(self) -> bool:
+        return self.when_deleted == "Delete"
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     account: str
     company: str
@@ -73,17 +94,12 @@ class ClusterSpec:
     resources: Mapping[str, Any]
     storage_size: str
     storage_class: str | None
+    claim_retention: ClaimRetention
     backend: Connection
     cloud: Connection
     token_secret: SecretRef | None  # None: the operator generates <name>-broker-token
     backend_token_secret: SecretRef | None  # None: the operator generates <name>-backend-token
-    heartbeat_interval: int
-    heartbeat_timeout: int
-    failure_threshold: int
-    lease_seconds: int
-    standby_probe_seconds: int
-    failback: str
-    failback_stable_seconds: int
+    heartbeat: HeartbeatSettings  # with failback and failbackStableSeconds; parsed by from_spec
     preferred_active: str | None
     max_deliveries: int
     on_poison: str
@@ -110,11 +126,11 @@ class ClusterSpec:
 def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
     """Default and check ``spec`` as the CRD does; raise ``SpecError`` naming every bad field."""
     problems: list[str] = []
-    heartbeat = _mapping(spec, "heartbeat", problems)
     delivery = _mapping(spec, "delivery", problems)
     storage = _mapping(spec, "storage", problems)
     message_log = _mapping(spec, "messageLog", problems)
     auth = _mapping(spec, "auth", problems)
+    retention = _mapping(spec, "persistentVolumeClaimRetentionPolicy", problems)
 
     account = _text(spec.get("account"), "spec.account", problems)
     company = _text(spec.get("company"), "spec.company", problems)
@@ -124,29 +140,16 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
             "spec.replicas and spec.endpoints are exclusive: set replicas for brokers the operator runs "
             "as pods, or endpoints for brokers that run elsewhere, not both"
         )
-    replicas = (
-        0 if endpoints else _integer(spec, "replicas", DEFAULT_REPLICAS, 1, MAX_REPLICAS, "spec", problems)
-    )
+    replicas = 0 if endpoints else fields.REPLICAS.read(spec, problems, fields.DEFAULT_REPLICAS)
 
-    interval = _integer(heartbeat, "intervalSeconds", 1, 1, 60, "spec.heartbeat", problems)
-    timeout = _integer(heartbeat, "timeoutSeconds", 1, 1, 60, "spec.heartbeat", problems)
-    threshold = _integer(heartbeat, "failureThreshold", 2, 1, 100, "spec.heartbeat", problems)
-    lease = _integer(heartbeat, "leaseSeconds", 5, 1, 3600, "spec.heartbeat", problems)
-    probe = _integer(heartbeat, "standbyProbeSeconds", 10, 0, 3600, "spec.heartbeat", problems)
-    # A lease that runs out before the operator has even declared the active failed would let a
-    # healthy active fence itself between two heartbeats; the CRD refuses it the same way.
-    if lease <= interval * threshold:
-        problems.append(
-            f"spec.heartbeat.leaseSeconds ({lease}) must exceed intervalSeconds × failureThreshold "  # noqa: RUF001
-            f"({interval * threshold})"
-        )
-    if timeout > interval:
-        problems.append(
-            f"spec.heartbeat.timeoutSeconds ({timeout}) must not exceed intervalSeconds ({interval})"
-        )
+    try:
+        # The one parser of the heartbeat fields, shared with the engine; whole seconds, as the CRD.
+        heartbeat = HeartbeatSettings.from_spec(spec, whole_seconds=True)
+    except SettingsError as error:
+        problems += error.problems
+        heartbeat = HeartbeatSettings()
 
-    failback = _choice(spec, "failback", FAILBACK_MODES, "spec", problems)
-    on_poison = _choice(delivery, "onPoison", ON_POISON_POLICIES, "spec.delivery", problems)
+    on_poison = fields.ON_POISON.read(delivery, problems)
     preferred = spec.get("preferredActive")
     if preferred is not None:
         preferred = _text(preferred, "spec.preferredActive", problems)
@@ -158,10 +161,8 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         if preferred and preferred not in allowed:
             problems.append(f"spec.preferredActive ({preferred}) must name one of {', '.join(allowed)}")
 
-    token_secret = _secret_ref(auth.get("tokenSecretRef"), "spec.auth.tokenSecretRef", "token", problems)
-    backend_token_secret = _secret_ref(
-        auth.get("backendTokenSecretRef"), "spec.auth.backendTokenSecretRef", "token", problems
-    )
+    token_secret = _secret_ref(auth.get("tokenSecretRef"), fields.TOKEN_KEY, problems)
+    backend_token_secret = _secret_ref(auth.get("backendTokenSecretRef"), fields.BACKEND_TOKEN_KEY, problems)
     if token_secret is not None and token_secret == backend_token_secret:
         problems.append(
             "spec.auth.backendTokenSecretRef names the same Secret key as spec.auth.tokenSecretRef; "
@@ -172,27 +173,25 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         company=company,
         replicas=replicas,
         endpoints=endpoints,
-        image=str(spec.get("image") or DEFAULT_IMAGE),
-        image_pull_policy=str(spec.get("imagePullPolicy") or "IfNotPresent"),
+        image=str(spec.get("image") or fields.IMAGE.default),
+        image_pull_policy=fields.IMAGE_PULL_POLICY.read(spec, problems),
         resources=dict(spec.get("resources") or {}),
-        storage_size=str(storage.get("size") or DEFAULT_STORAGE_SIZE),
+        storage_size=str(storage.get("size") or fields.STORAGE_SIZE.default),
         storage_class=storage.get("storageClassName"),
-        backend=_connection(spec, "backend", problems),
-        cloud=_connection(spec, "cloud", problems),
+        claim_retention=ClaimRetention(
+            when_scaled=fields.WHEN_SCALED.read(retention, problems),
+            when_deleted=fields.WHEN_DELETED.read(retention, problems),
+        ),
+        backend=_connection(spec, "backend", fields.BACKEND_URL_KEY, problems),
+        cloud=_connection(spec, "cloud", fields.CLOUD_URL_KEY, problems),
         token_secret=token_secret,
         backend_token_secret=backend_token_secret,
-        heartbeat_interval=interval,
-        heartbeat_timeout=timeout,
-        failure_threshold=threshold,
-        lease_seconds=lease,
-        standby_probe_seconds=probe,
-        failback=failback,
-        failback_stable_seconds=_integer(spec, "failbackStableSeconds", 30, 0, 86400, "spec", problems),
+        heartbeat=heartbeat,
         preferred_active=preferred or None,
-        max_deliveries=_integer(delivery, "maxDeliveries", 5, 1, 100, "spec.delivery", problems),
+        max_deliveries=fields.MAX_DELIVERIES.read(delivery, problems),
         on_poison=on_poison,
         message_log_claim=message_log.get("claimName") or None,
-        message_log_mount=str(message_log.get("mountPath") or DEFAULT_MESSAGE_LOG_MOUNT),
+        message_log_mount=str(message_log.get("mountPath") or fields.MESSAGE_LOG_MOUNT.default),
     )
     if problems:
         raise SpecError(cluster, problems)
@@ -214,27 +213,6 @@ def _text(value: object, path: str, problems: list[str]) -> str:
     return value
 
 
-def _integer(  # noqa: PLR0917  (field, default, bounds, path: one call per field, read as a row)
-    spec: Mapping[str, Any], field: str, default: int, low: int, high: int, parent: str, problems: list[str]
-) -> int:
-    value = spec.get(field, default)
-    # bool is an int in Python; `true` is never a valid count.
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        problems.append(f"{parent}.{field} ({value!r}) must be an integer from {low} to {high}")
-        return default
-    return value
-
-
-def _choice(
-    spec: Mapping[str, Any], field: str, allowed: Sequence[str], parent: str, problems: list[str]
-) -> str:
-    value = spec.get(field, allowed[0])
-    if value not in allowed:
-        problems.append(f"{parent}.{field} ({value!r}) must be one of {', '.join(allowed)}")
-        return allowed[0]
-    return str(value)
-
-
 def _endpoints(raw: object, problems: list[str]) -> tuple[Endpoint, ...]:
     if raw is None:
         return ()
@@ -253,7 +231,9 @@ def _endpoints(raw: object, problems: list[str]) -> tuple[Endpoint, ...]:
         url = _text(entry.get("url"), f"{path}.url", problems)
         if url and not _URL.match(url):
             problems.append(f"{path}.url ({url}) must be an http:// or https:// URL")
-        priority = _integer(entry, "priority", 0, 0, 1000, path, problems) if "priority" in entry else -1
+        priority = (
+            fields.ENDPOINT_PRIORITY.read(entry, problems, 0, parent=path) if "priority" in entry else -1
+        )
         if priority < 0:
             problems.append(f"{path}.priority is required")
         endpoints.append(Endpoint(name, url, priority))
@@ -268,22 +248,26 @@ def _endpoints(raw: object, problems: list[str]) -> tuple[Endpoint, ...]:
     return tuple(sorted(endpoints, key=lambda e: e.priority))
 
 
-def _secret_ref(raw: object, path: str, default_key: str, problems: list[str]) -> SecretRef | None:
+def _secret_ref(raw: object, key: fields.TextField, problems: list[str]) -> SecretRef | None:
+    """The Secret reference whose ``key`` field is ``key`` (its path names the reference)."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping) or not raw.get("name"):
+        path = "spec." + key.path.rsplit(".", 1)[0]
         problems.append(f"{path} must name a Secret: {{name, key}}, got {raw!r}")
         return None
-    return SecretRef(str(raw["name"]), str(raw.get("key") or default_key))
+    return SecretRef(str(raw["name"]), str(raw.get("key") or key.default))
 
 
-def _connection(spec: Mapping[str, Any], field: str, problems: list[str]) -> Connection:
+def _connection(
+    spec: Mapping[str, Any], field: str, url_key: fields.TextField, problems: list[str]
+) -> Connection:
     raw = _mapping(spec, field, problems)
     url = raw.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         problems.append(f"spec.{field}.url ({url!r}) must be an http:// or https:// URL")
         url = None
-    secret = _secret_ref(raw.get("urlSecretRef"), f"spec.{field}.urlSecretRef", "url", problems)
+    secret = _secret_ref(raw.get("urlSecretRef"), url_key, problems)
     if url is not None and secret is not None:
         problems.append(f"spec.{field}.url and spec.{field}.urlSecretRef are exclusive; set one")
     return Connection(url, secret)

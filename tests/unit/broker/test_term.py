@@ -12,12 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from broker_contracts.message_log import Event
-from broker_contracts.soap import BrokerState, UnavailabilityCode
+from broker_contracts.soap import BrokerState, HeartbeatReply, UnavailabilityCode
 from broker_service.settings import BrokerSettings
 from broker_service.term import (
     Activate,
     Answer,
-    HeartbeatReply,
     LogLifecycle,
     SelfFenced,
     StallSeen,
@@ -28,6 +27,7 @@ from broker_service.term import (
     TermMachine,
     lease_margin_seconds,
     lease_tick_seconds,
+    reply_of,
 )
 
 LEASE = 5.0  # tick 0.1 s, margin 0.5 s: a stall is a gap above 0.6 s between two ticks
@@ -61,9 +61,14 @@ def renew(
     return Answer(answer.reply, (*arrival.effects, *effects, *answer.effects))  # type: ignore[arg-type]
 
 
+def message(reply: HeartbeatReply | None) -> str:
+    assert reply is not None
+    return reply.unavailability_message or ""
+
+
 def code(reply: HeartbeatReply | None) -> tuple[str, str | None]:
     assert reply is not None
-    return reply.state.value, reply.code
+    return reply.state.value, reply.unavailability_code
 
 
 def active_at(epoch: int, now: float = T0) -> TermMachine:
@@ -89,7 +94,7 @@ def test_activation_stores_the_epoch_first_then_activates_and_starts_the_lease()
     assert term.epoch_stored(3) == ()  # inactive: no term ends
     assert term.proceed(T0) == Answer(awaiting=Activate(3))
     done = term.activated(T0)
-    assert done.reply == HeartbeatReply(BrokerState.ACTIVE, 3)
+    assert done.reply == reply_of(BrokerState.ACTIVE, 3)
     assert done.effects == (LogLifecycle(Event.ACTIVATED, 3), StartRelaying(3))
     assert term.state is BrokerState.ACTIVE and term.lease_deadline == T0 + LEASE
 
@@ -100,9 +105,7 @@ def test_a_failed_activation_keeps_the_stored_epoch_and_stays_inactive() -> None
     term.epoch_stored(2)
     assert term.proceed(T0).awaiting == Activate(2)
     failed = term.activation_failed(UnavailabilityCode.BACKEND_UNREACHABLE, "connection refused")
-    assert failed.reply == HeartbeatReply(
-        BrokerState.UNAVAILABLE, 2, "BACKEND_UNREACHABLE", "connection refused"
-    )
+    assert failed.reply == reply_of(BrokerState.UNAVAILABLE, 2, "BACKEND_UNREACHABLE", "connection refused")
     assert failed.effects == () and not term.active and term.epoch == 2
 
 
@@ -119,7 +122,7 @@ def test_stale_epoch_is_refused_and_changes_nothing() -> None:
     deadline = term.lease_deadline
     answer = renew(term, 4, T0 + 1)
     assert code(answer.reply) == ("Unavailable", "STALE_EPOCH") and answer.effects == ()
-    assert answer.reply is not None and "below this broker's stored epoch 5" in (answer.reply.message or "")
+    assert "below this broker's stored epoch 5" in message(answer.reply)
     assert term.lease_deadline == deadline and term.active  # not even the lease was renewed
     assert code(term.check(4, T0 + 1, None).reply) == ("Unavailable", "STALE_EPOCH")
     assert term.active  # a stale check changes nothing either
@@ -128,11 +131,11 @@ def test_stale_epoch_is_refused_and_changes_nothing() -> None:
 def test_renewal_extends_the_lease_from_when_its_handler_started_never_back() -> None:
     term = active_at(1)
     answer = renew(term, 1, T0 + 2)
-    assert answer == Answer(HeartbeatReply(BrokerState.ACTIVE, 1))  # no store, no activation, no effects
+    assert answer == Answer(reply_of(BrokerState.ACTIVE, 1))  # no store, no activation, no effects
     assert term.lease_deadline == T0 + 2 + LEASE
     # A renewal that started earlier but got the lock later does not shorten it.
     term.drain_due()
-    assert term.renew(1, T0 + 1, None).reply == HeartbeatReply(BrokerState.ACTIVE, 1)
+    assert term.renew(1, T0 + 1, None).reply == reply_of(BrokerState.ACTIVE, 1)
     assert term.lease_deadline == T0 + 2 + LEASE
 
 
@@ -141,7 +144,7 @@ def test_reactivation_with_a_higher_epoch_logs_the_old_term_ending_and_the_new_o
     answer = term.renew(4, T0 + 1, None)
     assert answer.awaiting == StoreEpoch(4)
     assert term.epoch_stored(4) == (LogLifecycle(Event.DEACTIVATED, 3), LogLifecycle(Event.ACTIVATED, 4))
-    assert term.proceed(T0 + 1) == Answer(HeartbeatReply(BrokerState.ACTIVE, 4))  # no second activation
+    assert term.proceed(T0 + 1) == Answer(reply_of(BrokerState.ACTIVE, 4))  # no second activation
     assert term.active and term.lease_deadline == T0 + 1 + LEASE
 
 
@@ -170,7 +173,7 @@ def test_a_renewal_the_watcher_has_not_caught_up_with_fences_before_the_lock() -
     term.drain_due()
     reply = term.renew(2, late, None).reply
     assert code(reply) == ("Unavailable", "LEASE_EXPIRED")
-    assert reply is not None and "activate it with an epoch above 2" in (reply.message or "")
+    assert reply is not None and "activate it with an epoch above 2" in (reply.unavailability_message or "")
 
 
 def test_a_fenced_term_is_never_revived_only_a_higher_epoch_activates_again() -> None:
@@ -191,7 +194,7 @@ def test_active_false_neither_creates_nor_lifts_the_fence_restriction() -> None:
     assert release == Answer(
         effects=(StopAccepting(reason), StopRelaying(2, reason), LogLifecycle(Event.DEACTIVATED, 2, True))
     )
-    assert term.standby_reply(None) == HeartbeatReply(BrokerState.INACTIVE, 2)
+    assert term.standby_reply(None) == reply_of(BrokerState.INACTIVE, 2)
     assert code(renew(term, 2, T0 + 1).reply) == ("Active", None)  # a drain is not a fence
 
     term.fence("journal failed: disk full")
@@ -205,7 +208,7 @@ def test_active_false_stores_a_higher_epoch_and_a_broken_journal_is_no_standby()
     release = term.release(4, "op-1")
     assert release == Answer(awaiting=StoreEpoch(4))
     term.epoch_stored(4)
-    assert term.standby_reply(None) == HeartbeatReply(BrokerState.INACTIVE, 4)
+    assert term.standby_reply(None) == reply_of(BrokerState.INACTIVE, 4)
     assert term.release(3, "op-1").awaiting is None  # never lowered
     assert code(term.standby_reply("bad frame at offset 12")) == ("Unavailable", "JOURNAL_ERROR")
 
@@ -220,12 +223,12 @@ def test_a_stall_fences_an_active_broker_and_refuses_what_waited_it_out() -> Non
     # A renewal read from the socket buffer right after the stall (within a tick) is refused.
     answer = renew(term, 1, resumed + 0.05, stalled=True)
     assert code(answer.reply) == ("Unavailable", "EVENT_LOOP_STALLED")
-    assert answer.reply is not None and "nothing changed" in (answer.reply.message or "")
+    assert answer.reply is not None and "nothing changed" in (answer.reply.unavailability_message or "")
     # Later, a check at the fenced epoch names the fence and its reason.
     term.watch_from(resumed + 1)
     reply = term.check(1, resumed + 1, None).reply
     assert code(reply) == ("Unavailable", "LEASE_EXPIRED")
-    assert reply is not None and "stalled" in (reply.message or "")
+    assert reply is not None and "stalled" in (reply.unavailability_message or "")
 
 
 def test_a_request_handled_before_the_watcher_after_a_stall_fences_and_is_refused() -> None:
@@ -234,7 +237,7 @@ def test_a_request_handled_before_the_watcher_after_a_stall_fences_and_is_refuse
     resumed = T0 + 2  # the watcher has not ticked since T0 + 1
     check = term.check(1, resumed, None)
     assert code(check.reply) == ("Unavailable", "EVENT_LOOP_STALLED")
-    assert check.reply is not None and "deactivated itself at epoch 1" in (check.reply.message or "")
+    assert "deactivated itself at epoch 1" in message(check.reply)
     assert not term.active and isinstance(check.effects[0], SelfFenced)
 
 
@@ -254,11 +257,11 @@ def test_a_gap_of_exactly_tick_plus_margin_is_no_stall() -> None:
 
 def test_a_check_never_activates_stores_or_renews() -> None:
     term = machine(epoch=1)
-    assert term.check(2, T0, None) == Answer(HeartbeatReply(BrokerState.INACTIVE, 1))
+    assert term.check(2, T0, None) == Answer(reply_of(BrokerState.INACTIVE, 1))
     assert term.epoch == 1 and not term.active
     term = active_at(1)
     term.watch_from(T0 + 1)
-    assert term.check(1, T0 + 1, None) == Answer(HeartbeatReply(BrokerState.ACTIVE, 1))
+    assert term.check(1, T0 + 1, None) == Answer(reply_of(BrokerState.ACTIVE, 1))
     assert term.lease_deadline == T0 + LEASE
     term.watch_from(T0 + LEASE + 0.1)
     late = term.check(1, T0 + LEASE + 0.1, None)  # its lease ran out: the check starts the fence
@@ -270,7 +273,7 @@ def test_a_broken_journal_is_named_before_a_fenced_term() -> None:
     term.fence("journal failed: disk full")
     answer = renew(term, 1, T0 + 1, journal="journal failed: disk full" + "x" * 600)
     assert code(answer.reply) == ("Unavailable", "JOURNAL_ERROR")
-    assert answer.reply is not None and len(answer.reply.message or "") == 500
+    assert answer.reply is not None and len(answer.reply.unavailability_message or "") == 500
     assert code(term.check(1, T0 + 1, "journal not open").reply) == ("Unavailable", "JOURNAL_ERROR")
 
 

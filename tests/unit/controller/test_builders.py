@@ -69,11 +69,17 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     assert "emptyDir" in volumes["message-log"]
 
 
-def test_every_child_is_owned_by_the_cluster() -> None:
+def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
     spec = parse_spec("orders", {"account": "a", "company": "c"})
+    # The default whenDeleted is Retain: a journal outlives its BrokerCluster unless asked otherwise.
+    assert "ownerReferences" not in builders.build_journal_claim(OWNER, 0, spec)["metadata"]
+    deleted = parse_spec(
+        "orders",
+        {"account": "a", "company": "c", "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}},
+    )
     children = [
         builders.build_pod(OWNER, 0, spec, active=True),
-        builders.build_journal_claim(OWNER, 0, spec),
+        builders.build_journal_claim(OWNER, 0, deleted),
         builders.build_headless_service(OWNER),
         builders.build_active_service(OWNER),
         builders.build_token_secret(OWNER),
@@ -106,6 +112,8 @@ def test_claim_size_and_class_come_from_the_spec() -> None:
     )
     claim = builders.build_journal_claim(OWNER, 1, spec)
     assert claim["metadata"]["name"] == "journal-orders-1"
+    assert claim["metadata"]["labels"][names.LABEL_ORDINAL] == "1"
+    assert claim["metadata"]["labels"][names.LABEL_CLUSTER] == "orders"
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert claim["spec"]["storageClassName"] == "ssd"
     assert (

@@ -41,7 +41,7 @@ def cluster_status(api: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
     return dict(objects_of(api, CLUSTERS)[name].get("status") or {})
 
 
-async def test_a_new_cluster_gets_owned_pods_claims_services_and_token(
+async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
     kmock: kmock.KubernetesEmulator, kube_api: KubeApi
 ) -> None:
     async with running_operator(kmock, kube_api):
@@ -57,9 +57,11 @@ async def test_a_new_cluster_gets_owned_pods_claims_services_and_token(
         assert sorted(claims) == ["journal-orders-0", "journal-orders-1", "journal-orders-2"]
         assert sorted(services) == ["orders-active", "orders-brokers"]
         assert sorted(secrets) == ["orders-backend-token", "orders-broker-token"]
-        for child in [*pods.values(), *claims.values(), *services.values(), *secrets.values()]:
+        for child in [*pods.values(), *services.values(), *secrets.values()]:
             (owner,) = child["metadata"]["ownerReferences"]
             assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", "uid-orders")
+        # persistentVolumeClaimRetentionPolicy.whenDeleted defaults to Retain: journals outlive the cluster.
+        assert all(not claim["metadata"].get("ownerReferences") for claim in claims.values())
         # Nobody is active before the engine has activated someone.
         assert {p["metadata"]["labels"][names.LABEL_ROLE] for p in pods.values()} == {"standby"}
         await eventually(lambda: cluster_status(kmock, "orders").get("phase") is not None)
@@ -178,3 +180,74 @@ async def test_a_spec_change_replaces_one_pod_at_a_time_lowest_priority_first(
         await mark_ready(kmock, "orders-1")
         await eventually(lambda: template_of(kmock, "orders-0") not in (None, old))
         assert any(e["reason"] == "RollingUpdate" for e in events_of(kmock, "orders"))
+
+
+def claim_owners(api: kmock.KubernetesEmulator, claim: str) -> list[str]:
+    return [
+        ref["uid"]
+        for ref in objects_of(api, "v1/persistentvolumeclaims")[claim]["metadata"].get("ownerReferences")
+        or []
+    ]
+
+
+async def scale_down_three_to_two(api: kmock.KubernetesEmulator, **spec: Any) -> None:
+    """A cluster of three ready pods scaled to two; returns once the operator has deleted orders-2."""
+    await create_cluster(api, cluster_body("orders", replicas=3, **spec))
+    await eventually(lambda: len(objects_of(api, "v1/pods")) == 3)
+    await eventually(lambda: len(objects_of(api, "v1/persistentvolumeclaims")) == 3)
+    for pod in ("orders-0", "orders-1", "orders-2"):
+        await mark_ready(api, pod)
+    response = await api.patch(f"{CLUSTERS_URL}/orders", json={"spec": {"replicas": 2}})
+    assert response.status == 200
+    await eventually(lambda: "orders-2" not in objects_of(api, "v1/pods"))
+
+
+async def test_scale_down_with_when_scaled_delete_deletes_the_removed_brokers_claim(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        policy = {"whenScaled": "Delete"}
+        await scale_down_three_to_two(kmock, persistentVolumeClaimRetentionPolicy=policy)
+        await eventually(lambda: "journal-orders-2" not in objects_of(kmock, "v1/persistentvolumeclaims"))
+        assert sorted(objects_of(kmock, "v1/persistentvolumeclaims")) == [
+            "journal-orders-0",
+            "journal-orders-1",
+        ]
+        assert any(e["reason"] == "ClaimDeleted" for e in events_of(kmock, "orders"))
+        # Deleted, not re-created: ordinal 2 is no longer wanted.
+        await asyncio.sleep(3 * RECONCILE_SECONDS)
+        assert "journal-orders-2" not in objects_of(kmock, "v1/persistentvolumeclaims")
+
+
+async def test_scale_down_retains_the_removed_brokers_claim_by_default(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await scale_down_three_to_two(kmock)
+        await asyncio.sleep(3 * RECONCILE_SECONDS)  # three reconcile periods, in loop time
+        assert sorted(objects_of(kmock, "v1/persistentvolumeclaims")) == [
+            "journal-orders-0",
+            "journal-orders-1",
+            "journal-orders-2",
+        ]
+        assert not any(e["reason"] == "ClaimDeleted" for e in events_of(kmock, "orders"))
+
+
+async def test_when_deleted_sets_and_takes_back_the_claims_owner_reference(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("orders", replicas=2))
+        await eventually(lambda: len(objects_of(kmock, "v1/persistentvolumeclaims")) == 2)
+        assert claim_owners(kmock, "journal-orders-0") == []
+        policy = {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}}
+        response = await kmock.patch(f"{CLUSTERS_URL}/orders", json={"spec": policy})
+        assert response.status == 200
+        # Existing claims are adopted, so deleting the cluster now garbage-collects them.
+        for name in ("journal-orders-0", "journal-orders-1"):
+            await eventually(lambda name=name: claim_owners(kmock, name) == ["uid-orders"])
+        policy = {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}}
+        response = await kmock.patch(f"{CLUSTERS_URL}/orders", json={"spec": policy})
+        assert response.status == 200
+        for name in ("journal-orders-0", "journal-orders-1"):
+            await eventually(lambda name=name: claim_owners(kmock, name) == [])

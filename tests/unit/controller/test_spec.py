@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from broker_operator.controller.spec import DEFAULT_IMAGE, SecretRef, SpecError, parse_spec
+from broker_operator.controller.spec import DEFAULT_IMAGE, ClaimRetention, SecretRef, SpecError, parse_spec
+from broker_operator.core.model import HeartbeatSettings
 
 
 def minimal(**extra: Any) -> dict[str, Any]:
@@ -18,15 +19,35 @@ def test_defaults_are_the_designs() -> None:
     assert spec.replicas == 2
     assert spec.endpoints == ()
     assert spec.image == DEFAULT_IMAGE
-    assert (spec.heartbeat_interval, spec.heartbeat_timeout, spec.failure_threshold) == (1, 1, 2)
-    assert (spec.lease_seconds, spec.standby_probe_seconds) == (5, 10)
-    assert (spec.failback, spec.failback_stable_seconds) == ("Automatic", 30)
+    heartbeat = spec.heartbeat
+    assert (heartbeat.interval_seconds, heartbeat.timeout_seconds, heartbeat.failure_threshold) == (1, 1, 2)
+    assert (heartbeat.lease_seconds, heartbeat.standby_probe_seconds) == (5, 10)
+    assert (heartbeat.failback, heartbeat.failback_stable_seconds) == ("Automatic", 30)
+    # The one parser of the heartbeat fields is the engine's: the same settings object.
+    assert heartbeat == HeartbeatSettings.from_spec(minimal())
     assert (spec.max_deliveries, spec.on_poison) == (5, "BlockStream")
     assert spec.storage_size == "1Gi"
     assert spec.token_secret is None
     assert spec.token_ref("orders") == SecretRef("orders-broker-token", "token")
     assert spec.backend_token_secret is None
     assert spec.backend_token_ref("orders") == SecretRef("orders-backend-token", "token")
+    # Nothing deleted unless asked: a journal can hold acknowledged messages and holds.
+    assert spec.claim_retention == ClaimRetention(when_scaled="Retain", when_deleted="Retain")
+    assert not spec.claim_retention.delete_when_scaled
+    assert not spec.claim_retention.delete_when_deleted
+
+
+def test_the_claim_retention_policy_is_read_and_checked() -> None:
+    policy = {"whenScaled": "Delete", "whenDeleted": "Delete"}
+    spec = parse_spec("orders", minimal(persistentVolumeClaimRetentionPolicy=policy))
+    assert spec.claim_retention.delete_when_scaled
+    assert spec.claim_retention.delete_when_deleted
+    with pytest.raises(SpecError) as refused:
+        parse_spec("orders", minimal(persistentVolumeClaimRetentionPolicy={"whenScaled": "Drop"}))
+    assert (
+        "spec.persistentVolumeClaimRetentionPolicy.whenScaled ('Drop') must be one of Retain, Delete"
+        in str(refused.value)
+    )
 
 
 def test_the_backends_credential_is_a_secret_of_its_own() -> None:

@@ -15,7 +15,6 @@ from dataclasses import InitVar, dataclass, field
 from broker_contracts.soap import UnavailabilityCode
 from broker_operator.core import HeartbeatReply, SendHeartbeat
 from broker_service.term import Activate, Answer, StoreEpoch, TermMachine
-from broker_service.term import HeartbeatReply as BrokerReply
 
 
 @dataclass
@@ -109,7 +108,7 @@ class SimBroker:
         return self.term.activation_failed(code, code.value)
 
 
-def _operator_view(reply: BrokerReply | None) -> HeartbeatReply:
-    """The broker's reply as the operator's heartbeat client decodes it."""
+def _operator_view(reply: HeartbeatReply | None) -> HeartbeatReply:
+    """The broker's reply is the operator's type: the contract's, one class for both sides."""
     assert reply is not None, "the term machine left a heartbeat unanswered"
-    return HeartbeatReply(reply.state, reply.code, reply.message, reply.epoch)
+    return reply

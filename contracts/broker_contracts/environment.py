@@ -1,0 +1,48 @@
+"""The broker's environment variables: the names the operator's pod builder sets and the broker reads.
+
+The broker is configured through the environment of its CLI (each variable also has a flag; see
+docs/broker.md), and the operator configures every broker pod it runs through exactly these
+variables. A name typed on each side could drift apart silently (the pod would set a variable
+nobody reads, and the broker would run with its default), so both sides take it from here, and
+``tests/unit/test_contracts.py`` checks that every name is one the broker's settings read.
+
+Names only: what each value means and its default are the broker's settings' (docs/broker.md).
+"""
+
+from typing import Final
+
+BROKER_HOST: Final = "BROKER_HOST"
+BROKER_PORT: Final = "BROKER_PORT"
+BROKER_NAME: Final = "BROKER_NAME"
+BROKER_CLUSTER: Final = "BROKER_CLUSTER"
+BROKER_ACCOUNT: Final = "BROKER_ACCOUNT"
+BROKER_COMPANY: Final = "BROKER_COMPANY"
+BROKER_DATA_DIR: Final = "BROKER_DATA_DIR"
+BROKER_MESSAGE_LOG_DIR: Final = "BROKER_MESSAGE_LOG_DIR"
+BROKER_BACKEND_URL: Final = "BROKER_BACKEND_URL"
+BROKER_CLOUD_URL: Final = "BROKER_CLOUD_URL"
+BROKER_TOKEN_FILE: Final = "BROKER_TOKEN_FILE"
+BROKER_BACKEND_TOKEN_FILE: Final = "BROKER_BACKEND_TOKEN_FILE"
+# How long an Active broker stays Active without an active=true heartbeat: spec.heartbeat.leaseSeconds.
+BROKER_LEASE_SECONDS: Final = "BROKER_LEASE_SECONDS"
+BROKER_MAX_DELIVERIES: Final = "BROKER_MAX_DELIVERIES"
+BROKER_ON_POISON: Final = "BROKER_ON_POISON"
+
+POD_ENVIRONMENT: Final = (
+    BROKER_HOST,
+    BROKER_PORT,
+    BROKER_NAME,
+    BROKER_CLUSTER,
+    BROKER_ACCOUNT,
+    BROKER_COMPANY,
+    BROKER_DATA_DIR,
+    BROKER_MESSAGE_LOG_DIR,
+    BROKER_BACKEND_URL,
+    BROKER_CLOUD_URL,
+    BROKER_TOKEN_FILE,
+    BROKER_BACKEND_TOKEN_FILE,
+    BROKER_LEASE_SECONDS,
+    BROKER_MAX_DELIVERIES,
+    BROKER_ON_POISON,
+)
+"""Every variable the operator may set in a broker pod."""

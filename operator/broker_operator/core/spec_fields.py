@@ -1,0 +1,159 @@
+"""The BrokerCluster spec's constrained fields: each one's default, bounds or choices, written once.
+
+The CRD (``crds/broker.failover.dev_brokerclusters.yaml``) is the authority: it is what the API
+server enforces and what ``kubectl explain`` shows. This module is its transcription for the
+Python side, and the only one: the controller's spec parser (``controller/spec.py``) and the
+heartbeat settings (``core/model.py``) take every default, range and enum from here instead of
+writing their own, and ``tests/unit/controller/test_crd.py`` checks this table against the CRD's
+openAPI schema in both directions, so a field added, re-defaulted or re-bounded in one place and
+not the other fails the tests.
+
+Each constrained field also reads itself out of a spec section (``read``), so that a range is
+checked, and its message worded, the same way by both parsers.
+
+What it does not hold: the cross-field rules (lease longer than interval times failureThreshold, and
+so on), which are code in the parsers and CEL in the CRD, checked against each other by the same
+messages in the unit and e2e tests; and fields without a default, bound or enum (names, URLs,
+Secret names), which the parsers read as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+
+@dataclass(frozen=True)
+class IntegerField:
+    """An integer field; ``seconds`` marks a duration (the local runner may give it in fractions)."""
+
+    path: str  # dotted, below ``spec``: "heartbeat.intervalSeconds"; "[]" marks a list's items
+    minimum: int
+    maximum: int
+    default: int | None = None
+    seconds: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        """``spec`` or ``spec.<section>``: the path the parsers' messages name the field under."""
+        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
+
+    def read(
+        self, section: Mapping[str, Any], problems: list[str], default: int | None = None, *, parent: str = ""
+    ) -> int:
+        """The field's value in ``section`` (the object that holds it), or its default; a value out
+        of bounds is added to ``problems``, named as the CRD names it (``parent`` names a list's item,
+        ``spec.endpoints[2]``), and the default returned."""
+        fallback = self.default if default is None else default
+        value = section.get(self.name, fallback)
+        # bool is an int in Python; `true` is never a valid count.
+        if not isinstance(value, int) or isinstance(value, bool) or not self.minimum <= value <= self.maximum:
+            bounds = f"from {self.minimum} to {self.maximum}"
+            problems.append(f"{parent or self.parent}.{self.name} ({value!r}) must be an integer {bounds}")
+            return fallback or 0
+        return value
+
+
+@dataclass(frozen=True)
+class ChoiceField:
+    """A string field with an enum and a default."""
+
+    path: str
+    choices: tuple[str, ...]
+    default: str
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
+
+    def read(self, section: Mapping[str, Any], problems: list[str]) -> str:
+        """The field's value in ``section``, or its default; anything else is added to ``problems``."""
+        value = section.get(self.name, self.default)
+        if value not in self.choices:
+            problems.append(f"{self.parent}.{self.name} ({value!r}) must be one of {', '.join(self.choices)}")
+            return self.default
+        return str(value)
+
+
+@dataclass(frozen=True)
+class TextField:
+    """A string field with a default and no enum."""
+
+    path: str
+    default: str
+
+
+# replicas has no schema default: it is exclusive with endpoints, and a default would make every
+# endpoints manifest invalid. The operator applies DEFAULT_REPLICAS when neither is set.
+REPLICAS: Final = IntegerField("replicas", 1, 9)
+DEFAULT_REPLICAS: Final = 2
+ENDPOINT_PRIORITY: Final = IntegerField("endpoints[].priority", 0, 1000)
+
+IMAGE: Final = TextField("image", "broker-failover/broker:0.1.0")
+IMAGE_PULL_POLICY: Final = ChoiceField("imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent")
+STORAGE_SIZE: Final = TextField("storage.size", "1Gi")
+# Retain first and default: a journal may hold acknowledged messages, held messages and the
+# stored epoch, so it is deleted only when asked (as StatefulSet's policy of the same name).
+WHEN_SCALED: Final = ChoiceField(
+    "persistentVolumeClaimRetentionPolicy.whenScaled", ("Retain", "Delete"), "Retain"
+)
+WHEN_DELETED: Final = ChoiceField(
+    "persistentVolumeClaimRetentionPolicy.whenDeleted", ("Retain", "Delete"), "Retain"
+)
+BACKEND_URL_KEY: Final = TextField("backend.urlSecretRef.key", "url")
+CLOUD_URL_KEY: Final = TextField("cloud.urlSecretRef.key", "url")
+TOKEN_KEY: Final = TextField("auth.tokenSecretRef.key", "token")
+BACKEND_TOKEN_KEY: Final = TextField("auth.backendTokenSecretRef.key", "token")
+
+HEARTBEAT_INTERVAL: Final = IntegerField("heartbeat.intervalSeconds", 1, 60, 1, seconds=True)
+HEARTBEAT_TIMEOUT: Final = IntegerField("heartbeat.timeoutSeconds", 1, 60, 1, seconds=True)
+FAILURE_THRESHOLD: Final = IntegerField("heartbeat.failureThreshold", 1, 100, 2)
+LEASE: Final = IntegerField("heartbeat.leaseSeconds", 1, 3600, 5, seconds=True)
+STANDBY_PROBE: Final = IntegerField("heartbeat.standbyProbeSeconds", 0, 3600, 10, seconds=True)
+FAILBACK: Final = ChoiceField("failback", ("Automatic", "Manual"), "Automatic")
+FAILBACK_STABLE: Final = IntegerField("failbackStableSeconds", 0, 86400, 30, seconds=True)
+
+MAX_DELIVERIES: Final = IntegerField("delivery.maxDeliveries", 1, 100, 5)
+ON_POISON: Final = ChoiceField("delivery.onPoison", ("BlockStream", "Hold"), "BlockStream")
+MESSAGE_LOG_MOUNT: Final = TextField("messageLog.mountPath", "/var/lib/broker/message-log")
+# In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
+# cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
+MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
+
+FIELDS: Final[tuple[IntegerField | ChoiceField | TextField, ...]] = (
+    REPLICAS,
+    ENDPOINT_PRIORITY,
+    IMAGE,
+    IMAGE_PULL_POLICY,
+    STORAGE_SIZE,
+    WHEN_SCALED,
+    WHEN_DELETED,
+    BACKEND_URL_KEY,
+    CLOUD_URL_KEY,
+    TOKEN_KEY,
+    BACKEND_TOKEN_KEY,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    FAILURE_THRESHOLD,
+    LEASE,
+    STANDBY_PROBE,
+    FAILBACK,
+    FAILBACK_STABLE,
+    MAX_DELIVERIES,
+    ON_POISON,
+    MESSAGE_LOG_MOUNT,
+    MESSAGE_LOG_SCHEDULE,
+)
+"""Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
+
+NOT_READ_BY_THE_OPERATOR: Final = (MESSAGE_LOG_SCHEDULE.path,)
+"""CRD fields that ``parse_spec`` does not read; every other field of the CRD's spec it reads."""
