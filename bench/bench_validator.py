@@ -4,9 +4,9 @@ Setup (the issue's): a synthetic message-log store (``broker_validator.synthetic
 records, 200 streams each way, 3 brokers, 6 failovers of which 2 are crashes, and a few injected
 anomalies of every violation class; then 10 % more records of the same history (one more crash,
 two more anomalies) as new segments. Both are generated once and cached under
-``~/.cache/broker-failover/bench-validator/<key>`` (the key hashes the parameters and the
-generator's source), so a second run starts at once; each run hard-links them into a fresh
-scratch store, since the validator writes its checkpoint into the store.
+``~/.cache/broker-failover/bench-validator/<key>`` (the key hashes the parameters and every
+source file of the generator's package), so a second run starts at once; each run hard-links them
+into a fresh scratch store, since the validator writes its checkpoint into the store.
 
 In one run, every segment first read once (the page cache warm for both engines), then:
 
@@ -93,8 +93,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def cache_key(args: argparse.Namespace) -> str:
-    """Parameters and the generator's own source: a changed generator never reuses an old store."""
-    source = Path(inspect.getfile(synthetic)).read_bytes()
+    """Parameters and the generator's own source (every file of its package, by path): a changed
+    generator never reuses an old store."""
+    package = Path(inspect.getfile(synthetic)).parent
+    source = b"".join(
+        str(path.relative_to(package)).encode() + b"\0" + path.read_bytes()
+        for path in sorted(package.rglob("*.py"))
+    )
     parameters = {
         name: getattr(args, name)
         for name in ("records", "streams", "brokers", "failovers", "crashes", "clusters", "increment", "seed")

@@ -8,10 +8,13 @@ Layers, each a module with one job:
 * :mod:`broker_validator.store`: finds closed segments in the store, tells foreign and empty files
   apart, and keeps the checkpoint (what was processed, per-stream state) atomically;
 * :mod:`broker_validator.checks`: the Spark checks over new records plus the carried state;
-* :mod:`broker_validator.report_html`: the self-contained HTML report with its timeline picture;
+* :mod:`broker_validator.report_html`: the self-contained HTML report, with the timeline picture
+  drawn by :mod:`broker_validator.report_timeline`;
 * :mod:`broker_validator.status`: writes each BrokerCluster's ``status.ordering``;
 * :mod:`broker_validator.spark`: builds the SparkSession for ``local[*]`` or a ``k8s://`` master;
-* :mod:`broker_validator.cli`: ``broker-validator --store DIR --report-dir DIR [--full] [--master URL]``.
+* :mod:`broker_validator.cli`: ``broker-validator --store DIR --report-dir DIR [--full] [--master URL]``;
+* :mod:`broker_validator.synthetic`: generated message-log histories with injected anomalies, for
+  the tests and ``make bench-validator``.
 
 What it deliberately is not: a live monitor. It reads closed segments only, so it sees a broker's
 records at most one segment bound late, and it judges a message lost only once it is older than a
