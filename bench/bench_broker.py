@@ -28,16 +28,12 @@ import io
 import json
 import os
 import pstats
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.integration.processes import (  # noqa: E402  # the repository root is put on the path just above
+from broker_simulators.local_processes import (
     DEFAULT_TOKEN,
     PYTHON,
     ProcessSet,
@@ -45,6 +41,8 @@ from tests.integration.processes import (  # noqa: E402  # the repository root i
     loopback_host,
     running,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def post_soap_heartbeat(url: str, epoch: int) -> bytes:

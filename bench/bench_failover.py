@@ -63,19 +63,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from broker_operator.core.model import FailbackMode  # noqa: E402  # the repository root is put on the path above
-from broker_operator.core.status import ClusterStatus  # noqa: E402
-from broker_operator.engine import (  # noqa: E402
+from broker_operator.core.model import FailbackMode
+from broker_operator.core.status import ClusterStatus
+from broker_operator.engine import (
     BrokerTarget,
     ClusterLoop,
     HeartbeatClient,
     HeartbeatSettings,
     PodFacts,
 )
-from tests.integration.processes import (  # noqa: E402
+from broker_simulators.local_processes import (
     DEFAULT_TOKEN,
     ProcessSet,
     RunningProcess,
@@ -84,6 +81,7 @@ from tests.integration.processes import (  # noqa: E402
     running,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 LEASE = 2.0
 SETTINGS = HeartbeatSettings(
     interval_seconds=0.2,

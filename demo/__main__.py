@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.integration.processes import (
+from broker_simulators.local_processes import (
     DEFAULT_TOKEN,
     ProcessSet,
     RunningProcess,

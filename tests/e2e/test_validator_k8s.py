@@ -37,6 +37,8 @@ import pytest
 import yaml
 
 from broker_contracts.message_log import CLOSED_SEGMENT_SUFFIX, OPEN_SEGMENT_SUFFIX, format_ts, segment_name
+from broker_simulators.local_processes import free_port as free_port_on
+from broker_simulators.local_processes import loopback_host
 from broker_validator.entrypoint import EntrypointError, command_for
 from broker_validator.report_schema import Report
 from broker_validator.spark import SparkSettings, SparkSettingsError, kubernetes_conf, local_conf
@@ -44,8 +46,6 @@ from broker_validator.status import OrderingStatusError, record_ordering
 from tests.e2e.support import free_port, get_json, installed_crd, wait_for
 from tests.harness.cluster import REPO_ROOT, LocalCluster
 from tests.harness.pki import write_kubeconfig
-from tests.integration.processes import free_port as free_port_on
-from tests.integration.processes import loopback_host
 
 pytestmark = pytest.mark.e2e
 

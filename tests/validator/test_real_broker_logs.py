@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from broker_simulators.local_processes import ProcessSet, free_port, loopback_host
 from broker_validator.job import validate_store
 from broker_validator.report_schema import Anomaly
 from tests.integration.broker.helpers import (
@@ -26,7 +27,6 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet, free_port, loopback_host
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Fixtures for the broker's integration tests: real processes on loopback, stopped in teardown.
 
-``processes`` is a :class:`tests.integration.processes.ProcessSet` rooted in the
+``processes`` is a :class:`broker_simulators.local_processes.ProcessSet` rooted in the
 test's ``tmp_path``; everything started through it is SIGTERM-ed (then
 SIGKILL-ed) as a process group when the test ends, pass or fail.
 ``relay_pair`` starts the two simulators and one broker wired to them, the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import ProcessSet, RunningProcess, free_port, loopback_host
+from broker_simulators.local_processes import ProcessSet, RunningProcess, free_port, loopback_host
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from lxml import etree
 from zeep.transports import Transport
 
 from broker_contracts import soap, wsdl_path
-from tests.integration.processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, RunningProcess
+from broker_simulators.local_processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, RunningProcess
 
 BINDING = f"{{{soap.NAMESPACE}}}BrokerBinding"
 

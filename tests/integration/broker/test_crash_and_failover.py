@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from broker_simulators.backend import build_envelope
+from broker_simulators.local_processes import ProcessSet, RunningProcess
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
     assert_complete_and_ordered,
@@ -24,7 +25,6 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet, RunningProcess
 
 pytestmark = pytest.mark.integration
 

@@ -10,6 +10,7 @@ import pytest
 
 from broker_contracts import message_log
 from broker_simulators.backend import build_envelope
+from broker_simulators.local_processes import ProcessSet
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import (
     assert_complete_and_ordered,
@@ -21,7 +22,6 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet
 
 pytestmark = pytest.mark.integration
 

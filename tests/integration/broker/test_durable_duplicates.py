@@ -33,7 +33,7 @@ from broker_service.soap_codec import (
     parse_request,
 )
 from broker_simulators.backend import build_envelope
-from tests.integration.processes import ProcessSet
+from broker_simulators.local_processes import ProcessSet
 from tests.unit.broker.gated_disk import GatedDisk
 
 pytestmark = pytest.mark.integration

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import zeep
 
+from broker_simulators.local_processes import ProcessSet, RunningProcess
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
     backend_status,
@@ -35,7 +36,6 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet, RunningProcess
 
 pytestmark = pytest.mark.integration
 

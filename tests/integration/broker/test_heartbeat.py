@@ -14,6 +14,7 @@ import zeep
 
 from broker_contracts.message_log import decode
 from broker_simulators.backend import build_envelope
+from broker_simulators.local_processes import DEFAULT_BACKEND_TOKEN, ProcessSet
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
     QueuedRequest,
@@ -29,7 +30,6 @@ from tests.integration.broker.helpers import (
     soap_service,
     wait_until,
 )
-from tests.integration.processes import DEFAULT_BACKEND_TOKEN, ProcessSet
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ import zeep
 
 from broker_contracts import soap
 from broker_simulators.backend import build_envelope
+from broker_simulators.local_processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import (
     backend_status,
@@ -21,7 +22,6 @@ from tests.integration.broker.helpers import (
     post_raw,
     raw_fault_code,
 )
-from tests.integration.processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import zeep
 
+from broker_simulators.local_processes import ProcessSet
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import (
     backend_status,
@@ -20,7 +21,6 @@ from tests.integration.broker.helpers import (
     start_sending,
     wait_until,
 )
-from tests.integration.processes import ProcessSet
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from broker_contracts.soap import NAMESPACE, SOAP_ENV_NAMESPACE, BrokerState
 from broker_operator.core import BrokerTarget
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError
 from broker_simulators.backend import build_envelope
+from broker_simulators.local_processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet, RunningProcess
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import metric, post_raw, raw_fault_code
-from tests.integration.processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet, RunningProcess
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ import pytest
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import BrokerTarget, ClusterLoop, HeartbeatClient, HeartbeatSettings, PodFacts
 from broker_operator.local_runner import LocalShell, StateFile
-from tests.integration.processes import DEFAULT_TOKEN, ProcessSet, RunningProcess
+from broker_simulators.local_processes import DEFAULT_TOKEN, ProcessSet, RunningProcess
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 from broker_contracts.soap import BrokerState
 from broker_operator.core.model import FailbackMode
 from broker_operator.engine import BrokerTarget, HeartbeatClient
+from broker_simulators.local_processes import DEFAULT_TOKEN
 from tests.integration.operator.conftest import LEASE, SETTINGS, BrokerTrio, eventually
-from tests.integration.processes import DEFAULT_TOKEN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.processes import DEFAULT_TOKEN, ProcessSet
+from broker_simulators.local_processes import DEFAULT_TOKEN, ProcessSet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_service import soap_codec
 from broker_simulators.backend import BackendSettings, BackendSimulator, parse_args
-from tests.integration.processes import free_port
+from broker_simulators.local_processes import free_port
 
 
 class ActiveService:

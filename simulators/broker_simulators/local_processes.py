@@ -1,4 +1,4 @@
-"""Start brokers and simulators as real processes on loopback, for any integration test or benchmark.
+"""Start brokers and simulators as real processes on loopback, for tests, the demo and benchmarks.
 
 Each process gets its own loopback address (``127.x.y.z``; the whole 127/8 is
 loopback on Linux) and a free port on it, runs in its own session (so it and
