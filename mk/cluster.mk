@@ -16,8 +16,8 @@ tools: ## Build kube-apiserver, kube-controller-manager, etcd and helm from the 
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start etcd, kube-apiserver, kube-controller-manager and the node agent in the background; prints the export KUBECONFIG line.
-	@$(BIN)/python -m tests.harness.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
+	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
 
 .PHONY: cluster-down
 cluster-down: venv ## Stop the cluster started by cluster-up and every process it started.
-	@$(BIN)/python -m tests.harness.cluster down --workdir $(CLUSTER_DIR)
+	@$(BIN)/python -m local_cluster.cluster down --workdir $(CLUSTER_DIR)

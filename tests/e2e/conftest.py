@@ -2,7 +2,7 @@
 
 The control plane (etcd, kube-apiserver, kube-controller-manager) is built from Go
 modules by ``make tools`` and started on loopback in a temporary directory; the node
-agent (tests/harness/node_agent.py) is the only fake part. See docs/local-cluster.md.
+agent (local_cluster/local_cluster/node_agent.py) is the only fake part. See docs/local-cluster.md.
 
 Session scope because starting costs seconds and the tests isolate themselves by
 namespace. If the tools are not built the fixture fails with the command to run
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.cluster import LocalCluster, LocalClusterSettings, built_tools_dir, start_local_cluster
-from tests.harness.processes import reap_on_exit
+from local_cluster.cluster import LocalCluster, LocalClusterSettings, built_tools_dir, start_local_cluster
+from local_cluster.processes import reap_on_exit
 
 
 @pytest.fixture(scope="session")

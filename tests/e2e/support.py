@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.cluster import REPO_ROOT, LocalCluster
+from local_cluster.cluster import REPO_ROOT, LocalCluster
 
 WAIT_SECONDS = 60.0
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from local_cluster.cluster import REPO_ROOT, LocalCluster
 from tests.e2e.support import free_port, get_json, wait_for
-from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
 

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
+from local_cluster.cluster import REPO_ROOT, LocalCluster, built_tools_dir
+from local_cluster.control_plane import ControlPlaneSettings, ControlPlaneStartError, start_control_plane
+from local_cluster.processes import process_group_alive
 from tests.e2e.support import get_json, wait_for
-from tests.harness.cluster import REPO_ROOT, LocalCluster, built_tools_dir
-from tests.harness.control_plane import ControlPlaneSettings, ControlPlaneStartError, start_control_plane
-from tests.harness.processes import process_group_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -358,7 +358,7 @@ def test_service_account_token_gives_in_cluster_access_under_rbac(
 def test_cluster_up_and_down_leave_no_process_behind(tmp_path: Path) -> None:
     """The developer CLI: up prints the export line; down stops every process, even a dead agent's pods."""
     workdir = tmp_path / "cluster"
-    cli = [sys.executable, "-m", "tests.harness.cluster"]
+    cli = [sys.executable, "-m", "local_cluster.cluster"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     up = subprocess.run([*cli, "up", f"--workdir={workdir}"], capture_output=True, text=True, env=env,
                         cwd=REPO_ROOT, timeout=150, check=False)  # fmt: skip

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.harness.images import ImageNotMappedError, ImageTable, image_key
-from tests.harness.node_agent import PodAddressPool
-from tests.harness.pod_runtime import describe_exit
-from tests.harness.pod_sandbox import (
+from local_cluster.images import ImageNotMappedError, ImageTable, image_key
+from local_cluster.node_agent import PodAddressPool
+from local_cluster.pod_runtime import describe_exit
+from local_cluster.pod_sandbox import (
     ApiServerAddress,
     Mount,
     PodSandbox,

@@ -45,8 +45,8 @@ from broker_operator.engine import (
     HeartbeatReply,
     HeartbeatSettings,
 )
+from local_cluster.cluster import REPO_ROOT, LocalCluster
 from tests.e2e.support import WAIT_SECONDS, free_port, get_json, installed_crd, wait_for
-from tests.harness.cluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.e2e
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, SOAP_ENV_NAMESPACE
+from local_cluster.cluster import LocalCluster
 from tests.e2e.support import free_port, get_json, installed_crd, wait_for
 from tests.e2e.test_operator import (
     VENV_BIN,
@@ -37,7 +38,6 @@ from tests.e2e.test_operator import (
     start_operator,
     wait_for_row,
 )
-from tests.harness.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 

@@ -43,9 +43,9 @@ from broker_validator.entrypoint import EntrypointError, command_for
 from broker_validator.report_schema import Report
 from broker_validator.spark import SparkSettings, SparkSettingsError, kubernetes_conf, local_conf
 from broker_validator.status import OrderingStatusError, record_ordering
+from local_cluster.cluster import REPO_ROOT, LocalCluster
+from local_cluster.pki import write_kubeconfig
 from tests.e2e.support import free_port, get_json, installed_crd, wait_for
-from tests.harness.cluster import REPO_ROOT, LocalCluster
-from tests.harness.pki import write_kubeconfig
 
 pytestmark = pytest.mark.e2e
 

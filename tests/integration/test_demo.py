@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.cluster import REPO_ROOT
+from local_cluster.cluster import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ first (it kills its pods), sweeps any pod process group it left behind, then sto
 controller-manager, apiserver and etcd.
 
 The CLI gives developers a ``kind create cluster`` experience:
-``python -m tests.harness.cluster up --workdir W --tools-dir T`` starts a detached
+``python -m local_cluster.cluster up --workdir W --tools-dir T`` starts a detached
 supervisor (``run``) that owns the cluster, waits for it, and prints the
 ``export KUBECONFIG=...`` line; ``down --workdir W`` stops it and everything it started.
 
@@ -33,16 +33,16 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from tests.harness.control_plane import (
+from local_cluster.control_plane import (
     ApiProbe,
     ControlPlane,
     ControlPlaneSettings,
     ControlPlaneStartError,
     start_control_plane,
 )
-from tests.harness.images import DEFAULT_IMAGES_FILE
-from tests.harness.node_agent import random_pod_subnet
-from tests.harness.processes import (
+from local_cluster.images import DEFAULT_IMAGES_FILE
+from local_cluster.node_agent import random_pod_subnet
+from local_cluster.processes import (
     ManagedProcess,
     kill_process_group,
     process_group_alive,
@@ -180,7 +180,7 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
             [
                 sys.executable,
                 "-m",
-                "tests.harness.node_agent",
+                "local_cluster.node_agent",
                 f"--kubeconfig={plane.admin_kubeconfig}",
                 f"--state-dir={settings.workdir / 'node'}",
                 f"--node-name={settings.node_name}",
@@ -270,7 +270,7 @@ def _up(workdir: Path, tools_dir: Path) -> int:
             [
                 sys.executable,
                 "-m",
-                "tests.harness.cluster",
+                "local_cluster.cluster",
                 "run",
                 f"--workdir={workdir}",
                 f"--tools-dir={tools_dir}",

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.pki import ClusterPki, create_cluster_pki, write_kubeconfig
-from tests.harness.processes import ManagedProcess
+from local_cluster.pki import ClusterPki, create_cluster_pki, write_kubeconfig
+from local_cluster.processes import ManagedProcess
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 # Controllers that need a cloud, a CNI or a kubelet we do not have. Node lifecycle is

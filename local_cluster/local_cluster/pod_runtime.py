@@ -36,8 +36,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.images import ImageNotMappedError, ImageTable, image_key
-from tests.harness.pod_sandbox import (
+from local_cluster.images import ImageNotMappedError, ImageTable, image_key
+from local_cluster.pod_sandbox import (
     Body,
     ContainerConfigError,
     Mount,
@@ -45,7 +45,7 @@ from tests.harness.pod_sandbox import (
     expand_references,
     rewrite_paths,
 )
-from tests.harness.processes import kill_process_group, process_group_alive, wait_group_gone
+from local_cluster.processes import kill_process_group, process_group_alive, wait_group_gone
 
 log = logging.getLogger("node-agent")
 BACKOFF_FIRST_SECONDS = 1.0

@@ -21,7 +21,7 @@ taints, affinity and resources are ignored (one node, everything fits), and ther
 no kubelet API (``kubectl logs/exec/port-forward`` fail; logs are files under
 ``<state-dir>/pods/<namespace>_<name>_<uid>/logs``).
 
-Run: ``python -m tests.harness.node_agent --kubeconfig K --state-dir D [--pod-subnet 127.0.0]``.
+Run: ``python -m local_cluster.node_agent --kubeconfig K --state-dir D [--pod-subnet 127.0.0]``.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from tests.harness.images import DEFAULT_IMAGES_FILE, ImageTable
-from tests.harness.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
-from tests.harness.pod_sandbox import ApiServerAddress, Body, PodSandbox
+from local_cluster.images import DEFAULT_IMAGES_FILE, ImageTable
+from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
+from local_cluster.pod_sandbox import ApiServerAddress, Body, PodSandbox
 
 log = logging.getLogger("node-agent")
 HOST_IP = "127.0.0.1"

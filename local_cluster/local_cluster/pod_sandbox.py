@@ -47,7 +47,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.harness.pki import write_kubeconfig
+from local_cluster.pki import write_kubeconfig
 
 Body = dict[str, Any]
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
