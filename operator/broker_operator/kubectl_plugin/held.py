@@ -1,0 +1,170 @@
+"""``kubectl broker held list|replay|discard``, and the held counts ``status`` shows.
+
+Which broker to ask: the active one by default, since it holds what is held now; brokers do not
+share journals, and an inactive broker answers from its own journal, i.e. what it held when it was
+last active (docs/broker.md, "Holds are durable"). ``--broker`` asks another one, ``--all-brokers``
+(list only) asks each. ``--url`` replaces the address (a ``kubectl port-forward`` from outside the
+pod network). The operator's token is read from the cluster's Secret for every command.
+
+Replay and discard name a message as ``DIRECTION STREAM SEQ``, the columns ``held list`` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, Final
+
+from broker_contracts.message_log import Direction
+from broker_operator.controller.bodies import BrokerClusterBody
+from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError, HeldMessage
+from broker_operator.kubectl_plugin.errors import PluginError, UsageError
+from broker_operator.kubectl_plugin.kube import BrokerAddress, Kube
+from broker_operator.kubectl_plugin.status_view import (
+    NONE,
+    HeldCount,
+    age_seconds,
+    format_age,
+    status_of,
+    table,
+)
+
+STATUS_TIMEOUT_SECONDS: Final = 3.0  # status must stay quick when a broker does not answer
+DIRECTIONS: Final = tuple(d.value for d in Direction)
+
+AdminFactory = Callable[[str, str, str, float], BrokerAdmin]
+
+
+def held_counts(
+    kube: Kube, body: BrokerClusterBody, admin: AdminFactory = BrokerAdmin
+) -> dict[str, HeldCount]:
+    """Each broker's number of held messages, asked in parallel; a failure is reported, not raised."""
+    try:
+        token = kube.operator_token(body)
+        addresses = kube.broker_addresses(body)
+    except PluginError as error:
+        names = [b.get("name") for b in status_of(body).get("brokers") or []]
+        return {str(name): HeldCount(None, str(error)) for name in names}
+
+    def count(address: BrokerAddress) -> HeldCount:
+        if address.url is None:
+            return HeldCount(None, f"{address.name}: no pod IP yet")
+        try:
+            return HeldCount(len(admin(address.name, address.url, token, STATUS_TIMEOUT_SECONDS).list_held()))
+        except BrokerAdminError as error:
+            return HeldCount(None, str(error).split("; brokers are reached", 1)[0])
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(addresses)))) as pool:
+        return dict(zip((a.name for a in addresses), pool.map(count, addresses), strict=True))
+
+
+def chosen_brokers(
+    body: BrokerClusterBody,
+    addresses: Sequence[BrokerAddress],
+    broker: str | None,
+    all_brokers: bool = False,
+    url: str | None = None,
+) -> list[BrokerAddress]:
+    """The brokers a held command asks, checked against the cluster's; raises naming the choices."""
+    name = body["metadata"]["name"]
+    known = [a.name for a in addresses]
+    if broker is not None and broker not in known:
+        raise UsageError(
+            f"broker {broker!r} is not in BrokerCluster {name} (its brokers: {', '.join(known)})"
+        )
+    if all_brokers:
+        chosen = list(addresses)
+    else:
+        target = broker or (body.get("status") or {}).get("active")
+        if not target:
+            raise PluginError(
+                f"BrokerCluster {name} has no active broker; pass --broker NAME to ask one of "
+                f"{', '.join(known)} (an inactive broker answers from its own journal)"
+            )
+        chosen = [a for a in addresses if a.name == target] or [BrokerAddress(str(target), None)]
+    if url is not None:
+        if len(chosen) != 1:
+            raise UsageError("--url names one broker's address; use it with --broker, not --all-brokers")
+        return [BrokerAddress(chosen[0].name, url)]
+    return chosen
+
+
+def _admin_for(
+    kube: Kube, body: BrokerClusterBody, address: BrokerAddress, admin: AdminFactory, timeout: float
+) -> BrokerAdmin:
+    if address.url is None:
+        raise PluginError(f"broker {address.name} has no pod IP yet (is its pod running?); try again shortly")
+    return admin(address.name, address.url, kube.operator_token(body), timeout)
+
+
+def list_held(
+    kube: Kube,
+    body: BrokerClusterBody,
+    *,
+    broker: str | None,
+    all_brokers: bool,
+    url: str | None,
+    stream: str | None,
+    timeout: float,
+    admin: AdminFactory = BrokerAdmin,
+) -> list[tuple[str, HeldMessage]]:
+    """(broker, message) for every held message on the chosen brokers."""
+    chosen = chosen_brokers(body, kube.broker_addresses(body), broker, all_brokers, url)
+    found: list[tuple[str, HeldMessage]] = []
+    for address in chosen:
+        found += [
+            (address.name, m) for m in _admin_for(kube, body, address, admin, timeout).list_held(stream)
+        ]
+    return found
+
+
+def release_held(
+    kube: Kube,
+    body: BrokerClusterBody,
+    *,
+    action: str,
+    direction: str,
+    stream: str,
+    seq: int,
+    broker: str | None,
+    url: str | None,
+    timeout: float,
+    admin: AdminFactory = BrokerAdmin,
+) -> tuple[str, str]:
+    """``replay`` or ``discard`` one held message; returns (broker, the broker's message)."""
+    if direction not in DIRECTIONS:
+        raise UsageError(f"direction {direction!r} must be one of {', '.join(DIRECTIONS)}")
+    (address,) = chosen_brokers(body, kube.broker_addresses(body), broker, False, url)
+    client = _admin_for(kube, body, address, admin, timeout)
+    done = client.replay if action == "replay" else client.discard
+    return address.name, done(direction, stream, seq)
+
+
+def held_document(cluster: str, namespace: str, found: Sequence[tuple[str, HeldMessage]]) -> dict[str, Any]:
+    return {
+        "schema": "kubectl-broker/held/v1",
+        "cluster": cluster,
+        "namespace": namespace,
+        "held": [{"broker": broker, **message.to_json()} for broker, message in found],
+    }
+
+
+def render_held(found: Sequence[tuple[str, HeldMessage]], asked: Sequence[str], now: datetime) -> str:
+    if not found:
+        return f"No held messages on {', '.join(asked)}."
+    header = ("BROKER", "DIRECTION", "STREAM", "SEQ", "MSG ID", "ATTEMPTS", "HELD FOR", "LAST ERROR")
+    rows = [
+        (
+            broker,
+            m.direction,
+            m.stream,
+            str(m.seq),
+            m.msg_id,
+            str(m.attempts),
+            format_age(age_seconds(m.held_since, now)),
+            (m.last_error or NONE)[:80],
+        )
+        for broker, m in found
+    ]
+    return "\n".join(table([header, *rows]))
