@@ -69,7 +69,11 @@ e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go m
 ##@ Demo
 
 .PHONY: demo
-demo: venv ## Run the main job end to end: brokers, simulators, failover, ordering check.
+demo: venv tools ## The user's path on the local cluster: helm install, kubectl apply, traffic, kill -9, failover, the validator's verdict.
+	$(BIN)/python -m demo.kubernetes
+
+.PHONY: demo-local
+demo-local: venv ## The failover engine without Kubernetes (local runner, three brokers, kill -9, failback, ordering check).
 	$(BIN)/python -m demo
 
 ##@ Benchmarks (each prints its headline as name=value on its last line)

@@ -1,4 +1,4 @@
-"""`make demo`: the whole relay and its failover, end to end, on this machine, with no Kubernetes.
+"""`make demo-local`: the failover engine end to end on this machine, with no Kubernetes.
 
 It starts the backend and cloud simulators and three brokers as real processes
 on loopback, runs the operator's failover engine through the local runner on a
@@ -8,9 +8,9 @@ failback return to it. At the end it checks what the targets received: every
 stream complete, in ``seq`` order, nothing twice. It exits 0 only if that
 holds; it prints what failed otherwise.
 
-Why not a Kubernetes cluster: the demo must run on a fresh machine in a minute.
-The same engine runs inside the operator; `make cluster-up` gives a real API
-server for trying the operator itself (see docs/local-cluster.md).
+Why without Kubernetes: it shows the engine alone, in under a minute. `make demo`
+(``demo/kubernetes.py``) runs the same engine inside the operator on the local
+control plane, installed with helm.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def scenario(processes: ProcessSet, workdir: Path, streams: int, per_stream: int
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="make demo-local", description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--messages-per-stream", type=int, default=2000)
     parser.add_argument(

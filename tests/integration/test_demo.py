@@ -1,4 +1,4 @@
-"""`make demo`, the README's first command, run small: it must end with PASSED and exit 0.
+"""`make demo-local` (the engine without Kubernetes), run small: it must end with PASSED and exit 0.
 
 The demo is the end-to-end path a newcomer sees first (simulators, three real
 brokers, the local runner, kill -9, failover, failback, an ordering check), so

@@ -1,0 +1,55 @@
+"""`make demo`, the README's first command: the user's path on the local control plane.
+
+Run as a user runs it (``python -m demo.kubernetes``, its own cluster), smaller: it must install
+with helm, fail over after kill -9, get the validator's Passed verdict, copy the report out,
+exit 0, and leave no process of its cluster behind.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from local_cluster.cluster import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that name ``text`` (the demo's work directory)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        if text in argv:
+            found.append(argv)
+    return found
+
+
+def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "demo.kubernetes", "--messages", "4000", "--report-dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "STATUS: deployed" in output  # helm install
+    failover = re.search(r"failover: orders-0 -> orders-1 \(\w+, \d+ ms\), epoch 1 -> (\d+)", output)
+    assert failover, output
+    assert '"result": "Passed", "violations": 0' in output
+    assert result.stdout.rstrip().endswith("[demo] verdict: Passed"), result.stdout[-2000:]
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "report.json").is_file()
+    work = re.search(r"cleaned up: cluster, pods, simulators and (\S+)", output)
+    assert work, output
+    assert not Path(work.group(1)).exists()
+    assert processes_mentioning(work.group(1)) == []
