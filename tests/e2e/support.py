@@ -1,4 +1,4 @@
-"""Small helpers every e2e test module uses: bounded polling, `kubectl get -o json`, a free port.
+"""Helpers every e2e module uses: bounded polling, `kubectl get -o json`, free ports, our own processes.
 
 Waits here are failure limits (how long before a test gives up), never
 performance assertions.
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,3 +86,46 @@ def installed_crd(cluster: LocalCluster, crd_file: Path = CRD_FILE) -> Iterator[
         yield
     finally:
         delete_crd_releasing_finalizers(cluster, str(crd_file))
+
+
+class LocalProcess:
+    """A process of ours (operator, simulator) in its own group, logging to a file, killed as a group."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def kill(self) -> None:
+        """kill -9 of the whole process group: no cleanup, as in a node crash."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+
+    def tail(self) -> str:
+        """The log's last lines, without kopf's per-run "succeeded" notes of periodic handlers."""
+        if not self.log.exists():
+            return ""
+        lines = [
+            line for line in self.log.read_text(errors="replace").splitlines() if "succeeded." not in line
+        ]
+        return "\n".join(lines[-150:])
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

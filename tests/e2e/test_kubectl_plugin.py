@@ -27,14 +27,12 @@ import yaml
 
 from local_cluster.cluster import LocalCluster
 from local_cluster.pki import write_kubeconfig
-from tests.e2e.support import get_json, installed_crd, wait_for
+from tests.e2e.support import LocalProcess, get_json, installed_crd, listening, wait_for
 from tests.e2e.test_operator import (
     VENV_BIN,
-    LocalProcess,
     apply,
     broker_cluster,
     free_port,
-    listening,
     new_namespace,
     role_of,
     start_operator,

@@ -18,7 +18,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -46,7 +45,15 @@ from broker_operator.engine import (
     HeartbeatSettings,
 )
 from local_cluster.cluster import REPO_ROOT, LocalCluster
-from tests.e2e.support import WAIT_SECONDS, free_port, get_json, installed_crd, wait_for
+from tests.e2e.support import (
+    WAIT_SECONDS,
+    LocalProcess,
+    free_port,
+    get_json,
+    installed_crd,
+    listening,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -66,49 +73,6 @@ def broker_cluster(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"account": "acme", "company": "1000", **spec},
     }
-
-
-class LocalProcess:
-    """A process of ours (operator, simulator) in its own group, logging to a file, killed as a group."""
-
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-
-    def kill(self) -> None:
-        """kill -9 of the whole process group: no cleanup, as in a node crash."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
-
-    def tail(self) -> str:
-        """The log's last lines, without kopf's per-run "succeeded" notes of periodic handlers."""
-        if not self.log.exists():
-            return ""
-        lines = [
-            line for line in self.log.read_text(errors="replace").splitlines() if "succeeded." not in line
-        ]
-        return "\n".join(lines[-150:])
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,12 @@ import pytest
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, SOAP_ENV_NAMESPACE
 from local_cluster.cluster import LocalCluster
-from tests.e2e.support import free_port, get_json, installed_crd, wait_for
+from tests.e2e.support import LocalProcess, free_port, get_json, installed_crd, listening, wait_for
 from tests.e2e.test_operator import (
     VENV_BIN,
-    LocalProcess,
     apply,
     broker_cluster,
     event_reasons,
-    listening,
     new_namespace,
     pod,
     start_operator,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -45,7 +44,7 @@ from broker_validator.spark import SparkSettings, SparkSettingsError, kubernetes
 from broker_validator.status import OrderingStatusError, record_ordering
 from local_cluster.cluster import REPO_ROOT, LocalCluster
 from local_cluster.pki import write_kubeconfig
-from tests.e2e.support import free_port, get_json, installed_crd, wait_for
+from tests.e2e.support import LocalProcess, free_port, get_json, installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -81,29 +80,6 @@ def namespace(kube_cluster: LocalCluster, crd: None) -> Iterator[str]:
     wait_for("default ServiceAccount", lambda: get_json(kube_cluster, name, "serviceaccount", "default"))
     yield name
     kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-class Simulator:
-    """A simulator process of ours: own process group, log file, bounded stop of the whole group."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:]) if self.log.exists() else ""
 
 
 def http_json(url: str, payload: dict[str, Any] | None = None) -> Any:
@@ -414,7 +390,7 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
 ) -> None:
     started = time.monotonic()
     store = kube_cluster.state_dir / "claims" / namespace / STORE_CLAIM
-    simulators: list[Simulator] = []
+    simulators: list[LocalProcess] = []
     installed = False
     try:
         # The shared store: one claim that the brokers and the validator mount (no provisioner
@@ -453,7 +429,7 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
         cloud_port, backend_port = free_port_on(cloud_host), free_port_on(backend_host)
         cloud_url, backend_url = f"http://{cloud_host}:{cloud_port}", f"http://{backend_host}:{backend_port}"
         simulators.append(
-            Simulator(
+            LocalProcess(
                 [
                     str(VENV_BIN / "cloud-simulator"), "--host", cloud_host, "--port", str(cloud_port),
                     "--inbound-streams", str(INBOUND_STREAMS),
@@ -507,7 +483,7 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
         ]  # fmt: skip
         for ip in ips:
             backend_argv += ["--broker-url", f"http://{ip}:8080"]
-        simulators.append(Simulator(backend_argv, tmp_path / "backend.log"))
+        simulators.append(LocalProcess(backend_argv, tmp_path / "backend.log"))
         wait_for(
             "simulators answering",
             lambda: answers(f"{cloud_url}/sim/status") and answers(f"{backend_url}/sim/status"),
