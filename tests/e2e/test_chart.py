@@ -66,6 +66,31 @@ def test_unsafe_values_are_refused_with_the_reason(
     assert complaint in result.stderr
 
 
+EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+
+
+def test_the_api_server_accepts_every_example_and_the_rendered_chart(
+    kube_cluster: LocalCluster, release: str
+) -> None:
+    """Server-side dry runs: the CRD's schema and CEL rules, and every object the chart renders."""
+    kube_cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
+    )
+    assert len(EXAMPLES) >= 4
+    for example in EXAMPLES:
+        result = kube_cluster.kubectl(
+            "-n", release, "apply", "--dry-run=server", "-f", str(example), check=False
+        )
+        assert result.returncode == 0, f"{example.name}: {result.stderr}"
+    for values in ([], ["--set", "validator.enabled=true", "--set", "validator.store.claimName=logs"]):
+        rendered = kube_cluster.helm("template", "bf", str(CHART), "--namespace", release, *values).stdout
+        result = kube_cluster.kubectl(
+            "-n", release, "apply", "--dry-run=server", "-f", "-", input=rendered, check=False
+        )
+        assert result.returncode == 0, f"helm template {' '.join(values)}: {result.stderr}"
+
+
 @pytest.fixture
 def release(kube_cluster: LocalCluster) -> Iterator[str]:
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
