@@ -853,3 +853,48 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
     else:
         time.sleep(4)
         assert claim_names(kube_cluster, namespace, name) == claims
+
+
+def ready_condition(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    status = (get_json(cluster, namespace, "bc", name) or {}).get("status") or {}
+    conditions = status.get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), None)
+
+
+def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_exists(
+    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+) -> None:
+    """As a new user tried it: the example applied before the Secret it names. The cluster must say
+    which Secret its pods wait for (not only "Pending"), and turn Ready once the Secret exists."""
+    name = "unready"
+    manifest = broker_cluster(
+        name,
+        replicas=2,
+        backend={"urlSecretRef": {"name": "unready-endpoints", "key": "backend"}},
+        cloud={"url": simulators["cloud"]},
+    )
+    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    stuck = wait_for(
+        "Ready=False naming the missing Secret",
+        lambda: (
+            (c := ready_condition(kube_cluster, namespace, name))
+            and c["reason"] == "BrokerPodsNotRunning"
+            and c
+        ),
+        timeout=90,
+    )
+    assert stuck["status"] == "False"
+    assert "CreateContainerConfigError" in stuck["message"] and "unready-endpoints" in stuck["message"]
+    assert "create the Secret" in stuck["message"]
+    assert "BrokerPodsNotRunning" in event_reasons(kube_cluster, namespace, name)
+    kube_cluster.kubectl(
+        "-n", namespace, "create", "secret", "generic", "unready-endpoints",
+        f"--from-literal=backend={simulators['backend']}",
+    )  # fmt: skip
+    ready = wait_for(
+        "Ready=True once the Secret exists",
+        lambda: (c := ready_condition(kube_cluster, namespace, name)) and c["status"] == "True" and c,
+        timeout=120,
+    )
+    assert ready["reason"] == "ActiveBrokerServing" and f"{name}-0 is active" in ready["message"]
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")

@@ -14,7 +14,7 @@ the heartbeat daemon does), or write the engine's status fields.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -26,6 +26,7 @@ from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import pod_views
+from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
 
@@ -64,8 +65,9 @@ def _now() -> str:
 def _set_condition(
     ref: ClusterRef, patch: MutableMapping[str, Any], kind: str, *, ok: bool, reason: str, message: str
 ) -> None:
-    """Set one condition, writing only when its status, reason or message changed."""
-    conditions = [dict(c) for c in ref.status.get("conditions") or []]
+    """Set one condition, writing only when its status, reason or message changed (on top of any
+    condition this pass already set)."""
+    conditions = [dict(c) for c in patch.get("conditions", ref.status.get("conditions")) or []]
     current = next((c for c in conditions if c.get("type") == kind), None)
     wanted = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
     if current is not None and all(current.get(k) == v for k, v in wanted.items()):
@@ -98,6 +100,7 @@ async def reconcile_cluster(
             status_patch.update(phase=PHASE_CONFLICT, conflictsWith=owner)
         if observations.first_report("Conflict", message):
             kopf.warn(ref.kopf_body, reason="Conflict", message=message)
+        _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="Conflict", message=message)
         return None
     observations.reported.pop("Conflict", None)
     if ref.status.get("phase") == PHASE_CONFLICT:
@@ -118,6 +121,7 @@ async def reconcile_cluster(
         )
         if observations.first_report("InvalidSpec", str(error)):
             kopf.warn(ref.kopf_body, reason="InvalidSpec", message=str(error))
+        _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="InvalidSpec", message=str(error))
         logger.warning("not running: %s", error)
         return None
     observations.reported.pop("InvalidSpec", None)
@@ -130,7 +134,23 @@ async def reconcile_cluster(
     if not parsed.endpoints_mode:
         await roll_out(context, ref, parsed, logger)
         await apply_claim_retention(context, ref, parsed, logger)
+    report_readiness(ref, status_patch, observations.pods, observations.first_report)
     return parsed
+
+
+def report_readiness(
+    ref: ClusterRef,
+    status_patch: MutableMapping[str, Any],
+    pods: Mapping[str, Any],
+    first_report: Callable[[str, str], bool],
+) -> None:
+    """The Ready condition, and a Warning event the first time a given problem is seen."""
+    ready = readiness(ref.status, pods)
+    _set_condition(
+        ref, status_patch, CONDITION_READY, ok=ready.ready, reason=ready.reason, message=ready.message
+    )
+    if not ready.ready and ready.reason != "WaitingForBrokers" and first_report(ready.reason, ready.message):
+        kopf.warn(ref.kopf_body, reason=ready.reason, message=ready.message)
 
 
 async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> None:

@@ -66,7 +66,11 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         assert {p["metadata"]["labels"][names.LABEL_ROLE] for p in pods.values()} == {"standby"}
         await eventually(lambda: cluster_status(kmock, "orders").get("phase") is not None)
         conditions = cluster_status(kmock, "orders").get("conditions") or []
-        assert [(c["type"], c["status"]) for c in conditions] == [("SpecValid", "True")]
+        # No broker answers here (kmock runs no pods): valid, and not Ready yet, saying why.
+        assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
+            ("SpecValid", "True", "Valid"),
+            ("Ready", "False", "WaitingForBrokers"),
+        ]
         assert any(e["reason"] == "Created" for e in events_of(kmock, "orders"))
 
 
@@ -106,13 +110,12 @@ async def test_an_invalid_spec_is_reported_and_nothing_is_created(
         body = cluster_body("bad", heartbeat={"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3})
         await create_cluster(kmock, body)
         await eventually(lambda: bool(cluster_status(kmock, "bad").get("conditions")))
-        (condition,) = cluster_status(kmock, "bad")["conditions"]
-        assert (condition["type"], condition["status"], condition["reason"]) == (
-            "SpecValid",
-            "False",
-            "InvalidSpec",
-        )
-        assert "spec.heartbeat.leaseSeconds (2) must exceed" in condition["message"]
+        conditions = cluster_status(kmock, "bad")["conditions"]
+        assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
+            ("SpecValid", "False", "InvalidSpec"),
+            ("Ready", "False", "InvalidSpec"),
+        ]
+        assert all("spec.heartbeat.leaseSeconds (2) must exceed" in c["message"] for c in conditions)
         assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events_of(kmock, "bad"))
         assert objects_of(kmock, "v1/pods") == {}
         assert objects_of(kmock, "v1/services") == {}
