@@ -869,20 +869,25 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
     name = "unready"
     manifest = broker_cluster(
         name,
+        company="4100",  # a pair of its own: the module's namespace holds other clusters
         replicas=2,
         backend={"urlSecretRef": {"name": "unready-endpoints", "key": "backend"}},
         cloud={"url": simulators["cloud"]},
     )
     assert apply(kube_cluster, namespace, manifest).returncode == 0
-    stuck = wait_for(
-        "Ready=False naming the missing Secret",
-        lambda: (
-            (c := ready_condition(kube_cluster, namespace, name))
-            and c["reason"] == "BrokerPodsNotRunning"
-            and c
-        ),
-        timeout=90,
-    )
+    seen: list[Any] = []
+
+    def stuck_condition() -> dict[str, Any] | None:
+        condition = ready_condition(kube_cluster, namespace, name)
+        seen[:] = [condition]
+        return condition if condition and condition["reason"] == "BrokerPodsNotRunning" else None
+
+    try:
+        stuck = wait_for("Ready=False naming the missing Secret", stuck_condition, timeout=90)
+    except pytest.fail.Exception:
+        pods = get_json(kube_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")
+        statuses = [p.get("status") for p in (pods or {}).get("items", [])]
+        pytest.fail(f"Ready condition {seen}; pod statuses {statuses}")
     assert stuck["status"] == "False"
     assert "CreateContainerConfigError" in stuck["message"] and "unready-endpoints" in stuck["message"]
     assert "create the Secret" in stuck["message"]
