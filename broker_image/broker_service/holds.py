@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from broker_contracts import soap
 from broker_contracts.message_log import Direction
-from broker_service.soap_codec import HeldMessageView
 
 HeldMessage = tuple[str, int, str, str]
 """``(stream, seq, msgId, payload)``, the same shape as a journaled message."""
@@ -55,8 +55,8 @@ class HeldEntry:
     def seq(self) -> int:
         return self.message[1]
 
-    def view(self) -> HeldMessageView:
-        return HeldMessageView(
+    def view(self) -> soap.HeldMessage:
+        return soap.HeldMessage(
             direction=self.direction.value,
             stream=self.stream,
             seq=self.seq,

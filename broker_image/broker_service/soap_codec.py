@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 from lxml import etree
 
 from broker_contracts import wsdl_path
-from broker_contracts.soap import NAMESPACE, SOAP_ENV_NAMESPACE, AcceptStatus, FaultCode
+from broker_contracts.soap import NAMESPACE, SOAP_ENV_NAMESPACE, AcceptStatus, FaultCode, HeldMessage
 
 _ENV = f"{{{SOAP_ENV_NAMESPACE}}}"
 _TNS = f"{{{NAMESPACE}}}"
@@ -313,18 +313,7 @@ def render_send_messages(epoch: int, results: Iterable[AcceptResult]) -> bytes:
     return _wrap("".join(parts))
 
 
-@dataclass(frozen=True, slots=True)
-class HeldMessageView:
-    direction: str
-    stream: str
-    seq: int
-    msg_id: str
-    attempts: int
-    last_error: str
-    held_since: str  # xsd:dateTime text
-
-
-def render_list_held(held: Sequence[HeldMessageView]) -> bytes:
+def render_list_held(held: Sequence[HeldMessage]) -> bytes:
     parts = ["<tns:ListHeldResponse>"]
     for item in held:
         parts.append(

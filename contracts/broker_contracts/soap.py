@@ -46,6 +46,22 @@ class HeartbeatReply:
     epoch: int
 
 
+@dataclass(frozen=True)
+class HeldMessage:
+    """One entry of ``ListHeld``: the WSDL's ``HeldMessage`` type, field for field, in its order.
+
+    The broker renders its holds as these and the ``kubectl broker`` plugin parses the response
+    into them (``tests/unit/test_contracts.py`` checks it against the WSDL)."""
+
+    direction: str
+    stream: str
+    seq: int
+    msg_id: str
+    attempts: int
+    last_error: str
+    held_since: str  # xsd:dateTime text (RFC 3339)
+
+
 class AcceptStatus(StrEnum):
     """Per-message result of SendMessages."""
 

@@ -115,16 +115,25 @@ def test_unavailability_codes_fit_the_contract_field() -> None:
 # ---- one definition each: the Heartbeat reply and the broker's environment names ---------------
 
 
+def wsdl_names(contract: type) -> list[str]:
+    """A contract dataclass's fields, in order, spelled as the WSDL spells them (camelCase)."""
+    return [re.sub(r"_([a-z])", lambda m: m.group(1).upper(), f.name) for f in dataclasses.fields(contract)]
+
+
 def test_the_heartbeat_reply_is_the_wsdls_heartbeat_response_field_for_field() -> None:
     tree = ElementTree.parse(wsdl_path())
     xsd = "{http://www.w3.org/2001/XMLSchema}"
     (response,) = [e for e in tree.iter(f"{xsd}element") if e.get("name") == "HeartbeatResponse"]
     in_wsdl = [e.get("name") for e in response.iter(f"{xsd}element") if e is not response]
-    in_python = [
-        re.sub(r"_([a-z])", lambda m: m.group(1).upper(), f.name)
-        for f in dataclasses.fields(soap.HeartbeatReply)
-    ]
-    assert in_python == in_wsdl
+    assert wsdl_names(soap.HeartbeatReply) == in_wsdl
+
+
+def test_the_held_message_is_the_wsdls_held_message_type_field_for_field() -> None:
+    tree = ElementTree.parse(wsdl_path())
+    xsd = "{http://www.w3.org/2001/XMLSchema}"
+    (held,) = [e for e in tree.iter(f"{xsd}complexType") if e.get("name") == "HeldMessage"]
+    in_wsdl = [e.get("name") for e in held.iter(f"{xsd}element")]
+    assert wsdl_names(soap.HeldMessage) == in_wsdl
 
 
 def test_the_operator_uses_the_contracts_heartbeat_reply() -> None:

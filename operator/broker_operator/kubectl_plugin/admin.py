@@ -16,7 +16,6 @@ Not here: which broker to ask (``held``), or how to print the answer.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -27,35 +26,24 @@ from lxml import etree
 from zeep.transports import Transport
 
 import broker_contracts
-from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, FaultCode
+from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, FaultCode, HeldMessage
 from broker_operator.kubectl_plugin.errors import PluginError
 
 _BINDING: Final = f"{{{NAMESPACE}}}BrokerBinding"
 DEFAULT_TIMEOUT_SECONDS: Final = 10.0
 
 
-@dataclass(frozen=True)
-class HeldMessage:
-    """One entry of ``ListHeld``: the WSDL's ``HeldMessage``."""
-
-    direction: str
-    stream: str
-    seq: int
-    msg_id: str
-    attempts: int
-    last_error: str
-    held_since: str  # RFC 3339 as the broker sent it
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "direction": self.direction,
-            "stream": self.stream,
-            "seq": self.seq,
-            "msgId": self.msg_id,
-            "attempts": self.attempts,
-            "lastError": self.last_error,
-            "heldSince": self.held_since,
-        }
+def held_json(message: HeldMessage) -> dict[str, Any]:
+    """A held message as the plugin's ``-o json`` documents spell it (the WSDL's names)."""
+    return {
+        "direction": message.direction,
+        "stream": message.stream,
+        "seq": message.seq,
+        "msgId": message.msg_id,
+        "attempts": message.attempts,
+        "lastError": message.last_error,
+        "heldSince": message.held_since,
+    }
 
 
 class BrokerAdminError(PluginError):

@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from broker_contracts.message_log import Direction
+from broker_contracts.soap import HeldMessage
 from broker_operator.controller.bodies import BrokerClusterBody
-from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError, HeldMessage
+from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError, held_json
 from broker_operator.kubectl_plugin.errors import PluginError, UsageError
 from broker_operator.kubectl_plugin.kube import BrokerAddress, Kube
 from broker_operator.kubectl_plugin.status_view import (
@@ -146,7 +147,7 @@ def held_document(cluster: str, namespace: str, found: Sequence[tuple[str, HeldM
         "schema": "kubectl-broker/held/v1",
         "cluster": cluster,
         "namespace": namespace,
-        "held": [{"broker": broker, **message.to_json()} for broker, message in found],
+        "held": [{"broker": broker, **held_json(message)} for broker, message in found],
     }
 
 

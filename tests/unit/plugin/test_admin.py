@@ -15,10 +15,10 @@ from typing import ClassVar
 
 import pytest
 
-from broker_contracts.soap import FaultCode
-from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError, HeldMessage
+from broker_contracts.soap import FaultCode, HeldMessage
+from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError
 from broker_service import soap_codec
-from broker_service.soap_codec import HeldMessageView, SoapFaultError
+from broker_service.soap_codec import SoapFaultError
 
 
 class CannedBroker(BaseHTTPRequestHandler):
@@ -61,7 +61,7 @@ def answer(reply: bytes, status: int = 200) -> None:
 
 
 def test_list_held_sends_the_operator_token_and_reads_every_field(broker_url: str) -> None:
-    view = HeldMessageView(
+    view = HeldMessage(
         "inbound", "invoices-0000", 3, "invoices-0000-3", 2, "rejected", "2026-11-23T11:59:00Z"
     )
     answer(soap_codec.render_list_held([view]))

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from broker_operator.kubectl_plugin.admin import BrokerAdminError, HeldMessage
+from broker_contracts.soap import HeldMessage
+from broker_operator.kubectl_plugin.admin import BrokerAdminError
 from broker_operator.kubectl_plugin.errors import EXIT_FAILED, EXIT_USAGE, PluginError
 from broker_operator.kubectl_plugin.held import (
     chosen_brokers,
