@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Build the pinned Kubernetes control-plane tools (kube-apiserver,
-# kube-controller-manager, etcd, helm) into a cache outside git.
+# Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
+# kube-proxy, etcd, a minimal CoreDNS, helm) into a cache outside git.
 #
-# Why one `go build` for all four: they share most of their dependency graph
-# (apimachinery, client-go, grpc, etcd client, ...), and a single invocation
+# Why one `go build` for all six: they share most of their dependency graph
+# (apimachinery, client-go, grpc, prometheus, ...), and a single invocation
 # compiles each shared package once. The cache directory is keyed by a hash of
-# go.mod, go.sum, cmd/ and this script, so a change of pin builds a new
-# directory and an unchanged pin is a no-op (just prints the bin directory).
+# go.mod, go.sum, everything under cmd/ and this script, so a change of pin
+# builds a new directory and an unchanged pin is a no-op (just prints the bin
+# directory).
+#
+# kube-proxy needs `nft` and `conntrack` at run time; `make host-packages`
+# installs them (they are Debian packages, not Go programs).
 #
 # What it does not do: it does not install the tools on PATH, and it never
 # deletes older cache directories (remove ~/.cache/broker-failover/tools by
@@ -19,9 +23,26 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${BROKER_FAILOVER_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/broker-failover/tools}"
-pin_hash="$(cd "$here" && cat go.mod go.sum build.sh cmd/etcd/main.go | sha256sum | cut -c1-16)"
+# The hash covers the names and contents of every file under cmd/, so a new
+# command or a changed main.go builds a new directory.
+pin_hash="$(
+  cd "$here" && {
+    cat go.mod go.sum build.sh
+    find cmd -type f | LC_ALL=C sort
+    find cmd -type f -print0 | LC_ALL=C sort -z | xargs -0 cat
+  } | sha256sum | cut -c1-16
+)"
 bin_dir="$cache_root/$pin_hash/bin"
-tools=(kube-apiserver kube-controller-manager etcd helm)
+# The binaries and the packages they are built from, in the same order.
+tools=(kube-apiserver kube-controller-manager kube-proxy etcd coredns helm)
+targets=(
+  k8s.io/kubernetes/cmd/kube-apiserver
+  k8s.io/kubernetes/cmd/kube-controller-manager
+  k8s.io/kubernetes/cmd/kube-proxy
+  ./cmd/etcd
+  ./cmd/coredns
+  helm.sh/helm/v3/cmd/helm
+)
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
@@ -53,37 +74,18 @@ export GOFLAGS="-mod=readonly"
 
 start=$SECONDS
 echo ">> building ${tools[*]} (pins $pin_hash) into $bin_dir" >&2
-echo ">> the first build downloads modules and compiles ~3000 packages; expect many minutes" >&2
+echo ">> the first build downloads modules and compiles ~2800 packages; expect many minutes" >&2
 
 cd "$here"
 echo ">> [$((SECONDS - start))s] downloading modules" >&2
 nice -n 10 go mod download
-echo ">> [$((SECONDS - start))s] modules ready; compiling" >&2
+echo ">> [$((SECONDS - start))s] modules ready" >&2
 
-# `go build -v` names every package as it is compiled; turn that stream into a
-# progress line every 100 packages plus one whenever a command (tool) is linked.
-# Anything else (compile errors) is passed through unchanged.
-report_build_progress() {
-  local line count=0
-  while IFS= read -r line; do
-    case "$line" in
-      k8s.io/kubernetes/cmd/kube-apiserver | k8s.io/kubernetes/cmd/kube-controller-manager | \
-        broker-failover/hack/tools/cmd/etcd | helm.sh/helm/v3/cmd/helm)
-        echo ">>   [$((SECONDS - start))s] compiling and linking command $line" ;;
-      *[!a-zA-Z0-9._~/-]* | "")
-        echo "$line" ;;
-      *)
-        count=$((count + 1))
-        if ((count % 100 == 0)); then
-          echo ">>   [$((SECONDS - start))s] $count packages compiled (now $line)"
-        fi ;;
-    esac
-  done
-}
 # Stamp versions as the projects' own release builds do; unstamped, kube-apiserver
 # reports v0.0.0-master on /version, and helm then refuses charts with a kubeVersion.
 kube_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+coredns_version="$(go list -m -f '{{.Version}}' github.com/coredns/coredns)"
 kube_minor="$(cut -d. -f2 <<<"$kube_version")"
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -94,12 +96,61 @@ ldflags+=" -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kube_minor"
 done
+# CoreDNS's own builds put the commit here; `coredns -version` prints it.
+ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version"
+build_flags=(-trimpath "-ldflags=$ldflags")
 
-nice -n 10 go build -v -trimpath -ldflags="$ldflags" -o "$scratch/" \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  ./cmd/etcd \
-  helm.sh/helm/v3/cmd/helm 2>&1 | report_build_progress >&2
+# How many packages `go build -v` will name, at most: the non-main packages
+# `go list` calls stale with these flags, i.e. not in Go's build cache (`go
+# build -v` names only the packages it compiles). It is an upper bound: on a
+# warm cache the build names a few percent fewer, so the last line may stop
+# short of 100%. Commands get a line of their own and are not counted. If the
+# count fails, progress is reported without a total.
+commands=" $(go list "${build_flags[@]}" -f '{{.ImportPath}}' "${targets[@]}" | tr '\n' ' ')"
+read -r all_packages to_compile < <(
+  go list "${build_flags[@]}" -deps -f '{{if ne .Name "main"}}{{.Stale}}{{end}}' "${targets[@]}" |
+    awk '$1 != "" { all++ } $1 == "true" { stale++ } END { print all + 0, stale + 0 }'
+) || true
+echo ">> [$((SECONDS - start))s] compiling at most ${to_compile:=0} of ${all_packages:-?} packages (the rest are in Go's build cache) and linking ${#tools[@]} commands" >&2
+
+# `go build -v` names every package as it is compiled; turn that stream into a
+# progress line every 100 packages plus one whenever a command (tool) is
+# compiled and linked, with the share done and a linear estimate of the time
+# left. Anything else (compile errors) is passed through unchanged.
+report_build_progress() {
+  local line count=0 total="$1" compile_start=$SECONDS elapsed
+  while IFS= read -r line; do
+    elapsed=$((SECONDS - compile_start))
+    case "$line" in
+      *[!a-zA-Z0-9._~/-]* | "")
+        echo "$line" ;;
+      *)
+        if [[ "$commands" == *" $line "* ]]; then
+          echo ">>   [$((SECONDS - start))s] $(progress) compiling and linking command $line"
+        else
+          count=$((count + 1))
+          if ((count % 100 == 0)); then
+            echo ">>   [$((SECONDS - start))s] $(progress) (now $line)"
+          fi
+        fi ;;
+    esac
+  done
+}
+# "1200/3100 packages (39%), about 190s left"; uses report_build_progress's
+# count, total and elapsed. Without a usable total (count failed, or more
+# packages than counted) it says only how many were compiled.
+progress() {
+  if ((total > 0 && count <= total)); then
+    local left=0
+    ((count > 0)) && left=$((elapsed * (total - count) / count))
+    echo "$count/$total packages ($((100 * count / total))%), about ${left}s left"
+  else
+    echo "$count packages compiled"
+  fi
+}
+
+nice -n 10 go build -v "${build_flags[@]}" -o "$scratch/" "${targets[@]}" 2>&1 |
+  report_build_progress "$to_compile" >&2
 
 for tool in "${tools[@]}"; do
   if [[ ! -x "$scratch/$tool" ]]; then

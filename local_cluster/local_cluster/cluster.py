@@ -33,6 +33,13 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from local_cluster import netns
+from local_cluster.cluster_services import (
+    KUBE_PROXY_HEALTHZ,
+    install_cluster_dns,
+    start_kube_proxy,
+    wait_for_healthz,
+)
 from local_cluster.control_plane import (
     ApiProbe,
     ControlPlane,
@@ -51,7 +58,7 @@ from local_cluster.processes import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ("kube-apiserver", "kube-controller-manager", "etcd", "helm")
+TOOLS = ("kube-apiserver", "kube-controller-manager", "etcd", "helm", "kube-proxy", "coredns")
 STATE_FILE = "cluster.json"
 
 
@@ -87,18 +94,19 @@ class LocalClusterSettings:
     pod_subnet: str = field(default_factory=random_pod_subnet)
     images_file: Path = DEFAULT_IMAGES_FILE
     ready_timeout_seconds: float = 90.0
+    # A real pod network (netns.py): only inside the cluster's sealed namespace, which
+    # ``sealed_cluster.start_sealed_cluster`` makes. Loopback mode otherwise.
+    pod_network: bool = False
 
 
-@dataclass
-class LocalCluster:
+class ClusterAccess:
+    """kubectl, helm and API clients for a cluster, given its kubeconfig and tools."""
+
     settings: LocalClusterSettings
-    control_plane: ControlPlane
-    node_agent: ManagedProcess
-    ready_seconds: float
 
     @property
     def kubeconfig(self) -> Path:
-        return self.control_plane.admin_kubeconfig
+        raise NotImplementedError
 
     @property
     def workdir(self) -> Path:
@@ -144,10 +152,26 @@ class LocalCluster:
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+
+@dataclass
+class LocalCluster(ClusterAccess):
+    settings: LocalClusterSettings
+    control_plane: ControlPlane
+    node_agent: ManagedProcess
+    ready_seconds: float
+    # Pod-network mode: kube-proxy (stopped before the node agent, started after it).
+    node_services: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.admin_kubeconfig
+
     def pids(self) -> list[int]:
-        return [p.pid for p in [*self.control_plane.processes, self.node_agent]]
+        return [p.pid for p in [*self.control_plane.processes, self.node_agent, *self.node_services]]
 
     def stop(self) -> None:
+        for service in reversed(self.node_services):
+            service.stop()
         self.node_agent.stop(grace_seconds=10)
         sweep_pod_process_groups(self.state_dir)
         self.control_plane.stop()
@@ -172,6 +196,8 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
             tools_dir=settings.tools_dir,
             workdir=settings.workdir,
             ready_timeout_seconds=settings.ready_timeout_seconds,
+            address=netns.NODE_ADDRESS if settings.pod_network else "127.0.0.1",
+            apiserver_port=6443 if settings.pod_network else None,
         )
     )
     try:
@@ -186,10 +212,16 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
                 f"--node-name={settings.node_name}",
                 f"--pod-subnet={settings.pod_subnet}",
                 f"--images={settings.images_file}",
+                *(["--pod-network"] if settings.pod_network else []),
             ],
             log_path=settings.workdir / "logs" / "node-agent.log",
             cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            # The tools directory on PATH: images.yaml maps the cluster DNS image to coredns.
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO_ROOT),
+                "PATH": f"{settings.tools_dir}:{os.environ.get('PATH', '')}",
+            },
         )
     except BaseException:
         plane.stop()
@@ -205,13 +237,23 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
                     f"log {agent.log_path}:\n{agent.log_tail()}"
                 )
             time.sleep(0.1)
+        if settings.pod_network:
+            proxy = start_kube_proxy(plane, settings.node_name)
+            cluster.node_services.append(proxy)
+            wait_for_healthz(KUBE_PROXY_HEALTHZ, deadline, proxy)
+            install_cluster_dns(plane.admin_kubeconfig)
     except BaseException:
         cluster.stop()
         raise
     cluster.ready_seconds = time.monotonic() - started
+    network = (
+        f"pods on {netns.POD_CIDR}, kube-proxy, CoreDNS"
+        if settings.pod_network
+        else f"pods on {settings.pod_subnet}.0/24"
+    )
     print(
         f"local cluster ready in {cluster.ready_seconds:.1f}s "
-        f"(etcd, kube-apiserver, kube-controller-manager, node agent; pods on {settings.pod_subnet}.0/24)",
+        f"(etcd, kube-apiserver, kube-controller-manager, node agent; {network})",
         file=sys.stderr,
         flush=True,
     )
@@ -255,7 +297,7 @@ def _run_supervisor(workdir: Path, tools_dir: Path) -> int:
     return 0
 
 
-def _up(workdir: Path, tools_dir: Path) -> int:
+def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
     workdir = workdir.resolve()
     state = _read_state(workdir)
     if state and process_group_alive(int(str(state["supervisor"]))):
@@ -265,6 +307,21 @@ def _up(workdir: Path, tools_dir: Path) -> int:
     if workdir.exists():
         shutil.rmtree(workdir)  # a stopped cluster's leftovers: certificates, etcd data, pod dirs
     workdir.mkdir(parents=True)
+    if pod_network:
+        from local_cluster.sealed_cluster import start_sealed_cluster  # imports this module
+
+        try:
+            sealed = start_sealed_cluster(LocalClusterSettings(tools_dir=tools_dir, workdir=workdir))
+        except ControlPlaneStartError as error:
+            print(error, file=sys.stderr)
+            return 1
+        print(
+            f"local cluster ready in {sealed.ready_seconds}s, pods on {netns.POD_CIDR} in a sealed "
+            "namespace; `make shell` enters it; stop it with `make cluster-down`",
+            file=sys.stderr,
+        )
+        print(f"export KUBECONFIG={sealed.kubeconfig}")
+        return 0
     with (workdir / "supervisor.log").open("ab") as log:
         supervisor = subprocess.Popen(
             [
@@ -324,6 +381,19 @@ def _down(workdir: Path) -> int:
     return 0
 
 
+def _shell(workdir: Path, argv: Sequence[str]) -> int:
+    """Run ``argv`` (default: an interactive shell) in the sealed cluster's network and mounts."""
+    state = _read_state(workdir.resolve())
+    if state is None or "nodeKubeconfig" not in state:
+        print(f"no pod-network cluster running in {workdir}: run `make cluster-up`", file=sys.stderr)
+        return 1
+    pid = int(str(state["supervisor"]))
+    command = list(argv) or [os.environ.get("SHELL", "/bin/bash")]
+    env = {**os.environ, "KUBECONFIG": str(state["nodeKubeconfig"]), "PS1": "(local-cluster) \\w\\$ "}
+    nsenter = ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--", *command]
+    return subprocess.run(nsenter, env=env, check=False).returncode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Local Kubernetes cluster for broker-failover (see docs)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -331,13 +401,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = commands.add_parser(name)
         command.add_argument("--workdir", type=Path, required=True)
         command.add_argument("--tools-dir", type=Path, default=None)
+    commands.choices["up"].add_argument(
+        "--pod-network",
+        action="store_true",
+        help="real pod network (kube-proxy, CoreDNS) in a sealed namespace",
+    )
     commands.add_parser("down").add_argument("--workdir", type=Path, required=True)
+    shell = commands.add_parser("shell", help="a shell (or COMMAND) inside the pod-network cluster")
+    shell.add_argument("--workdir", type=Path, required=True)
+    shell.add_argument("command_args", nargs=argparse.REMAINDER, metavar="COMMAND")
     options = parser.parse_args(argv)
     if options.command == "down":
         return _down(options.workdir)
+    if options.command == "shell":
+        return _shell(options.workdir, [arg for arg in options.command_args if arg != "--"])
     tools_dir = options.tools_dir or built_tools_dir()
     if options.command == "up":
-        return _up(options.workdir, tools_dir)
+        return _up(options.workdir, tools_dir, options.pod_network)
     return _run_supervisor(options.workdir.resolve(), tools_dir)
 
 

@@ -54,6 +54,15 @@ class ControlPlaneSettings:
     tools_dir: Path
     workdir: Path
     ready_timeout_seconds: float = 90.0
+    # Where the API server listens. Pod-network mode: the node's bridge address and 6443, so
+    # pods reach it and the `kubernetes` Service's endpoints (filled by the API server's own
+    # lease reconciler) name an address EndpointSlices accept. Loopback mode: 127.0.0.1, a free port.
+    address: str = "127.0.0.1"
+    apiserver_port: int | None = None
+
+    @property
+    def pod_network(self) -> bool:
+        return self.address != "127.0.0.1"
 
 
 @dataclass
@@ -68,7 +77,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.settings.address}:{self.apiserver_port}"
 
     @property
     def audit_log(self) -> Path:
@@ -165,8 +174,9 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
     workdir = settings.workdir
     logs = workdir / "logs"
     pki = create_cluster_pki(workdir / "pki")
-    etcd_client, etcd_peer, apiserver_port, cm_port = (free_loopback_port() for _ in range(4))
-    server = f"https://127.0.0.1:{apiserver_port}"
+    etcd_client, etcd_peer, free_port, cm_port = (free_loopback_port() for _ in range(4))
+    apiserver_port = settings.apiserver_port or free_port
+    server = f"https://{settings.address}:{apiserver_port}"
     admin_kubeconfig = write_kubeconfig(
         workdir / "admin.kubeconfig", server=server, ca_cert=pki.ca_cert, user="admin", client=pki.admin
     )
@@ -213,21 +223,27 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
                 [
                     str(apiserver_bin),
                     f"--etcd-servers={etcd_url}",
-                    "--bind-address=127.0.0.1",
-                    "--advertise-address=127.0.0.1",
+                    f"--bind-address={settings.address}",
+                    f"--advertise-address={settings.address}",
                     f"--secure-port={apiserver_port}",
                     f"--tls-cert-file={pki.serving_cert}",
                     f"--tls-private-key-file={pki.serving_key}",
                     f"--client-ca-file={pki.ca_cert}",
+                    # The node agent's kubelet API (kubectl logs): verified against the
+                    # cluster CA, reached at the Node's InternalIP and daemonEndpoints port.
+                    f"--kubelet-client-certificate={pki.kubelet_client.cert}",
+                    f"--kubelet-client-key={pki.kubelet_client.key}",
+                    f"--kubelet-certificate-authority={pki.ca_cert}",
+                    "--kubelet-preferred-address-types=InternalIP",
                     f"--service-account-issuer={server}",
                     f"--service-account-key-file={pki.service_account_public_key}",
                     f"--service-account-signing-key-file={pki.service_account_key}",
                     f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                     "--authorization-mode=RBAC",
                     "--allow-privileged=true",
-                    # Endpoints for the `kubernetes` Service would name 127.0.0.1, which
-                    # Endpoints validation refuses; nothing routes ClusterIPs here anyway.
-                    "--endpoint-reconciler-type=none",
+                    # Loopback mode: endpoints for the `kubernetes` Service would name 127.0.0.1,
+                    # which Endpoints validation refuses, and nothing routes ClusterIPs anyway.
+                    *([] if settings.pod_network else ["--endpoint-reconciler-type=none"]),
                     f"--cert-dir={workdir / 'apiserver-certs'}",
                     f"--audit-policy-file={audit_policy}",
                     f"--audit-log-path={plane.audit_log}",

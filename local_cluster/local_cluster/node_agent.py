@@ -17,8 +17,9 @@ commands), no isolation (every container runs as this user on this host), volume
 mount paths are rewritten into env values and args, each pod gets its own 127.x.y.z
 loopback address but no network namespace (a process can still bind any address),
 no kube-proxy or DNS (ClusterIPs and service names do not resolve), node selectors,
-taints, affinity and resources are ignored (one node, everything fits), and there is
-no kubelet API (``kubectl logs/exec/port-forward`` fail; logs are files under
+taints, affinity and resources are ignored (one node, everything fits), and the
+kubelet API serves container logs only (``kubelet_api``: ``kubectl logs`` works,
+``exec``/``port-forward`` fail; logs are files under
 ``<state-dir>/pods/<namespace>_<name>_<uid>/logs``).
 
 Run: ``python -m local_cluster.node_agent --kubeconfig K --state-dir D [--pod-subnet 127.0.0]``.
@@ -45,9 +46,11 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from local_cluster import netns
 from local_cluster.images import DEFAULT_IMAGES_FILE, ImageTable
+from local_cluster.kubelet_api import KubeletApi, PodLogFinder, start_kubelet_api
 from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
-from local_cluster.pod_sandbox import ApiServerAddress, Body, PodSandbox
+from local_cluster.pod_sandbox import ApiServerAddress, Body, PodNetwork, PodSandbox
 
 log = logging.getLogger("node-agent")
 HOST_IP = "127.0.0.1"
@@ -65,6 +68,18 @@ class NodeAgentSettings:
     images_file: Path = DEFAULT_IMAGES_FILE
     loop_interval_seconds: float = 0.1
     volume_resync_seconds: float = 3.0  # how often Secret/ConfigMap volumes follow their objects
+    # The kubelet API (kubectl logs; kubelet_api.py): 0 picks a free port. Certificate and key
+    # default to kubelet.crt/kubelet.key next to the kubeconfig's CA, where pki.py writes them.
+    kubelet_port: int = 0
+    kubelet_cert: Path | None = None
+    kubelet_key: Path | None = None
+    # Pod-network mode (netns.py): each pod in a network namespace of its own on the cluster's
+    # bridge; the agent must then run inside the cluster's sealed namespace.
+    pod_network: bool = False
+
+    @property
+    def host_ip(self) -> str:
+        return netns.NODE_ADDRESS if self.pod_network else HOST_IP
 
     @property
     def pgid_dir(self) -> Path:
@@ -125,7 +140,7 @@ def node_status(settings: NodeAgentSettings) -> Body:
             "capacity": resources,
             "allocatable": resources,
             "addresses": [
-                {"type": "InternalIP", "address": HOST_IP},
+                {"type": "InternalIP", "address": settings.host_ip},
                 {"type": "Hostname", "address": "localhost"},
             ],
             "conditions": [
@@ -160,7 +175,9 @@ class NodeAgent:
         self.api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
         self.core = client.CoreV1Api(self.api_client)
         self.apiserver = apiserver_address(settings.kubeconfig)
-        self.addresses = PodAddressPool(settings.pod_subnet)
+        self.addresses: PodAddressPool | netns.PodAddressPool = (
+            netns.PodAddressPool() if settings.pod_network else PodAddressPool(settings.pod_subnet)
+        )
         self.context = PodRuntimeContext(
             images=ImageTable.load(settings.images_file),
             base_env=minimal_base_env(),
@@ -174,6 +191,7 @@ class NodeAgent:
         self.last_status: dict[str, Body] = {}
         self.events: queue.Queue[tuple[str, Body]] = queue.Queue()
         self.stopping = threading.Event()
+        self.kubelet_api: KubeletApi | None = None
 
     # ---- registration and scheduling ----------------------------------------------
 
@@ -183,7 +201,10 @@ class NodeAgent:
         except ApiException as error:
             if error.status != 409:
                 raise
-        self.core.patch_node_status(self.settings.node_name, node_status(self.settings))
+        status = node_status(self.settings)
+        if self.kubelet_api is not None:  # where the apiserver finds this node's kubelet API
+            status["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_api.port}}
+        self.core.patch_node_status(self.settings.node_name, status)
 
     def bind(self, pod: Body) -> None:
         metadata = pod["metadata"]
@@ -199,6 +220,18 @@ class NodeAgent:
             # 409: already bound (our own earlier attempt); 404: deleted meanwhile.
             if error.status not in (404, 409):
                 log.warning("binding %s/%s failed: %s", metadata["namespace"], metadata["name"], error.reason)
+
+    def start_kubelet_api(self) -> None:
+        """Serve container logs on the node's InternalIP, for CA-signed clients (the apiserver)."""
+        pki_dir = self.apiserver.ca_cert.parent
+        self.kubelet_api = start_kubelet_api(
+            host=self.settings.host_ip,
+            port=self.settings.kubelet_port,
+            cert=self.settings.kubelet_cert or pki_dir / "kubelet.crt",
+            key=self.settings.kubelet_key or pki_dir / "kubelet.key",
+            client_ca=self.apiserver.ca_cert,
+            lookup=PodLogFinder(self.pods.values, self.settings.state_dir / "pods"),
+        )
 
     # ---- the watch (its own thread, its own API client) -----------------------------
 
@@ -255,7 +288,23 @@ class NodeAgent:
             ):
                 return  # finished before this agent started; nothing to run
             # hostNetwork pods share the node's address, as on a real node.
-            ip = HOST_IP if spec.get("hostNetwork") else self.addresses.allocate(uid)
+            ip = self.settings.host_ip if spec.get("hostNetwork") else self.addresses.allocate(uid)
+            network = None
+            if self.settings.pod_network and not spec.get("hostNetwork"):
+                try:
+                    namespace_path = netns.add_pod_interface(uid, ip)
+                except netns.PodNetworkError as error:
+                    log.error(
+                        "%s/%s: %s; retried on its next event", metadata["namespace"], metadata["name"], error
+                    )
+                    self.addresses.release(uid)
+                    return
+                network = PodNetwork(
+                    namespace_path=namespace_path,
+                    dns_server=netns.CLUSTER_DNS_IP,
+                    cluster_domain=netns.CLUSTER_DOMAIN,
+                    kubernetes_service=(netns.KUBERNETES_SERVICE_IP, 443),
+                )
             sandbox = PodSandbox(
                 pod,
                 pod_dir=self._pod_dir(pod),
@@ -263,7 +312,8 @@ class NodeAgent:
                 core=self.core,
                 apiserver=self.apiserver,
                 pod_ip=ip,
-                host_ip=HOST_IP,
+                host_ip=self.settings.host_ip,
+                network=network,
             )
             runtime = self.pods[uid] = PodRuntime(pod, sandbox, self.context)
             log.info("running pod %s/%s (uid %s) at %s", metadata["namespace"], metadata["name"], uid, ip)
@@ -279,16 +329,21 @@ class NodeAgent:
         if runtime is not None:
             runtime.kill_now()
             runtime.sandbox.remove()
-        self.addresses.release(uid)
+        self._release_address(uid)
         self.last_status.pop(uid, None)
         self.finished.discard(uid)
+
+    def _release_address(self, uid: str) -> None:
+        if self.settings.pod_network:
+            netns.remove_pod_interface(uid)
+        self.addresses.release(uid)
 
     def _complete_deletion(self, runtime: PodRuntime) -> None:
         metadata = runtime.pod["metadata"]
         self.finished.add(runtime.uid)
         self.pods.pop(runtime.uid, None)
         runtime.sandbox.remove()
-        self.addresses.release(runtime.uid)
+        self._release_address(runtime.uid)
         log.info("pod %s/%s stopped; completing its deletion", metadata["namespace"], metadata["name"])
         try:
             # The kubelet's last word: grace 0 and the uid precondition, so a new pod
@@ -340,10 +395,12 @@ class NodeAgent:
 
     def run(self) -> None:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.start_kubelet_api()
         self.register_node()
         watcher = threading.Thread(target=self.watch_pods, name="pod-watch", daemon=True)
         watcher.start()
-        log.info("node %s ready; pod subnet %s.0/24", self.settings.node_name, self.settings.pod_subnet)
+        subnet = netns.POD_CIDR if self.settings.pod_network else f"{self.settings.pod_subnet}.0/24"
+        log.info("node %s ready; pods on %s", self.settings.node_name, subnet)
         while not self.stopping.is_set():
             self._drain_events()
             now = time.monotonic()
@@ -362,6 +419,8 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         """Stop every pod's processes: SIGTERM, a short grace, then SIGKILL. No API writes."""
+        if self.kubelet_api is not None:
+            self.kubelet_api.stop()  # ends every `kubectl logs -f` too
         now = time.monotonic()
         for runtime in self.pods.values():
             runtime.begin_termination(2.0, now)
@@ -372,6 +431,8 @@ class NodeAgent:
             time.sleep(0.05)
         for runtime in self.pods.values():
             runtime.kill_now()
+            if self.settings.pod_network:
+                netns.remove_pod_interface(runtime.uid)
         self.context.probe_pool.shutdown(wait=False, cancel_futures=True)
         self.context.volume_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -383,6 +444,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-name", default="local-node")
     parser.add_argument("--pod-subnet", default="127.0.0", help="first three octets of pod IPs")
     parser.add_argument("--images", type=Path, default=DEFAULT_IMAGES_FILE)
+    parser.add_argument("--kubelet-port", type=int, default=0, help="kubelet API port (0: a free one)")
+    parser.add_argument(
+        "--pod-network", action="store_true", help="a network namespace per pod (inside the sealed cluster)"
+    )
     options = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = NodeAgent(
@@ -392,6 +457,8 @@ def main(argv: list[str] | None = None) -> None:
             node_name=options.node_name,
             pod_subnet=options.pod_subnet,
             images_file=options.images,
+            kubelet_port=options.kubelet_port,
+            pod_network=options.pod_network,
         )
     )
 

@@ -6,8 +6,13 @@ dependency. Keys are P-256 EC (fast to generate; kube-apiserver accepts ES256 fo
 service-account signing). Everything is valid for one year and lives in the
 cluster's work directory, which is deleted with it.
 
-What it does not do: no certificate rotation, no per-node kubelet certificates (the
-node agent authenticates as the admin), no CSR signing for the controller-manager.
+The node agent's kubelet API (``kubectl logs``) serves with ``kubelet.crt`` (next to
+``ca.crt``, where the agent looks for it) and accepts the apiserver's
+``apiserver-kubelet-client.crt``.
+
+What it does not do: no certificate rotation, no kubelet client certificate (the node
+agent authenticates to the apiserver as the admin), no CSR signing for the
+controller-manager.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import yaml
 # kept in the serving certificate so in-cluster names verify even though nothing
 # routes to it here.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
+# The node's address on the (future) pod network; in the kubelet serving certificate now
+# so the certificate need not change when the node agent's InternalIP moves there.
+KUBELET_POD_NETWORK_IP = "10.244.0.1"
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,12 @@ class ClusterPki:
     service_account_public_key: Path
     admin: ClientCertificate
     controller_manager: ClientCertificate
+    kube_proxy: ClientCertificate
+    # The node agent's kubelet API (kubectl logs): its serving certificate, and the client
+    # certificate the apiserver presents to it (--kubelet-client-certificate).
+    kubelet_serving_cert: Path
+    kubelet_serving_key: Path
+    kubelet_client: ClientCertificate
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -84,6 +98,7 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
         [
             "IP:127.0.0.1",
             f"IP:{KUBERNETES_SERVICE_IP}",
+            f"IP:{KUBELET_POD_NETWORK_IP}",  # the API server's address on the pod network
             "DNS:localhost",
             "DNS:kubernetes",
             "DNS:kubernetes.default",
@@ -106,6 +121,25 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
     cm_cert = _signed_certificate(
         "controller-manager", "/CN=system:kube-controller-manager", client_extensions, directory
     )
+    # The kubelet API's serving certificate: the node's InternalIP (127.0.0.1 today,
+    # KUBELET_POD_NETWORK_IP once pods get a network), as the apiserver verifies it
+    # against this CA (--kubelet-certificate-authority).
+    kubelet_serving_cert = _signed_certificate(
+        "kubelet",
+        "/CN=system:node:local-node",
+        f"subjectAltName=IP:127.0.0.1,IP:{KUBELET_POD_NETWORK_IP},DNS:localhost\n"
+        "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\n",
+        directory,
+    )
+    # What kubeadm names the apiserver's identity towards kubelets.
+    kubelet_client_cert = _signed_certificate(
+        "apiserver-kubelet-client",
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        client_extensions,
+        directory,
+    )
+    # The bootstrap RBAC policy binds system:node-proxier to this user (pod-network mode).
+    kube_proxy_cert = _signed_certificate("kube-proxy", "/CN=system:kube-proxy", client_extensions, directory)
     sa_key = _ec_key("service-account", directory)
     _openssl("ec", "-in", sa_key.name, "-pubout", "-out", "service-account.pub", cwd=directory)
     return ClusterPki(
@@ -117,6 +151,12 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
         service_account_public_key=directory / "service-account.pub",
         admin=ClientCertificate(cert=admin_cert, key=directory / "admin.key"),
         controller_manager=ClientCertificate(cert=cm_cert, key=directory / "controller-manager.key"),
+        kube_proxy=ClientCertificate(cert=kube_proxy_cert, key=directory / "kube-proxy.key"),
+        kubelet_serving_cert=kubelet_serving_cert,
+        kubelet_serving_key=directory / "kubelet.key",
+        kubelet_client=ClientCertificate(
+            cert=kubelet_client_cert, key=directory / "apiserver-kubelet-client.key"
+        ),
     )
 
 

@@ -13,7 +13,7 @@ the end of the grace period.
 ``kill -9`` exactly the container it means, as ``crictl`` would let it.
 
 What it does not do: init containers, sidecars, startup probes,
-resource limits, ``kubectl logs``/``exec`` (logs are files under the pod directory),
+resource limits, ``kubectl exec`` (``kubectl logs`` works: ``kubelet_api`` serves the log files),
 security contexts or user namespaces. The restart backoff is 1 s doubling to 10 s,
 not the kubelet's 10 s to 5 min, so tests see restarts quickly.
 """
@@ -50,6 +50,11 @@ from local_cluster.processes import kill_process_group, process_group_alive, wai
 log = logging.getLogger("node-agent")
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 10.0
+
+
+def container_log_path(pod_dir: Path, container_name: str) -> Path:
+    """One file per container; each start appends a ``=== node agent: start #N`` line, then the output."""
+    return pod_dir / "logs" / f"{container_name}.log"
 
 
 def rfc3339(epoch_seconds: float) -> str:
@@ -179,12 +184,13 @@ class PodRuntime:
             container.next_start_at = now + 2.0
             return
         argv = [rewrite_paths(expand_references(part, container.env), container.mounts) for part in argv]
+        argv = [*self.sandbox.launcher(container.mounts), *argv]
         working_dir = Path(
             rewrite_paths(spec.get("workingDir") or str(self.sandbox.pod_dir), container.mounts)
         )
         if not working_dir.is_dir():
             working_dir = self.sandbox.pod_dir
-        log_path = self.sandbox.pod_dir / "logs" / f"{container.name}.log"
+        log_path = container_log_path(self.sandbox.pod_dir, container.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if container.started_once:
             container.restart_count += 1
@@ -275,6 +281,7 @@ class PodRuntime:
 
     def _exec_probe(self, container: ContainerRuntime, action: Body, timeout: float) -> bool:
         argv = [rewrite_paths(part, container.mounts) for part in action["command"]]
+        argv = [*self.sandbox.launcher(container.mounts), *argv]  # exec probes run inside the pod
         try:
             result = subprocess.run(
                 argv, env=container.env, capture_output=True, timeout=timeout, check=False

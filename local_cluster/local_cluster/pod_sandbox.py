@@ -38,6 +38,7 @@ import base64
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from local_cluster import pod_enter
 from local_cluster.pki import write_kubeconfig
 
 Body = dict[str, Any]
@@ -62,6 +64,16 @@ class ApiServerAddress:
     host: str
     port: int
     ca_cert: Path
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    """Where a pod lives in pod-network mode: its network namespace and the cluster's DNS."""
+
+    namespace_path: Path
+    dns_server: str
+    cluster_domain: str
+    kubernetes_service: tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ class PodSandbox:
         apiserver: ApiServerAddress,
         pod_ip: str,
         host_ip: str,
+        network: PodNetwork | None = None,
     ) -> None:
         self.pod = pod
         self.pod_dir = pod_dir
@@ -150,6 +163,7 @@ class PodSandbox:
         self.apiserver = apiserver
         self.pod_ip = pod_ip
         self.host_ip = host_ip
+        self.network = network
         self.namespace: str = pod["metadata"]["namespace"]
         self.volume_paths: dict[str, Path] = {}
         self.service_account_dir: Path | None = None
@@ -327,6 +341,44 @@ class PodSandbox:
                 self.service_account_dir = local
         return sorted(mounts, key=lambda m: len(m.mount_path), reverse=True)
 
+    # ---- pod network ------------------------------------------------------------------
+
+    def _network_files(self, network: PodNetwork) -> dict[str, Path]:
+        """The pod's resolv.conf and hosts, as the kubelet writes them for ClusterFirst DNS."""
+        etc = self.pod_dir / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        domain = network.cluster_domain
+        search = f"{self.namespace}.svc.{domain} svc.{domain} {domain}"
+        resolv = etc / "resolv.conf"
+        resolv.write_text(f"search {search}\nnameserver {network.dns_server}\noptions ndots:5\n")
+        name = self.pod["metadata"]["name"]
+        hosts = etc / "hosts"
+        hosts.write_text(
+            "# Kubernetes-managed hosts file (broker-failover node agent).\n"
+            f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{self.pod_ip}\t{name}\n"
+        )
+        return {"/etc/resolv.conf": resolv, "/etc/hosts": hosts}
+
+    def launcher(self, mounts: list[Mount]) -> list[str]:
+        """The argv prefix that starts a container inside this pod (empty without a pod network).
+
+        The pod gets its own network namespace, resolv.conf and hosts; the service-account
+        files are mounted at their standard path. Other volumes keep the path rewriting.
+        """
+        if self.network is None or self.pod["spec"].get("hostNetwork"):
+            return []
+        binds = {target: local for target, local in self._network_files(self.network).items()}
+        binds.update(
+            {
+                mount.mount_path: mount.local_path
+                for mount in mounts
+                if mount.mount_path == SERVICE_ACCOUNT_MOUNT
+            }
+        )
+        prefix = [sys.executable, str(Path(pod_enter.__file__)), f"--netns={self.network.namespace_path}"]
+        prefix += [f"--bind={local}:{target}" for target, local in binds.items()]
+        return [*prefix, "--"]
+
     def remove(self, keep_logs: bool = True) -> None:
         """Delete the pod's volumes (never PVC or hostPath directories, which live elsewhere)."""
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
@@ -338,10 +390,20 @@ class PodSandbox:
     def container_env(self, container: Body, base_env: dict[str, str], mounts: list[Mount]) -> dict[str, str]:
         env = dict(base_env)
         env["HOSTNAME"] = self.pod["metadata"]["name"]
-        env["KUBERNETES_SERVICE_HOST"] = self.apiserver.host
-        env["KUBERNETES_SERVICE_PORT"] = str(self.apiserver.port)
-        env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(self.apiserver.port)
-        if self.service_account_dir is not None:
+        if self.network is not None and not self.pod["spec"].get("hostNetwork"):
+            # As on a real node: the `kubernetes` Service through kube-proxy, and the service
+            # account files at their standard path (``launcher`` mounts them), so clients use
+            # plain in-cluster config.
+            host, port = self.network.kubernetes_service
+            env["KUBERNETES_SERVICE_HOST"] = host
+            env["KUBERNETES_SERVICE_PORT"] = env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(port)
+        else:
+            env["KUBERNETES_SERVICE_HOST"] = self.apiserver.host
+            env["KUBERNETES_SERVICE_PORT"] = str(self.apiserver.port)
+            env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(self.apiserver.port)
+        if self.service_account_dir is not None and (
+            self.network is None or self.pod["spec"].get("hostNetwork")
+        ):
             env["KUBECONFIG"] = str(
                 write_kubeconfig(
                     self.pod_dir / "in-cluster.kubeconfig",

@@ -17,6 +17,7 @@ import pytest
 
 from local_cluster.cluster import LocalCluster, LocalClusterSettings, built_tools_dir, start_local_cluster
 from local_cluster.processes import reap_on_exit
+from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,19 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     reap_on_exit()  # Ctrl-C or SIGTERM of pytest still stops every process we start
     cluster = start_local_cluster(
         LocalClusterSettings(tools_dir=built_tools_dir(), workdir=tmp_path_factory.mktemp("kube-cluster"))
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def sealed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SealedCluster]:
+    """The cluster with a real pod network (kube-proxy, CoreDNS) in a namespace with no route out."""
+    reap_on_exit()
+    cluster = start_sealed_cluster(
+        LocalClusterSettings(tools_dir=built_tools_dir(), workdir=tmp_path_factory.mktemp("sealed-cluster"))
     )
     try:
         yield cluster

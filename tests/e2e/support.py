@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from local_cluster.cluster import REPO_ROOT, LocalCluster
+from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalCluster
 
 WAIT_SECONDS = 60.0
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
@@ -40,7 +40,7 @@ def wait_for(
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
 
 
-def get_json(cluster: LocalCluster, namespace: str, *what: str) -> Any:
+def get_json(cluster: ClusterAccess, namespace: str, *what: str) -> Any:
     """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None when kubectl fails (e.g. not found)."""
     result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else None

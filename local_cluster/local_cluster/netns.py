@@ -1,0 +1,207 @@
+"""The cluster's sealed network: its own network namespace, a bridge, and a namespace per pod.
+
+The local cluster in pod-network mode lives in network and mount namespaces of its own,
+made by ``unshare`` (``SEALED_COMMAND``) when the supervisor starts. Nothing in them has a
+route out of this machine: the only routes are the bridge's pod subnet and the service
+CIDR on the bridge, so a packet to any other address fails with "Network is unreachable"
+before it is sent. The machine's own network namespace is never changed; everything here
+disappears with the last process of the cluster (the kernel frees the namespaces, and with
+them the bridge, the veths and kube-proxy's nftables rules).
+
+Layout, as the CNI bridge plugin makes it on a kind node:
+
+- bridge ``cni0`` at ``NODE_ADDRESS``/24 (the node's InternalIP; the API server and the
+  kubelet endpoint listen there);
+- per pod a network namespace under ``/run/netns`` (a tmpfs private to the cluster's mount
+  namespace) with ``eth0`` on the bridge, the next free address of ``POD_CIDR``, a default
+  route via the bridge (which leads nowhere beyond the cluster), and hairpin mode on its
+  bridge port so a pod reaches itself through its own Service;
+- ``ip_forward`` and ``bridge-nf-call-iptables`` on inside the namespace only, so
+  kube-proxy's nftables rules see bridged traffic.
+
+What it does not do: IPv6, more than one node, or network policies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+NODE_ADDRESS = "10.244.0.1"
+POD_CIDR = "10.244.0.0/24"
+BRIDGE = "cni0"
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+CLUSTER_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+NETNS_DIR = Path("/run/netns")
+
+# New network and mount namespaces with private propagation: mounts made inside (the /run
+# tmpfs, pods' bind mounts) never reach the machine's mount table.
+SEALED_COMMAND = ("unshare", "--net", "--mount", "--propagation", "private", "--")
+
+CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
+
+
+class PodNetworkError(RuntimeError):
+    """A namespace, link or address could not be set up; carries the failing command's stderr."""
+
+
+def ip(*args: str, namespace: str | None = None) -> str:
+    command = ["ip", *(["-n", namespace] if namespace else []), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise PodNetworkError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _write_sysctl(name: str, value: str) -> None:
+    path = Path("/proc/sys") / name.replace(".", "/")
+    try:
+        path.write_text(value)
+    except OSError as error:
+        raise PodNetworkError(f"cannot set {name}={value} inside the cluster's namespace: {error}") from error
+
+
+def set_up_node_network() -> None:
+    """Turn the (freshly unshared, empty) namespace of this process into the node's network.
+
+    Must run in the namespace ``SEALED_COMMAND`` made: it refuses to touch a namespace that has
+    routes (the machine's own, most likely).
+    """
+    if ip("route", "show").strip():
+        raise PodNetworkError(
+            "refusing to set up the pod network in a namespace that already has routes "
+            "(is this the machine's own namespace? start the cluster through SEALED_COMMAND)"
+        )
+    # /run becomes a tmpfs of the cluster's own: `ip netns add` and the pods' service-account
+    # mount points live there, never in the machine's /run.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run"], check=True, timeout=30)
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    ip("link", "set", "lo", "up")
+    _write_sysctl("net.ipv4.ip_forward", "1")
+    _write_sysctl("net.bridge.bridge-nf-call-iptables", "1")
+    ip("link", "add", BRIDGE, "type", "bridge")
+    ip("addr", "add", f"{NODE_ADDRESS}/24", "dev", BRIDGE)
+    ip("link", "set", BRIDGE, "up")
+    # The node's own clients (the operator outside the cluster, tests) reach ClusterIPs: without
+    # a route, connect() fails with "Network is unreachable" before kube-proxy's DNAT runs.
+    ip("route", "add", SERVICE_CIDR, "dev", BRIDGE, "src", NODE_ADDRESS)
+
+
+def routes() -> list[str]:
+    """The routing table of this process's network namespace, one line per route."""
+    return [line for line in ip("route", "show").splitlines() if line.strip()]
+
+
+def unreachable(address: str) -> bool:
+    """True if the kernel has no route to ``address`` here (asks the table; sends nothing)."""
+    result = subprocess.run(
+        ["ip", "route", "get", address], capture_output=True, text=True, timeout=10, check=False
+    )
+    return result.returncode != 0 and "unreachable" in result.stderr.lower()
+
+
+class PodAddressPool:
+    """Addresses of ``POD_CIDR`` after the node's; one is reused only after its pod is gone."""
+
+    def __init__(self, cidr: str = POD_CIDR, node_address: str = NODE_ADDRESS) -> None:
+        network = ipaddress.ip_network(cidr)
+        self.prefix = network.prefixlen
+        self.free = [str(host) for host in network.hosts() if str(host) != node_address]
+        self.owner: dict[str, str] = {}
+
+    def allocate(self, uid: str) -> str:
+        if uid not in self.owner:
+            if not self.free:
+                raise PodNetworkError(f"pod CIDR {POD_CIDR} exhausted: delete pods first")
+            self.owner[uid] = self.free.pop(0)
+        return self.owner[uid]
+
+    def release(self, uid: str) -> None:
+        address = self.owner.pop(uid, None)
+        if address is not None:
+            self.free.append(address)
+
+
+def pod_namespace_name(uid: str) -> str:
+    return f"pod-{uid[:13]}"
+
+
+def add_pod_interface(uid: str, address: str, prefix: int = 24) -> Path:
+    """Create the pod's network namespace with ``eth0`` at ``address``; returns the namespace path."""
+    name = pod_namespace_name(uid)
+    host_side = f"veth{uid[:8]}"
+    remove_pod_interface(uid)  # a leftover from an agent that died mid-setup
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", name)
+        ip("link", "set", host_side, "master", BRIDGE)
+        ip("link", "set", host_side, "up")
+        # What the CNI bridge plugin's hairpinMode does: a pod reaches itself via its Service.
+        subprocess.run(
+            ["bridge", "link", "set", "dev", host_side, "hairpin", "on"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        ip("addr", "add", f"{address}/{prefix}", "dev", "eth0", namespace=name)
+        ip("link", "set", "lo", "up", namespace=name)
+        ip("link", "set", "eth0", "up", namespace=name)
+        ip("route", "add", "default", "via", NODE_ADDRESS, namespace=name)
+    except (PodNetworkError, subprocess.CalledProcessError) as error:
+        remove_pod_interface(uid)
+        raise PodNetworkError(f"network of pod {uid}: {error}") from error
+    return NETNS_DIR / name
+
+
+def remove_pod_interface(uid: str) -> None:
+    """Delete the pod's namespace; its veth pair goes with it. No error if it is not there."""
+    name = pod_namespace_name(uid)
+    if (NETNS_DIR / name).exists():
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
+
+
+def _setns(path: str, kind: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, kind) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+def call_in_network_namespace(
+    namespace_path: str | Path, function: Callable[[], T], timeout: float = 60
+) -> T:
+    """Run ``function`` on a thread that joined another network namespace; return its result.
+
+    setns(2) moves only the calling thread, so sockets ``function`` opens live in the cluster's
+    network while the rest of this process (a test, a forwarder) stays where it is.
+    """
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            _setns(str(namespace_path), CLONE_NEWNET)
+            outcome["value"] = function()
+        except BaseException as error:  # handed to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="in-cluster-network", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"call in network namespace {namespace_path} still running after {timeout}s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]

@@ -1,0 +1,258 @@
+"""The sealed pod network: no route out, Services through kube-proxy, DNS through CoreDNS, clean teardown.
+
+Every pod here has a network namespace of its own on the cluster's bridge; the cluster's
+namespace was made by ``unshare`` and the machine's own is only read (``ip``, ``nft list``),
+never changed. Traffic goes only between addresses inside the cluster's namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from local_cluster import netns
+from local_cluster.cluster import LocalClusterSettings, built_tools_dir
+from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+from tests.e2e.support import get_json, wait_for
+
+# A tiny web server that answers with its pod's name: which pod a Service picked is visible.
+WEB_SERVER = textwrap.dedent(
+    """
+    import http.server, os
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = os.environ["HOSTNAME"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
+    """
+)
+
+# A client pod: resolve the Service by its short name (search path from resolv.conf) and
+# fetch through it; print one JSON line and exit 0 only if both worked.
+DNS_CLIENT = textwrap.dedent(
+    """
+    import json, socket, urllib.request
+    address = socket.gethostbyname("web")
+    full = socket.gethostbyname("web.{namespace}.svc.cluster.local")
+    body = urllib.request.urlopen("http://web:8080/", timeout=10).read().decode()
+    print(json.dumps({{"address": address, "full": full, "body": body}}), flush=True)
+    """
+)
+
+IN_CLUSTER_CLIENT = textwrap.dedent(
+    """
+    import json, os
+    from kubernetes import client, config
+    config.load_incluster_config()  # the standard path and KUBERNETES_SERVICE_HOST, nothing else
+    version = client.VersionApi().get_code()
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    print(json.dumps({"git": version.git_version, "host": os.environ["KUBERNETES_SERVICE_HOST"],
+                      "token": os.path.getsize(token) > 0}), flush=True)
+    """
+)
+
+
+def _python_pod(
+    name: str,
+    script: str,
+    labels: dict[str, str] | None = None,
+    restart: str = "Never",
+    port: int | None = None,
+) -> str:
+    container: dict[str, object] = {
+        "name": "main",
+        "image": "python:3.11",
+        "command": ["python3", "-c", script],
+    }
+    if port is not None:
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 1}
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {}},
+            "spec": {
+                "restartPolicy": restart,
+                "containers": [
+                    {"name": "main", "image": "python:3.11", "command": ["python3", "-c", script]}
+                ],
+            },
+        }
+    )
+
+
+def _pod_output(cluster: SealedCluster, namespace: str, name: str) -> str:
+    pod = get_json(cluster, namespace, "pod", name)
+    uid = pod["metadata"]["uid"]
+    log = cluster.state_dir / "pods" / f"{namespace}_{name}_{uid}" / "logs" / "main.log"
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+def _phase(cluster: SealedCluster, namespace: str, name: str) -> str | None:
+    pod = get_json(cluster, namespace, "pod", name)
+    return pod["status"].get("phase") if pod else None
+
+
+@pytest.fixture
+def namespace(sealed_cluster: SealedCluster) -> Iterator[str]:
+    name = f"net-{uuid.uuid4().hex[:6]}"
+    sealed_cluster.kubectl("create", "namespace", name)
+    yield name
+    sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _node_output(cluster: SealedCluster, *argv: str) -> str:
+    result = subprocess.run(
+        cluster.node_command(argv), capture_output=True, text=True, timeout=30, check=True
+    )
+    return result.stdout
+
+
+def test_the_cluster_namespace_has_no_route_out(sealed_cluster: SealedCluster) -> None:
+    routes = _node_output(sealed_cluster, "ip", "route", "show").splitlines()
+    assert sorted(route.split()[0] for route in routes) == sorted([netns.POD_CIDR, netns.SERVICE_CIDR]), (
+        routes
+    )
+    # The kernel's answer for addresses outside the cluster, asked without sending anything:
+    # from the node itself and for a packet a pod would hand to the node to forward.
+    for address in ("8.8.8.8", "192.168.1.1", "10.0.0.1", "172.17.0.1"):
+        result = subprocess.run(
+            sealed_cluster.node_command(["ip", "route", "get", address]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode != 0 and "unreachable" in result.stderr.lower(), (address, result)
+    # The cluster's namespace is not the machine's.
+    assert Path("/proc/self/ns/net").resolve() != sealed_cluster.network_namespace.resolve()
+    assert Path("/proc/self/ns/net").readlink() != sealed_cluster.network_namespace.readlink()
+
+
+def test_a_service_name_resolves_through_coredns_and_routes_through_kube_proxy(
+    sealed_cluster: SealedCluster, namespace: str
+) -> None:
+    for index in range(2):
+        sealed_cluster.kubectl(
+            "-n",
+            namespace,
+            "apply",
+            "-f",
+            "-",
+            input=_python_pod(f"web-{index}", WEB_SERVER, {"app": "web"}, "Always", port=8080),
+        )
+    sealed_cluster.kubectl("-n", namespace, "create", "service", "clusterip", "web", "--tcp=8080:8080")
+    sealed_cluster.kubectl("-n", namespace, "set", "selector", "service", "web", "app=web")
+    service = get_json(sealed_cluster, namespace, "service", "web")
+    cluster_ip = service["spec"]["clusterIP"]
+    wait_for(
+        "both web pods as endpoints of the Service",
+        lambda: (
+            len(
+                [
+                    endpoint
+                    for item in (get_json(sealed_cluster, namespace, "endpointslices") or {}).get("items", [])
+                    for endpoint in item.get("endpoints") or []
+                    if (endpoint.get("conditions") or {}).get("ready")
+                ]
+            )
+            == 2
+        ),
+    )
+    sealed_cluster.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        input=_python_pod("client", DNS_CLIENT.format(namespace=namespace)),
+    )
+    phase = wait_for(
+        "the client pod to finish",
+        lambda: (p := _phase(sealed_cluster, namespace, "client")) in ("Succeeded", "Failed") and p,
+    )
+    output = _pod_output(sealed_cluster, namespace, "client")
+    assert phase == "Succeeded", output
+    answer = json.loads(output.strip().splitlines()[-1])
+    assert answer["address"] == answer["full"] == cluster_ip
+    assert answer["body"] in ("web-0", "web-1")
+
+    # The node's own clients (a test, an operator outside the cluster) use ClusterIPs too.
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://{cluster_ip}:8080/", timeout=10) as reply:
+            return reply.read().decode()
+
+    seen = {sealed_cluster.call_in_network(fetch) for _ in range(20)}
+    assert seen <= {"web-0", "web-1"} and seen, seen
+
+
+def test_a_pod_uses_plain_in_cluster_config(sealed_cluster: SealedCluster, namespace: str) -> None:
+    sealed_cluster.kubectl(
+        "-n", namespace, "apply", "-f", "-", input=_python_pod("incluster", IN_CLUSTER_CLIENT)
+    )
+    phase = wait_for(
+        "the in-cluster client to finish",
+        lambda: (p := _phase(sealed_cluster, namespace, "incluster")) in ("Succeeded", "Failed") and p,
+    )
+    output = _pod_output(sealed_cluster, namespace, "incluster")
+    assert phase == "Succeeded", output
+    answer = json.loads(output.strip().splitlines()[-1])
+    assert answer["host"] == netns.KUBERNETES_SERVICE_IP
+    assert answer["token"] is True
+    assert answer["git"].startswith("v1.")
+
+
+def _machine_network() -> dict[str, str]:
+    """What the machine's own namespace looks like: compared before, during and after a cluster."""
+
+    def read(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False).stdout
+
+    return {
+        "links": read("ip", "-o", "link", "show"),
+        "addresses": read("ip", "-o", "addr", "show"),
+        "routes": read("ip", "route", "show", "table", "all"),
+        "nftables": read("nft", "list", "ruleset"),
+    }
+
+
+def test_stopping_a_sealed_cluster_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = _machine_network()
+    workdir = tmp_path / "cluster"
+    cluster = start_sealed_cluster(LocalClusterSettings(tools_dir=built_tools_dir(), workdir=workdir))
+    try:
+        namespace_inode = cluster.network_namespace.readlink()
+        during = _machine_network()
+        cluster.kubectl(
+            "apply", "-f", "-", input=_python_pod("sleeper", "import time; time.sleep(600)", restart="Always")
+        )
+        wait_for("the sleeper pod running", lambda: _phase(cluster, "default", "sleeper") == "Running")
+        pod_namespaces = _node_output(cluster, "ip", "netns", "list")
+        assert "pod-" in pod_namespaces
+        pids = cluster.pids()
+    finally:
+        cluster.stop()
+    assert during == before, "starting the cluster changed the machine's network namespace"
+    assert _machine_network() == before
+    holders = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "ns" / "net").readlink() == namespace_inode:
+                    holders.append(entry.name)
+            except OSError:
+                continue
+    assert holders == [], f"processes still in the cluster's network namespace: {holders}"
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(workdir) not in mounts
