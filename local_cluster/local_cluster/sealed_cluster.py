@@ -93,6 +93,29 @@ class SealedCluster(ClusterAccess):
         pid = self.supervisor_pid
         return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--", *argv]
 
+    def partition_pod(self, uid: str, direction: str = "both") -> None:
+        """A real partition of one pod (nftables drop on its eth0); see ``netns.partition_pod``."""
+        self._in_node_python(f"netns.partition_pod({uid!r}, {direction!r})")
+
+    def heal_pod(self, uid: str) -> None:
+        self._in_node_python(f"netns.heal_pod({uid!r})")
+
+    def _in_node_python(self, statement: str) -> None:
+        script = f"from local_cluster import netns; {statement}"
+        result = subprocess.run(
+            self.node_command([sys.executable, "-c", script]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+        if result.returncode != 0:
+            raise netns.PodNetworkError(
+                f"{statement} in the cluster's namespace failed: {result.stderr.strip()}"
+            )
+
     def stop(self) -> None:
         lingering = stop_supervisor(self.settings.workdir, self.state, self.supervisor)
         if lingering:
