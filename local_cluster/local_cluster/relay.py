@@ -1,0 +1,218 @@
+"""The relay as users run it, deployed on the sealed local cluster: chart, example, simulator pods.
+
+Shared by the Service-path tests, the Kubernetes failover benchmark, the soak and the demo:
+``deploy_relay`` installs the chart (the operator as a pod, in-cluster config through the
+``kubernetes`` Service) into a namespace, creates the Secrets the example names, starts the
+SAP backend and the cloud as simulator pods behind Services of their own, and applies
+``examples/brokercluster-pods.yaml``. The backend simulator sends to
+``http://orders-active.<namespace>.svc:8080``: the ``-active`` Service, through CoreDNS and
+kube-proxy, the one address a producer follows.
+
+The simulators' control API (``/sim/...``) is reached from this process through
+``SealedCluster.call_in_network``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from local_cluster.cluster import REPO_ROOT
+from local_cluster.sealed_cluster import SealedCluster
+
+CHART = REPO_ROOT / "charts" / "broker-failover"
+EXAMPLE = REPO_ROOT / "examples" / "brokercluster-pods.yaml"
+CLUSTER_NAME = "orders"  # the example's name; its account/company are acme/1000
+MESSAGE_LOG_CLAIM = "broker-message-logs"  # the example's spec.messageLog.claimName
+SIM_PORT = 8080
+
+
+class RelayError(RuntimeError):
+    """A step of the deployment did not happen in time; says which and what was seen."""
+
+
+def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise RelayError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def simulator_objects(
+    name: str, image: str, args: list[str], env: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """A simulator pod (ready once it listens) and a Service of the same name in front of it."""
+    labels = {"app": name}
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": image,
+        "args": ["--host=0.0.0.0", f"--port={SIM_PORT}", *args],
+        "readinessProbe": {"tcpSocket": {"port": SIM_PORT}, "periodSeconds": 1},
+        "env": env or [],
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [container]},
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": labels, "ports": [{"port": SIM_PORT, "targetPort": SIM_PORT}]},
+    }
+    return [pod, service]
+
+
+@dataclass
+class Relay:
+    cluster: SealedCluster
+    namespace: str
+    release: str
+    backend_url: str  # ClusterIP URLs of the simulators, for their /sim API
+    cloud_url: str
+
+    def sim(self, url: str, payload: dict[str, Any] | None = None) -> Any:
+        def call() -> Any:
+            data = None if payload is None else json.dumps(payload).encode()
+            request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return json.loads(reply.read())
+
+        return self.cluster.call_in_network(call)
+
+    def backend(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        return self.sim(f"{self.backend_url}{path}", payload)
+
+    def cloud(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        return self.sim(f"{self.cloud_url}{path}", payload)
+
+    def get(self, *what: str) -> Any:
+        result = self.cluster.kubectl("-n", self.namespace, "get", *what, "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def status(self) -> dict[str, Any]:
+        return dict(((self.get("brokercluster", CLUSTER_NAME) or {}).get("status")) or {})
+
+    def pod(self, name: str) -> dict[str, Any]:
+        pod = self.get("pod", name)
+        if not pod:
+            raise RelayError(f"pod {self.namespace}/{name} not found")
+        return dict(pod)
+
+    def kill_9(self, pod_name: str) -> None:
+        """SIGKILL the pod's container process group, as a node crash or an OOM kill would."""
+        container = self.pod(pod_name)["status"]["containerStatuses"][0]["containerID"]
+        os.killpg(int(str(container).removeprefix("local://")), signal.SIGKILL)
+
+    def active_service_addresses(self) -> list[str]:
+        slices = self.get("endpointslices", "-l", f"kubernetes.io/service-name={CLUSTER_NAME}-active") or {}
+        return [
+            address
+            for item in slices.get("items") or []
+            for endpoint in item.get("endpoints") or []
+            if (endpoint.get("conditions") or {}).get("ready", True)
+            for address in endpoint.get("addresses") or []
+        ]
+
+    def uninstall(self) -> None:
+        self.cluster.kubectl(
+            "-n", self.namespace, "delete", "brokercluster", CLUSTER_NAME, "--wait=false", check=False
+        )
+        self.cluster.helm("uninstall", self.release, "--namespace", self.namespace, "--wait", check=False)
+
+
+def deploy_relay(
+    cluster: SealedCluster,
+    namespace: str,
+    *,
+    streams: int,
+    messages_per_stream: int,
+    bundle_size: int = 20,
+    lanes: int = 2,
+    request_timeout_seconds: float | None = None,
+) -> Relay:
+    """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy."""
+
+    def kubectl(*args: str, input: str | None = None) -> None:
+        cluster.kubectl("-n", namespace, *args, input=input)
+
+    wait_until(
+        "the namespace's default ServiceAccount",
+        lambda: (
+            cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode == 0
+        ),
+        60,
+    )
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": MESSAGE_LOG_CLAIM},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(claim))
+    release = f"bf-{namespace}"
+    cluster.helm(
+        "install", release, str(CHART), "--namespace", namespace,
+        "--set", f"operator.watchNamespaces={{{namespace}}}", "--wait", "--timeout=180s",
+    )  # fmt: skip
+    token = os.urandom(16).hex()
+    kubectl("create", "secret", "generic", "erp-broker-credential", f"--from-literal=token={token}")
+    kubectl(
+        "create", "secret", "generic", "erp-endpoints",
+        f"--from-literal=backend=http://backend.{namespace}.svc:{SIM_PORT}",
+        f"--from-literal=cloud=http://cloud.{namespace}.svc:{SIM_PORT}",
+    )  # fmt: skip
+    backend_args = [
+        f"--broker-url=http://{CLUSTER_NAME}-active.{namespace}.svc:8080",
+        "--account=acme",
+        "--company=1000",
+        f"--streams={streams}",
+        f"--messages-per-stream={messages_per_stream}",
+        f"--bundle-size={bundle_size}",
+        f"--lanes={lanes}",
+    ]
+    if request_timeout_seconds is not None:
+        backend_args.append(f"--request-timeout-seconds={request_timeout_seconds}")
+    token_env = [
+        {
+            "name": "BROKER_BACKEND_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
+        }
+    ]
+    objects = [
+        *simulator_objects(
+            "cloud",
+            "broker-failover/cloud-simulator",
+            [f"--inbound-streams={streams}", f"--inbound-messages-per-stream={messages_per_stream}"],
+        ),
+        *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
+    ]
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    kubectl("apply", "-f", str(EXAMPLE))
+    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="")
+
+    def ready(name: str) -> bool:
+        conditions = ((relay.get("pod", name) or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_until(
+        "the BrokerCluster Healthy with an active broker",
+        lambda: (s := relay.status()).get("phase") == "Healthy" and s.get("active"),
+        180,
+    )
+    wait_until("both simulators ready", lambda: ready("cloud") and ready("backend"), 120)
+    for name in ("backend", "cloud"):
+        ip = relay.get("service", name)["spec"]["clusterIP"]
+        setattr(relay, f"{name}_url", f"http://{ip}:{SIM_PORT}")
+    return relay
