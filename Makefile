@@ -79,7 +79,7 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-operator bench-validator ## Run every benchmark.
+bench: bench-broker bench-failover bench-failover-k8s bench-operator bench-validator ## Run every benchmark.
 
 .PHONY: bench-broker
 bench-broker: venv ## Broker throughput: backend simulator to cloud simulator through one Active broker.
@@ -88,6 +88,10 @@ bench-broker: venv ## Broker throughput: backend simulator to cloud simulator th
 .PHONY: bench-failover
 bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchover under traffic.
 	$(BIN)/python bench/bench_failover.py
+
+.PHONY: bench-failover-k8s
+bench-failover-k8s: venv tools host-packages ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
+	$(BIN)/python bench/bench_failover_k8s.py
 
 .PHONY: bench-operator
 bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one operator process.

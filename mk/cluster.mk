@@ -39,8 +39,12 @@ host-packages: ## Install nft and conntrack (Debian nftables, conntrack) for kub
 	  || { echo "host-packages: $$p still not on PATH after installing $(HOST_PACKAGES)" >&2; exit 1; }; done
 
 .PHONY: cluster-up
-cluster-up: venv tools ## Start etcd, kube-apiserver, kube-controller-manager and the node agent in the background; prints the export KUBECONFIG line.
-	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
+cluster-up: venv tools host-packages ## Start the cluster in the background: control plane, node agent, kube-proxy, CoreDNS, a real pod network in a sealed namespace. Prints the export KUBECONFIG line.
+	@$(BIN)/python -m local_cluster.cluster up --pod-network --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
+
+.PHONY: shell
+shell: venv ## A shell inside the running cluster's network (pod IPs, ClusterIPs, service DNS), KUBECONFIG set.
+	@$(BIN)/python -m local_cluster.cluster shell --workdir $(CLUSTER_DIR)
 
 .PHONY: cluster-down
 cluster-down: venv ## Stop the cluster started by cluster-up and every process it started.

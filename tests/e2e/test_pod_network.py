@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 import urllib.request
 import uuid
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from local_cluster import netns
-from local_cluster.cluster import LocalClusterSettings, built_tools_dir
-from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+from local_cluster.cluster import REPO_ROOT, built_tools_dir
+from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import get_json, wait_for
 
 # A tiny web server that answers with its pod's name: which pod a Service picked is visible.
@@ -226,22 +227,53 @@ def _machine_network() -> dict[str, str]:
     }
 
 
-def test_stopping_a_sealed_cluster_leaves_nothing_behind(tmp_path: Path) -> None:
+def _cluster_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "local_cluster.cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=REPO_ROOT,
+    )
+
+
+def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
+    """The user's commands (make cluster-up / shell / cluster-down) and a clean machine afterwards."""
     before = _machine_network()
     workdir = tmp_path / "cluster"
-    cluster = start_sealed_cluster(LocalClusterSettings(tools_dir=built_tools_dir(), workdir=workdir))
+    up = _cluster_cli("up", "--pod-network", f"--workdir={workdir}", f"--tools-dir={built_tools_dir()}")
+    state = json.loads((workdir / "cluster.json").read_text()) if up.returncode == 0 else {}
     try:
-        namespace_inode = cluster.network_namespace.readlink()
+        assert up.returncode == 0, up.stderr
+        kubeconfig = up.stdout.strip().removeprefix("export KUBECONFIG=")
+        supervisor = int(state["supervisor"])
+        namespace_inode = Path(f"/proc/{supervisor}/ns/net").readlink()
         during = _machine_network()
-        cluster.kubectl(
+
+        def kubectl(*args: str, input: str | None = None) -> str:
+            return subprocess.run(
+                ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+                input=input, capture_output=True, text=True, timeout=60, check=True,
+            ).stdout  # fmt: skip
+
+        # From the machine's shell, through the loopback port: a real API server.
+        assert "local-node" in kubectl("get", "nodes")
+        kubectl(
             "apply", "-f", "-", input=_python_pod("sleeper", "import time; time.sleep(600)", restart="Always")
         )
-        wait_for("the sleeper pod running", lambda: _phase(cluster, "default", "sleeper") == "Running")
-        pod_namespaces = _node_output(cluster, "ip", "netns", "list")
-        assert "pod-" in pod_namespaces
-        pids = cluster.pids()
+        wait_for(
+            "the sleeper pod running",
+            lambda: kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}") == "Running",
+        )
+        # Inside, through `shell`: the pod's own namespace and the in-cluster kubeconfig.
+        inside = _cluster_cli("shell", f"--workdir={workdir}", "--", "ip", "netns", "list")
+        assert inside.returncode == 0 and "pod-" in inside.stdout, inside
+        nodes = _cluster_cli("shell", f"--workdir={workdir}", "--", "kubectl", "get", "nodes", "-o", "name")
+        assert nodes.stdout.strip() == "node/local-node", nodes
     finally:
-        cluster.stop()
+        down = _cluster_cli("down", f"--workdir={workdir}")
+    assert down.returncode == 0, down.stderr
     assert during == before, "starting the cluster changed the machine's network namespace"
     assert _machine_network() == before
     holders = []
@@ -253,6 +285,6 @@ def test_stopping_a_sealed_cluster_leaves_nothing_behind(tmp_path: Path) -> None
             except OSError:
                 continue
     assert holders == [], f"processes still in the cluster's network namespace: {holders}"
+    pids = [supervisor, *(int(pid) for pid in state["pids"])]
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(workdir) not in mounts
+    assert str(workdir) not in Path("/proc/self/mountinfo").read_text()

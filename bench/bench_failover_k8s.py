@@ -1,0 +1,395 @@
+"""Failover through the real ``-active`` Service on the sealed local cluster: kill -9 and partitions.
+
+Setup (``local_cluster.relay``): the sealed cluster (real API server, controller-manager,
+kube-proxy in nftables mode, CoreDNS; a network namespace per pod), the chart's operator as a
+pod, the example's two broker pods (failback switched to Manual, so each round ends where its
+failover put the active), and the backend and cloud simulators as pods. The backend sends to
+``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it 200 msg/s
+(4 streams x 5 messages per 100 ms through ``/sim/produce``).
+
+Each round breaks the active broker, either with ``kill -9`` of its container or with a real
+partition (nftables drops on its eth0, both directions; healed after the round), then waits
+until the cluster is Healthy with both brokers Ready again. Hops, each the first time this
+process observed it after the fault (watches through the API server, a poll inside the
+cluster's network for the rest, every 25 ms; each figure carries that observation delay):
+
+- noticed: the node agent reported the container not ready (crash only; in a partition the
+  process lives on and only the missed heartbeats tell);
+- decided: ``status.active`` names the other broker;
+- labelled: the new active pod carries ``role=active`` (the operator moves the label only once
+  the broker answered Activate);
+- endpointslice: the ``-active`` Service's EndpointSlice lists only the new pod's IP;
+- kube-proxy: kube-proxy's last sync (its ``sync_proxy_rules_last_timestamp`` metric) is after
+  the EndpointSlice change;
+- accepted: the new active's ``broker_messages_accepted_total`` grew: the first bundle the
+  backend got through the ClusterIP after the fault.
+
+After every round all messages are confirmed both ways and the simulators' records are checked:
+per round, messages lost, delivered twice, and out of order. Prints per-hop medians, p99s, a
+PNG timeline (``--plot``), and last ``k8s_crash_failover_p99_ms=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
+from local_cluster.relay import CLUSTER_NAME, Relay, deploy_relay, wait_until
+from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+
+STREAMS = 4
+PER_STREAM_PER_TICK = 5
+TICK = 0.1
+HOPS = ("noticed", "decided", "labelled", "endpointslice", "kube-proxy", "accepted")
+KUBE_PROXY_METRICS = "http://127.0.0.1:10249/metrics"
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+@dataclass
+class Observations:
+    """What the watches and the in-cluster poller saw, each with the wall-clock time it was seen."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    not_ready: list[tuple[float, str]] = field(default_factory=list)  # (ms, pod)
+    labelled: list[tuple[float, str]] = field(default_factory=list)
+    active: list[tuple[float, str]] = field(default_factory=list)
+    slices: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    syncs: list[tuple[float, float]] = field(default_factory=list)  # (seen ms, kube-proxy sync ms)
+    accepted: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def add(self, series: list[Any], item: Any) -> None:
+        with self.lock:
+            series.append(item)
+
+    def first(self, series: list[tuple[float, Any]], since: float, test: Any) -> float | None:
+        with self.lock:
+            return next((t for t, value in series if t >= since and test(value)), None)
+
+
+def _watch(obs: Observations, api: client.ApiClient, namespace: str) -> None:
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    discovery = client.DiscoveryV1Api(api)
+
+    def pods() -> None:
+        while not obs.stop.is_set():
+            for event in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=5):
+                pod, t = event["object"], now_ms()
+                name = pod.metadata.name
+                statuses = pod.status.container_statuses or []
+                if statuses and not statuses[0].ready:
+                    obs.add(obs.not_ready, (t, name))
+                if (pod.metadata.labels or {}).get("role") == "active":
+                    obs.add(obs.labelled, (t, name))
+
+    def clusters() -> None:
+        while not obs.stop.is_set():
+            stream = watch.Watch().stream(
+                custom.list_namespaced_custom_object,
+                "broker.failover.dev", "v1alpha1", namespace, "brokerclusters",
+                timeout_seconds=5,
+            )  # fmt: skip
+            for event in stream:
+                active = (event["object"].get("status") or {}).get("active")
+                if active:
+                    obs.add(obs.active, (now_ms(), str(active)))
+
+    def slices() -> None:
+        selector = f"kubernetes.io/service-name={CLUSTER_NAME}-active"
+        while not obs.stop.is_set():
+            stream = watch.Watch().stream(
+                discovery.list_namespaced_endpoint_slice,
+                namespace,
+                label_selector=selector,
+                timeout_seconds=5,
+            )
+            for event in stream:
+                endpoints = event["object"].endpoints or []
+                addresses = tuple(a for e in endpoints for a in (e.addresses or []))
+                obs.add(obs.slices, (now_ms(), addresses))
+
+    def resilient(loop: Any) -> Any:
+        def run() -> None:
+            while not obs.stop.is_set():
+                try:
+                    loop()
+                except Exception:  # the API server restarting or going away at the end: watch again
+                    time.sleep(0.2)
+
+        return run
+
+    for target in (pods, clusters, slices):
+        threading.Thread(target=resilient(target), daemon=True, name=target.__name__).start()
+
+
+def _metric(url: str, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    # kube-proxy labels its series by IP family; the cluster's Services are IPv4.
+    match = re.search(rf'^{name}(?:{{ip_family="IPv4"}})? (\S+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def _poll_in_cluster(obs: Observations, brokers: dict[str, str], backend_url: str) -> None:
+    """Runs inside the cluster's network: metrics every 25 ms, traffic every 100 ms."""
+    next_tick = time.monotonic()
+    while not obs.stop.is_set():
+        for name, ip in brokers.items():
+            value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
+            if value is not None:
+                obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
+        synced = _metric(KUBE_PROXY_METRICS, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+        if synced is not None:
+            obs.add(obs.syncs, (now_ms(), synced * 1000.0))
+        if time.monotonic() >= next_tick:
+            next_tick += TICK
+            body = json.dumps({"count": PER_STREAM_PER_TICK}).encode()
+            request = urllib.request.Request(
+                f"{backend_url}/sim/produce", data=body, headers={"Content-Type": "application/json"}
+            )
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(request, timeout=1).close()
+        time.sleep(0.025)
+
+
+def first_accepted_after(obs: Observations, name: str, since: float) -> float | None:
+    with obs.lock:
+        series = list(obs.accepted.get(name, []))
+    before = [value for t, value in series if t < since]
+    baseline = before[-1] if before else 0.0
+    return next((t for t, value in series if t >= since and value > baseline), None)
+
+
+def check_records(relay: Relay) -> tuple[int, int, int]:
+    """(lost, delivered twice, out of order) over both directions, from the simulators' records.
+
+    Traffic keeps flowing while this runs, so "lost" is judged against what was confirmed
+    before the records were read: the backend's cursors (every message below was acknowledged
+    by the cloud) read first, then what the cloud received; inbound is complete by now.
+    """
+    cursors = relay.backend("/sim/status")["cursors"]
+    inbound_total = int(relay.cloud("/sim/status")["inboundTotal"]) // STREAMS
+    outbound, inbound = relay.cloud("/sim/received"), relay.backend("/sim/received")
+    lost = sum(
+        len(set(range(1, int(cursor))) - set(outbound.get(stream, []))) for stream, cursor in cursors.items()
+    )
+    lost += sum(max(0, inbound_total - len(set(seqs))) for seqs in inbound.values())
+    lost += sum(inbound_total for stream in range(STREAMS - len(inbound)))  # streams never seen
+    twice = misordered = 0
+    for seqs in [*outbound.values(), *inbound.values()]:
+        twice += len(seqs) - len(set(seqs))
+        misordered += sum(1 for a, b in itertools.pairwise(seqs) if b <= a)
+    return lost, twice, misordered
+
+
+@dataclass
+class Round:
+    kind: str
+    victim: str
+    hops: dict[str, float | None]
+    lost: int
+    twice: int
+    misordered: int
+
+
+def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int) -> Round:
+    status = relay.status()
+    victim = str(status["active"])
+    other = next(name for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1") if name != victim)
+    other_ip = relay.pod(other)["status"]["podIP"]
+    uid = relay.pod(victim)["metadata"]["uid"]
+    t0 = now_ms()
+    if kind == "crash":
+        relay.kill_9(victim)
+    else:
+        relay.cluster.partition_pod(uid, "both")
+    wait_until("a failover", lambda: relay.status().get("active") == other, 60, 0.05)
+    accepted = wait_until(
+        "a bundle accepted by the new active", lambda: first_accepted_after(obs, other, t0), 60, 0.05
+    )
+    slice_at = wait_until(
+        "the -active EndpointSlice on the new pod",
+        lambda: obs.first(obs.slices, t0, lambda a: a == (other_ip,)),
+        30,
+        0.05,
+    )
+    synced = wait_until(
+        "a kube-proxy sync after the EndpointSlice change",
+        lambda: next((seen for seen, at in list(obs.syncs) if at >= slice_at - 5), None),
+        30,
+        0.05,
+    )
+    hops = {
+        "noticed": obs.first(obs.not_ready, t0, lambda name: name == victim) if kind == "crash" else None,
+        "decided": obs.first(obs.active, t0, lambda name: name == other),
+        "labelled": obs.first(obs.labelled, t0, lambda name: name == other),
+        "endpointslice": slice_at,
+        "kube-proxy": synced,
+        "accepted": accepted,
+    }
+    if kind == "partition":
+        relay.cluster.heal_pod(uid)
+
+    def recovered() -> bool:
+        pod = relay.pod(victim)
+        conditions = pod["status"].get("conditions") or []
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        return ready and relay.status().get("phase") == "Healthy"
+
+    wait_until("the broken broker Ready again and the cluster Healthy", recovered, 120, 0.2)
+    wait_until(
+        "every inbound message confirmed", lambda: relay.cloud("/sim/status")["inboundAllConfirmed"], 120, 0.2
+    )
+    lost, twice, misordered = check_records(relay)
+    result = Round(
+        kind,
+        victim,
+        {k: (v - t0 if v is not None else None) for k, v in hops.items()},
+        lost,
+        twice,
+        misordered,
+    )
+    end = result.hops["accepted"]
+    print(
+        f"  [{index}/{total}] {kind:9} {victim}: first accepted after {end:.0f} ms; "
+        f"lost {lost}, twice {twice}, out of order {misordered}",
+        flush=True,
+    )
+    return result
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
+
+
+def plot(rounds: list[Round], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [kind for kind in ("crash", "partition") if any(r.kind == kind for r in rounds)]
+    figure, axes = plt.subplots(len(kinds), 1, figsize=(10, 3.2 * len(kinds)), squeeze=False)
+    for axis, kind in zip(axes[:, 0], kinds, strict=True):
+        chosen = [r for r in rounds if r.kind == kind]
+        for hop_index, hop in enumerate(HOPS):
+            xs = [r.hops[hop] for r in chosen]
+            points = [(x, y) for y, x in enumerate(xs) if x is not None]
+            if points:
+                axis.scatter(
+                    [p[0] for p in points], [p[1] for p in points], s=14, label=hop, zorder=3 + hop_index
+                )
+        axis.set_title(f"{kind}: when each hop was observed after the fault (one row per round)")
+        axis.set_xlabel("ms after the fault")
+        axis.set_ylabel("round")
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def report(rounds: list[Round]) -> int:
+    crash_p99 = 0
+    for kind in ("crash", "partition"):
+        chosen = [r for r in rounds if r.kind == kind]
+        if not chosen:
+            continue
+        print(f"{kind} ({len(chosen)} rounds), median per hop, ms after the fault:")
+        for hop in HOPS:
+            values = [r.hops[hop] for r in chosen if r.hops[hop] is not None]
+            if values:
+                print(
+                    f"  {hop:14} median {statistics.median(values):7.0f}  p99 {percentile(values, 0.99):7.0f}"
+                )
+            else:
+                print(f"  {hop:14} n/a")
+        ends = [r.hops["accepted"] or 0.0 for r in chosen]
+        p99 = round(percentile(ends, 0.99))
+        print(
+            f"  end to end (fault -> first accepted through the ClusterIP): p50 {percentile(ends, 0.5):.0f} "
+            f"p99 {p99} max {max(ends):.0f}; lost {sum(r.lost for r in chosen)}, "
+            f"twice {sum(r.twice for r in chosen)}, out of order {sum(r.misordered for r in chosen)}"
+        )
+        print(f"k8s_{kind}_failover_p99_ms={p99}")
+        if kind == "crash":
+            crash_p99 = p99
+    return crash_p99
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--crash-rounds", type=int, default=20)
+    parser.add_argument("--partition-rounds", type=int, default=20)
+    parser.add_argument("--plot", type=Path, default=REPO_ROOT / ".cache" / "bench" / "failover-k8s.png")
+    options = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-failover-k8s-"))
+    print(f"starting the sealed local cluster in {work}", flush=True)
+    cluster: SealedCluster = start_sealed_cluster(
+        LocalClusterSettings(tools_dir=built_tools_dir(), workdir=work / "cluster")
+    )
+    obs = Observations()
+    rounds: list[Round] = []
+    try:
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", namespace)
+        relay = deploy_relay(cluster, namespace, streams=STREAMS, messages_per_stream=10)
+        relay.cluster.kubectl(
+            "-n", namespace, "patch", "brokercluster", CLUSTER_NAME, "--type=merge",
+            "-p", '{"spec": {"failback": "Manual"}}',
+        )  # fmt: skip
+        brokers = {
+            name: relay.pod(name)["status"]["podIP"] for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
+        }
+        _watch(obs, cluster.api_client(), namespace)
+        poller = threading.Thread(
+            target=cluster.call_in_network,
+            args=(lambda: _poll_in_cluster(obs, brokers, relay.backend_url), 24 * 3600),
+            daemon=True,
+        )
+        poller.start()
+        relay.backend("/sim/start", {})
+        wait_until("traffic flowing", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, 60)
+        plan = ["crash"] * options.crash_rounds + ["partition"] * options.partition_rounds
+        print(
+            f"{len(plan)} rounds under {STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
+            f"http://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat 1 s, 2 misses, lease 5 s)",
+            flush=True,
+        )
+        for index, kind in enumerate(plan, start=1):
+            rounds.append(run_round(relay, obs, kind, index, len(plan)))
+    finally:
+        obs.stop.set()
+        cluster.stop()
+    plot(rounds, options.plot)
+    print(f"timeline: {options.plot}")
+    crash_p99 = report(rounds)
+    print(f"k8s_crash_failover_p99_ms={crash_p99}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
