@@ -174,6 +174,23 @@ def _poll_in_cluster(obs: Observations, brokers: dict[str, str], backend_url: st
         time.sleep(0.025)
 
 
+def kube_proxy_sync(obs: Observations, labelled: float) -> float | None:
+    """When kube-proxy's rules had the new endpoint: its own sync timestamp, not when we saw it.
+
+    The sync that matters comes after the label moved (the EndpointSlice changes only then). It
+    may land before this process saw the EndpointSlice change (watch delay), so: the first sync
+    stamped after the label was seen moving, waiting up to 2 s past the EndpointSlice for it.
+    """
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        with obs.lock:
+            stamps = sorted({at for _, at in obs.syncs if at >= labelled - 50})
+        if stamps:
+            return stamps[0]
+        time.sleep(0.05)
+    return None
+
+
 def first_accepted_after(obs: Observations, name: str, since: float) -> float | None:
     with obs.lock:
         series = list(obs.accepted.get(name, []))
@@ -235,12 +252,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
         30,
         0.05,
     )
-    synced = wait_until(
-        "a kube-proxy sync after the EndpointSlice change",
-        lambda: next((seen for seen, at in list(obs.syncs) if at >= slice_at - 5), None),
-        30,
-        0.05,
-    )
+    synced = kube_proxy_sync(obs, obs.first(obs.labelled, t0, lambda name: name == other) or t0)
     hops = {
         "noticed": obs.first(obs.not_ready, t0, lambda name: name == victim) if kind == "crash" else None,
         "decided": obs.first(obs.active, t0, lambda name: name == other),
