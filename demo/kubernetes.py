@@ -1,16 +1,26 @@
-"""`make demo-k8s`: the user's path on Kubernetes, on the local control plane of this machine.
+"""`make demo`: the user's path on Kubernetes, on a local cluster with a real pod network.
 
 What a user of the project does, in order: ``helm install`` the chart (operator, CRD, RBAC and the
 ordering validator's CronJob), ``kubectl apply`` a BrokerCluster from ``examples/``, watch
 ``kubectl get brokerclusters`` while traffic flows both ways, lose the active broker to kill -9,
 see the failover, then run the validator's Job once and read its verdict and HTML report.
 
-The cluster is the project's local one (``local_cluster``: the real etcd, kube-apiserver and
-kube-controller-manager built from their Go modules, and one node agent that runs pods as local
-processes, see docs/local-cluster.md). What is not real yet, and says so: pods share this
-machine's loopback network (no Services routing, no DNS), so the backend simulator is handed the
-broker pods' addresses and finds the active one itself, instead of following the ``-active``
-Service. Everything is torn down at the end, also on Ctrl-C; the report is copied out first.
+The cluster is the project's sealed local one (``local_cluster.sealed_cluster``, see
+docs/local-cluster.md): the real etcd, kube-apiserver and kube-controller-manager built from
+their Go modules, the real kube-proxy (nftables) and CoreDNS, and one node agent that gives each
+pod its own network namespace and address in 10.244.0.0/24, all inside network and mount
+namespaces with no route out; only the API server is forwarded to a loopback port, for kubectl
+and helm. The operator runs as the chart's pod; the SAP backend and the cloud are simulator pods
+behind Services of their own (``local_cluster.relay``). The backend sends to
+``http://orders-active.demo.svc:8080``: the ``-active`` Service, through CoreDNS and kube-proxy,
+which follows the ``role=active`` label the operator moves on failover.
+
+What is still not real, and says so: there are no container images and no isolation beyond the
+namespaces (each container is a local process of this machine's user, started by the node agent,
+which plays scheduler and kubelet); volumes other than the service account's are directories of
+the node, path-rewritten rather than mounted, so the validator's report is read from the node's
+claim directory; one node, no NetworkPolicy; simulators stand in for SAP and the cloud.
+Everything is torn down at the end, also on Ctrl-C; the report is copied out first.
 
 Exit status: 0 when the validator's verdict is Passed, 1 otherwise (with what went wrong).
 """
@@ -27,23 +37,30 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from broker_simulators.local_processes import ProcessSet, free_port
-from local_cluster.cluster import REPO_ROOT, LocalCluster, LocalClusterSettings, start_local_cluster
+from local_cluster.cluster import REPO_ROOT, LocalClusterSettings
+from local_cluster.relay import (
+    CHART,
+    CLUSTER_NAME,
+    EXAMPLE,
+    MESSAGE_LOG_CLAIM,
+    SIM_PORT,
+    Relay,
+    simulator_objects,
+)
+from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
-CHART = REPO_ROOT / "charts" / "broker-failover"
-EXAMPLE = REPO_ROOT / "examples" / "brokercluster-pods.yaml"
-CLUSTER = "orders"  # the example's name
-BROKERS = (f"{CLUSTER}-0", f"{CLUSTER}-1")
+CLUSTER = CLUSTER_NAME  # the example's name: orders
 NAMESPACE = "demo"
 RELEASE = "bf"
-STORE_CLAIM = "broker-message-logs"  # the example's spec.messageLog.claimName
+STORE_CLAIM = MESSAGE_LOG_CLAIM  # the example's spec.messageLog.claimName
 CRONJOB = f"{RELEASE}-broker-failover-validator"
+ACTIVE_URL = f"http://{CLUSTER}-active.{NAMESPACE}.svc:8080"  # what the backend sends to
 STEPS = 7
 
 
@@ -71,14 +88,6 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: floa
     raise DemoError(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {last!r})")
 
 
-def http_json(url: str, payload: dict[str, Any] | None = None) -> Any:
-    data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read() or b"null")
-
-
 # ---- the pieces -------------------------------------------------------------------------
 
 
@@ -90,10 +99,26 @@ def build_tools() -> Path:
     return Path(printed.stdout.strip())
 
 
+def start_cluster(settings: LocalClusterSettings) -> SealedCluster:
+    """``start_sealed_cluster``, but a Ctrl-C while it starts still stops what it started.
+
+    The start runs on a worker thread (signals reach only the main thread); when interrupted,
+    this waits for it to finish, stops the cluster and re-raises.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="cluster-start") as pool:
+        starting = pool.submit(start_sealed_cluster, settings)
+        try:
+            return starting.result()
+        except KeyboardInterrupt:
+            print("[demo] interrupted; stopping the cluster once it has started", file=sys.stderr, flush=True)
+            starting.result(timeout=settings.ready_timeout_seconds + 60).stop()
+            raise
+
+
 class Kubectl:
     """kubectl and helm against the local cluster, echoing each user-facing command."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: SealedCluster) -> None:
         self.cluster = cluster
 
     def run(self, *args: str, stdin: str | None = None, echo: bool = True) -> str:
@@ -111,6 +136,16 @@ class Kubectl:
 
     def status(self) -> dict[str, Any]:
         return dict((self.get("brokercluster", CLUSTER) or {}).get("status") or {})
+
+    def pod_ready(self, name: str) -> bool:
+        conditions = ((self.get("pod", name) or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def pod_ip(self, name: str) -> str:
+        return str(((self.get("pod", name) or {}).get("status") or {}).get("podIP"))
+
+    def cluster_ip(self, service: str) -> str:
+        return str(((self.get("service", service) or {}).get("spec") or {}).get("clusterIP"))
 
 
 @contextmanager
@@ -139,30 +174,44 @@ def watching(kubectl: Kubectl) -> Iterator[None]:
         thread.join(timeout=15)
 
 
-def pod_ips(kubectl: Kubectl) -> list[str] | None:
-    ips = [((kubectl.get("pod", name) or {}).get("status") or {}).get("podIP") for name in BROKERS]
-    return [str(ip) for ip in ips] if all(ips) else None
-
-
-def container_process_group(kubectl: Kubectl, pod: str) -> int:
-    """The node agent runs each container as a process group; its id is the container id."""
-    (container,) = kubectl.get("pod", pod)["status"]["containerStatuses"]
-    return int(container["containerID"].removeprefix("local://"))
-
-
 def job_finished(kubectl: Kubectl, job: str) -> dict[str, Any] | None:
     conditions = ((kubectl.get("job", job) or {}).get("status") or {}).get("conditions") or []
     done = [c for c in conditions if c["type"] in ("Complete", "Failed") and c["status"] == "True"]
     return done[0] if done else None
 
 
+def simulators(messages: int) -> list[dict[str, Any]]:
+    """The SAP backend and the cloud as pods, each behind a Service of its name (``relay``)."""
+    per_stream = messages // 4
+    backend_args = [
+        f"--broker-url={ACTIVE_URL}",
+        "--account=acme",
+        "--company=1000",
+        "--streams=4",
+        f"--messages-per-stream={per_stream}",
+        "--bundle-size=50",
+        "--lanes=2",
+    ]
+    token_env = [
+        {
+            "name": "BROKER_BACKEND_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
+        }
+    ]
+    return [
+        *simulator_objects(
+            "cloud",
+            "broker-failover/cloud-simulator",
+            ["--inbound-streams=2", f"--inbound-messages-per-stream={per_stream}"],
+        ),
+        *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
+    ]
+
+
 # ---- the story ----------------------------------------------------------------------------
 
 
-def story(cluster: LocalCluster, processes: ProcessSet, work: Path, report_out: Path, messages: int) -> bool:
-    kubectl = Kubectl(cluster)
-    store = cluster.state_dir / "claims" / NAMESPACE / STORE_CLAIM
-
+def install_chart(kubectl: Kubectl) -> None:
     say(3, "helm install: the operator, the CRD, least-privilege RBAC and the validator's CronJob")
     kubectl.run("create", "namespace", NAMESPACE)
     wait_for("the namespace's default ServiceAccount", lambda: kubectl.get("serviceaccount", "default"), 30)
@@ -177,55 +226,75 @@ def story(cluster: LocalCluster, processes: ProcessSet, work: Path, report_out: 
     installed = kubectl.helm(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--set", f"operator.watchNamespaces={{{NAMESPACE}}}",
-            # Pods share this machine's ports here: the operator's must be free on it.
-            "--set", f"operator.metricsPort={free_port()}", "--set", f"operator.healthPort={free_port()}",
             "--set", "validator.enabled=true", "--set", "validator.suspend=true",
             "--set", f"validator.store.claimName={STORE_CLAIM}", "--set", "validator.driverMemory=1g",
             "--wait", "--timeout=180s",
     )  # fmt: skip
     print("           " + installed.split("NOTES:")[0].strip().replace("\n", "\n           "))
 
-    say(4, "the SAP backend and the cloud (simulators), and the Secrets the example names")
-    cloud = processes.start_cloud_simulator(
-        work, inbound_streams=2, inbound_messages_per_stream=messages // 4
-    )
+
+def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
+    say(4, "the SAP backend and the cloud (simulator pods behind Services), and the Secrets they use")
     token = os.urandom(16).hex()
     kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-broker-credential",
                 f"--from-literal=token={token}", echo=False)  # fmt: skip
     note("$ kubectl create secret generic erp-broker-credential --from-literal=token=...")
+    kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-endpoints",
+                f"--from-literal=backend=http://backend.{NAMESPACE}.svc:{SIM_PORT}",
+                f"--from-literal=cloud=http://cloud.{NAMESPACE}.svc:{SIM_PORT}")  # fmt: skip
+    objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages)}
+    kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
+    note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")
+    wait_for(
+        "both simulator pods ready", lambda: kubectl.pod_ready("cloud") and kubectl.pod_ready("backend"), 120
+    )
+    relay = Relay(
+        kubectl.cluster,
+        NAMESPACE,
+        RELEASE,
+        backend_url=f"http://{kubectl.cluster_ip('backend')}:{SIM_PORT}",
+        cloud_url=f"http://{kubectl.cluster_ip('cloud')}:{SIM_PORT}",
+    )
+    note(f"the backend sends to {ACTIVE_URL}: the -active Service, through CoreDNS and kube-proxy")
+    note(f"(their control API is reached at {relay.backend_url} and {relay.cloud_url}, inside the cluster)")
+    return relay
+
+
+def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
+    kubectl = Kubectl(cluster)
+    store = cluster.state_dir / "claims" / NAMESPACE / STORE_CLAIM
+    install_chart(kubectl)
+    relay = start_simulators(kubectl, messages)
+
     say(5, f"kubectl apply -f examples/{EXAMPLE.name}: BrokerCluster {CLUSTER}, two broker pods")
     with watching(kubectl):
         kubectl.run("-n", NAMESPACE, "apply", "-f", str(EXAMPLE))
-        ips = wait_for("both broker pods to have addresses", lambda: pod_ips(kubectl), 120)
-        backend = processes.start_backend_simulator(
-            work,
-            broker_urls=[f"http://{ip}:8080" for ip in ips],
-            streams=4,
-            messages_per_stream=messages // 4,
-            bundle_size=50,
-            lanes=2,
-            backend_token=token,
-        )
-        kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-endpoints",
-                    f"--from-literal=backend={backend.url}", f"--from-literal=cloud={cloud.url}",
-                    echo=False)  # fmt: skip
-        note("$ kubectl create secret generic erp-endpoints --from-literal=backend=.. --from-literal=cloud=.")
         first = wait_for(
             "the cluster to become Healthy with an active broker",
             lambda: (s := kubectl.status()).get("phase") == "Healthy" and s.get("active") and s,
             180,
         )
         active = str(first["active"])
+        active_ip = kubectl.pod_ip(active)
+        wait_for(
+            f"Service {CLUSTER}-active to route to {active} ({active_ip})",
+            lambda: relay.active_service_addresses() == [active_ip],
+            60,
+        )
+        note(
+            f"Service {CLUSTER}-active ({kubectl.cluster_ip(f'{CLUSTER}-active')}): "
+            f"EndpointSlice -> {active_ip} ({active})"
+        )
 
         say(6, f"traffic both ways, then kill -9 of the active broker {active} mid-stream")
-        http_json(f"{backend.url}/sim/start", {})
+        relay.backend("/sim/start", {})
         wait_for(
             "a third of the outbound messages confirmed",
-            lambda: int(http_json(f"{backend.url}/sim/status")["confirmed"]) >= messages // 3,
+            lambda: int(relay.backend("/sim/status")["confirmed"]) >= messages // 3,
             120,
             interval=0.1,
         )
-        os.killpg(container_process_group(kubectl, active), signal.SIGKILL)
+        relay.kill_9(active)
         note(f"$ kill -9 <{active}'s container>  (what a node crash or an OOM kill does)")
         after = wait_for(
             "a failover to the other broker",
@@ -237,11 +306,23 @@ def story(cluster: LocalCluster, processes: ProcessSet, work: Path, report_out: 
             f"failover: {moved.get('from')} -> {moved.get('to')} ({moved.get('reason')}, "
             f"{moved.get('durationMs')} ms), epoch {first.get('epoch')} -> {after.get('epoch')}"
         )
+        successor = str(after["active"])
+        successor_ip = kubectl.pod_ip(successor)
+        wait_for(
+            f"Service {CLUSTER}-active to follow to {successor} ({successor_ip})",
+            lambda: relay.active_service_addresses() == [successor_ip],
+            60,
+            interval=0.2,
+        )
+        note(
+            f"Service {CLUSTER}-active: EndpointSlice {active_ip} ({active}) -> {successor_ip} "
+            f"({successor}); the backend follows it by its DNS name"
+        )
         wait_for(
             "every message confirmed, both ways",
             lambda: (
-                bool(http_json(f"{backend.url}/sim/status")["allConfirmed"])
-                and bool(http_json(f"{cloud.url}/sim/status")["inboundAllConfirmed"])
+                bool(relay.backend("/sim/status")["allConfirmed"])
+                and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
             ),
             240,
             interval=1,
@@ -276,23 +357,28 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the demo as Ctrl-C does: through the teardown below.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     began = time.monotonic()
-    say(1, "the Kubernetes tools (etcd, kube-apiserver, kube-controller-manager, helm), built once")
+    say(
+        1,
+        "the Kubernetes tools (etcd, apiserver, controller-manager, kube-proxy, CoreDNS, helm), built once",
+    )
     tools = build_tools()
     work = Path(tempfile.mkdtemp(prefix="broker-failover-demo-"))
-    processes = ProcessSet(work / "processes")
-    cluster: LocalCluster | None = None
+    cluster: SealedCluster | None = None
     ok = False
     try:
-        say(2, "a local cluster: the real control plane on loopback, one node agent")
-        cluster = start_local_cluster(LocalClusterSettings(tools_dir=tools, workdir=work / "cluster"))
-        note(f"ready in {cluster.ready_seconds:.1f}s; KUBECONFIG={cluster.kubeconfig} (removed at the end)")
-        ok = story(cluster, processes, work, args.report_dir, args.messages)
+        say(2, "a local cluster with a pod network, sealed in its own namespaces (no route out)")
+        cluster = start_cluster(LocalClusterSettings(tools_dir=tools, workdir=work / "cluster"))
+        note(
+            f"ready in {cluster.ready_seconds:.1f}s: the real control plane, kube-proxy (nftables), CoreDNS, "
+            f"a network namespace per pod in {cluster.state.get('podNetwork')}"
+        )
+        note(f"KUBECONFIG={cluster.kubeconfig} (the API server forwarded to loopback; removed at the end)")
+        ok = story(cluster, args.report_dir, args.messages)
     except DemoError as error:
         print(f"[demo] FAILED: {error}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print("[demo] interrupted; cleaning up", file=sys.stderr, flush=True)
     finally:
-        processes.stop_all()
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""`make demo`, the README's first command: the user's path on the local control plane.
+"""`make demo`, the README's first command: the user's path on the sealed local cluster.
 
-Run as a user runs it (``python -m demo.kubernetes``, its own cluster), smaller: it must install
-with helm, fail over after kill -9, get the validator's Passed verdict, copy the report out,
-exit 0, and leave no process of its cluster behind.
+Run as a user runs it (``python -m demo.kubernetes``, its own sealed cluster with a pod network),
+smaller: it must install with helm, send through the ``orders-active`` Service, fail over after
+kill -9 with that Service's EndpointSlice moving from the old active pod's address to the new
+one's, get the validator's Passed verdict, copy the report out, exit 0, and leave no process of
+its cluster behind.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tm
     assert "STATUS: deployed" in output  # helm install
     failover = re.search(r"failover: orders-0 -> orders-1 \(\w+, \d+ ms\), epoch 1 -> (\d+)", output)
     assert failover, output
+    assert "the backend sends to http://orders-active.demo.svc:8080" in output
+    pod_ip = r"(10\.244\.0\.\d+)"
+    moved = re.search(
+        rf"Service orders-active: EndpointSlice {pod_ip} \(orders-0\) -> {pod_ip} \(orders-1\)", output
+    )
+    assert moved and moved.group(1) != moved.group(2), output
     assert '"result": "Passed", "violations": 0' in output
     assert result.stdout.rstrip().endswith("[demo] verdict: Passed"), result.stdout[-2000:]
     assert (tmp_path / "report.html").is_file() and (tmp_path / "report.json").is_file()
