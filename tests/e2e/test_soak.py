@@ -12,17 +12,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from local_cluster.sealed_cluster import SealedCluster
 from local_cluster.soak import FAULTS, run_soak
 
 SHORT_FORM_FAULTS = 30
 
 
+@pytest.mark.timeout(1800)  # about 15 s a fault on two cores, twice that under load
 def test_thirty_faults_under_traffic_are_recovered_with_nothing_lost_duplicated_or_reordered(
     sealed_cluster: SealedCluster, tmp_path: Path
 ) -> None:
     lines: list[str] = []
-    result = run_soak(sealed_cluster, SHORT_FORM_FAULTS, tmp_path / "report", say=lines.append)
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)  # shown by pytest on failure: which fault, how long
+
+    result = run_soak(sealed_cluster, SHORT_FORM_FAULTS, tmp_path / "report", say=say)
     log = "\n".join(lines)
     assert 5 * len(FAULTS) <= SHORT_FORM_FAULTS  # every kind of fault, several times
     assert result.recovered == result.faults == SHORT_FORM_FAULTS, log
