@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import json
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -358,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition-rounds", type=int, default=20)
     parser.add_argument("--plot", type=Path, default=REPO_ROOT / ".cache" / "bench" / "failover-k8s.png")
     options = parser.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="bench-failover-k8s-"))
     print(f"starting the sealed local cluster in {work}", flush=True)
     cluster: SealedCluster = start_sealed_cluster(

@@ -56,6 +56,7 @@ from local_cluster.processes import (
     reap_on_exit,
     wait_group_gone,
 )
+from local_cluster.provisioner import DEFAULT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("kube-apiserver", "kube-controller-manager", "etcd", "helm", "kube-proxy", "coredns")
@@ -118,7 +119,8 @@ class ClusterAccess:
 
     @property
     def state_dir(self) -> Path:
-        """The node agent's directory: pods/<ns>_<name>_<uid>/logs, claims/<ns>/<claim>."""
+        """The node agent's directory: pods/<ns>_<name>_<uid>/logs, and claims/<ns>/<claim>: the
+        directory of the volume provisioned for that claim (``provisioner``), gone with the claim."""
         return self.settings.workdir / "node"
 
     @property
@@ -234,6 +236,14 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
             if agent.exited() or time.monotonic() > deadline:
                 raise ControlPlaneStartError(
                     f"node agent did not register node {settings.node_name}; "
+                    f"log {agent.log_path}:\n{agent.log_tail()}"
+                )
+            time.sleep(0.1)
+        # The node agent's provisioner creates the default StorageClass: claims made from now on get it.
+        while probe.status(f"/apis/storage.k8s.io/v1/storageclasses/{DEFAULT_CLASS}") != 200:
+            if agent.exited() or time.monotonic() > deadline:
+                raise ControlPlaneStartError(
+                    f"node agent did not create the StorageClass {DEFAULT_CLASS}; "
                     f"log {agent.log_path}:\n{agent.log_tail()}"
                 )
             time.sleep(0.1)

@@ -22,6 +22,11 @@ kubelet API serves container logs only (``kubelet_api``: ``kubectl logs`` works,
 ``exec``/``port-forward`` fail; logs are files under
 ``<state-dir>/pods/<namespace>_<name>_<uid>/logs``).
 
+Volumes: a thread of this process is the node's dynamic provisioner (``provisioner``: the default
+StorageClass ``standard``, a hostPath PV per claim, deleted with its claim under ``Delete``); the
+real PV controller binds claims, and a pod's claim resolves to its bound PV's directory (a pod
+whose claim is missing or unbound waits in ContainerCreating).
+
 Run: ``python -m local_cluster.node_agent --kubeconfig K --state-dir D [--pod-subnet 127.0.0]``.
 """
 
@@ -51,6 +56,7 @@ from local_cluster.images import DEFAULT_IMAGES_FILE, ImageTable
 from local_cluster.kubelet_api import KubeletApi, PodLogFinder, start_kubelet_api
 from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
 from local_cluster.pod_sandbox import ApiServerAddress, Body, PodNetwork, PodSandbox
+from local_cluster.provisioner import LocalPathProvisioner
 
 log = logging.getLogger("node-agent")
 HOST_IP = "127.0.0.1"
@@ -192,6 +198,8 @@ class NodeAgent:
         self.events: queue.Queue[tuple[str, Body]] = queue.Queue()
         self.stopping = threading.Event()
         self.kubelet_api: KubeletApi | None = None
+        # The node's volume provisioner (provisioner.py): claims bind to directories on this node.
+        self.provisioner: LocalPathProvisioner | None = None
 
     # ---- registration and scheduling ----------------------------------------------
 
@@ -399,6 +407,10 @@ class NodeAgent:
         self.register_node()
         watcher = threading.Thread(target=self.watch_pods, name="pod-watch", daemon=True)
         watcher.start()
+        self.provisioner = LocalPathProvisioner(
+            self.settings.kubeconfig, self.settings.state_dir, self.settings.node_name, self.stopping
+        )
+        self.provisioner.start()
         subnet = netns.POD_CIDR if self.settings.pod_network else f"{self.settings.pod_subnet}.0/24"
         log.info("node %s ready; pods on %s", self.settings.node_name, subnet)
         while not self.stopping.is_set():

@@ -14,7 +14,8 @@ the end of the grace period.
 
 What it does not do: init containers, sidecars, startup probes,
 resource limits, ``kubectl exec`` (``kubectl logs`` works: ``kubelet_api`` serves the log files),
-security contexts or user namespaces. The restart backoff is 1 s doubling to 10 s,
+security contexts or user namespaces. The restart backoff is 1 s doubling to 10 s (reset, as the
+kubelet resets it, once a container ran twice the cap without trouble),
 not the kubelet's 10 s to 5 min, so tests see restarts quickly.
 """
 
@@ -101,6 +102,7 @@ class ProbeState:
 class ContainerRuntime:
     spec: Body
     restart_count: int = 0
+    backoff_steps: int = 0  # doublings of the restart delay; reset after a long enough run
     started_once: bool = False
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
@@ -215,6 +217,7 @@ class PodRuntime:
                     128, "StartError", time.time(), time.time(), f"{argv[0]}: {error}"
                 )
                 container.next_start_at = now + self._backoff(container)
+                container.backoff_steps += 1
                 return
         self._record_pgid(container.process.pid)
         log.info(
@@ -236,7 +239,7 @@ class PodRuntime:
         )
 
     def _backoff(self, container: ContainerRuntime) -> float:
-        return float(min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(container.restart_count, 10)))
+        return float(min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(container.backoff_steps, 10)))
 
     def _should_restart(self, termination: Termination) -> bool:
         return self.restart_policy == "Always" or (
@@ -254,6 +257,10 @@ class PodRuntime:
         container.process = None
         container.ready = False
         container.current = Termination(exit_code, reason, container.started_at, time.time())
+        # As the kubelet: a container that ran twice the longest back-off without trouble
+        # starts its back-off afresh; one that keeps failing backs off longer each time.
+        if container.current.finished_at - container.current.started_at >= 2 * BACKOFF_MAX_SECONDS:
+            container.backoff_steps = 0
         log.info("%s: container %s exited with %d", self._pod_ref(), container.name, exit_code)
         if self._should_restart(container.current) and self.terminating_deadline is None:
             container.next_start_at = now + self._backoff(container)
@@ -261,6 +268,7 @@ class PodRuntime:
             container.waiting_message = (
                 f"back-off {self._backoff(container):.0f}s restarting failed container"
             )
+            container.backoff_steps += 1
 
     def _will_start(self, container: ContainerRuntime) -> bool:
         if self.terminating_deadline is not None or container.process is not None:
@@ -386,7 +394,7 @@ class PodRuntime:
             except ContainerConfigError as error:
                 for container in self.containers:
                     container.waiting_reason, container.waiting_message = (
-                        "CreateContainerConfigError",
+                        error.reason,  # ContainerCreating while a claim is not bound yet
                         str(error),
                     )
                 self.volume_retry_at = now + 2.0

@@ -1,8 +1,10 @@
 """What a kubelet would set up around a container, done with files and env vars on this host.
 
 For one pod this materializes volumes under the pod's directory (emptyDir, Secret,
-ConfigMap, downwardAPI, projected service-account tokens; PVCs as directories that
-outlive the pod, keyed by namespace and claim), builds each container's environment
+ConfigMap, downwardAPI, projected service-account tokens; a PVC as the directory of the
+PersistentVolume bound to it, so it outlives the pod and a StatefulSet pod's replacement finds
+the same claim, volume and data; a pod whose claim is missing or not yet bound waits in
+ContainerCreating, as on a real node), builds each container's environment
 (values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, ``$(VAR)`` expansion) and
 rewrites paths: a container's env values, command, args and workingDir that start
 with one of its volumeMount paths are pointed at the local directory instead.
@@ -57,6 +59,14 @@ SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 class ContainerConfigError(RuntimeError):
     """A referenced Secret/ConfigMap/key is missing: the kubelet's CreateContainerConfigError."""
+
+    reason = "CreateContainerConfigError"  # the container's waiting reason while this lasts
+
+
+class VolumeNotReadyError(ContainerConfigError):
+    """A claim is missing, being deleted or not bound yet: the pod waits in ContainerCreating."""
+
+    reason = "ContainerCreating"
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,7 @@ class PodSandbox:
     ) -> None:
         self.pod = pod
         self.pod_dir = pod_dir
+        # Unused since claims resolve through their bound PV (``claim_path``); kept for callers.
         self.claims_dir = claims_dir
         self.core = core
         self.apiserver = apiserver
@@ -296,11 +307,9 @@ class PodSandbox:
             if referenced is not None:
                 write_atomically(target, referenced)
             elif volume.get("persistentVolumeClaim"):
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                # Lives outside the pod directory: a StatefulSet pod's replacement
-                # must find the journal its predecessor wrote.
-                target = self.claims_dir / self.namespace / claim
-                target.mkdir(parents=True, exist_ok=True)
+                # The bound PV's directory, outside the pod directory: a StatefulSet pod's
+                # replacement finds the journal its predecessor wrote.
+                target = self.claim_path(volume["persistentVolumeClaim"]["claimName"])
             elif volume.get("hostPath"):
                 target = Path(volume["hostPath"]["path"])
             elif volume.get("projected"):
@@ -311,6 +320,38 @@ class PodSandbox:
                 # emptyDir and anything else: an empty directory private to this pod.
                 target.mkdir(parents=True, exist_ok=True)
             self.volume_paths[name] = target
+
+    def claim_path(self, claim_name: str) -> Path:
+        """The directory of the PersistentVolume bound to ``claim_name`` (hostPath or local)."""
+        what = f'persistentvolumeclaim "{claim_name}"'
+        try:
+            claim = self.core.read_namespaced_persistent_volume_claim(claim_name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                raise VolumeNotReadyError(f"{what} not found; waiting for it to be created") from error
+            raise VolumeNotReadyError(f"{what} not readable: {error.reason}") from error
+        if claim.metadata is not None and claim.metadata.deletion_timestamp is not None:
+            raise VolumeNotReadyError(f"{what} is being deleted")
+        phase = (claim.status.phase if claim.status is not None else None) or "Pending"
+        volume_name = claim.spec.volume_name if claim.spec is not None else None
+        if phase != "Bound" or not volume_name:
+            raise VolumeNotReadyError(f"waiting for claim {claim_name} to be bound (phase {phase})")
+        try:
+            spec = self.core.read_persistent_volume(volume_name).spec
+        except ApiException as error:
+            raise VolumeNotReadyError(f"persistentvolume {volume_name!r}: {error.reason}") from error
+        host_path = spec.host_path if spec is not None else None
+        source = host_path or (spec.local if spec is not None else None)
+        if source is None:
+            raise ContainerConfigError(
+                f"persistentvolume {volume_name!r} of {what}: the node agent mounts hostPath and local only"
+            )
+        path = Path(source.path)
+        if host_path is not None and host_path.type in (None, "", "DirectoryOrCreate"):
+            path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            raise VolumeNotReadyError(f"persistentvolume {volume_name!r}: {path} is not a directory")
+        return path
 
     def refresh_volumes(self) -> list[str]:
         """Swap in the current content of every Secret and ConfigMap volume; the names that changed.

@@ -141,6 +141,7 @@ def deploy_relay(
     bundle_size: int = 20,
     lanes: int = 2,
     request_timeout_seconds: float | None = None,
+    helm_values: dict[str, str] | None = None,
 ) -> Relay:
     """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy."""
 
@@ -162,9 +163,11 @@ def deploy_relay(
     }
     kubectl("apply", "-f", "-", input=json.dumps(claim))
     release = f"bf-{namespace}"
+    values = {"operator.watchNamespaces": f"{{{namespace}}}", **(helm_values or {})}
+    settings = [argument for key, value in values.items() for argument in ("--set", f"{key}={value}")]
     cluster.helm(
-        "install", release, str(CHART), "--namespace", namespace,
-        "--set", f"operator.watchNamespaces={{{namespace}}}", "--wait", "--timeout=180s",
+        "install", release, str(CHART), "--namespace", namespace, *settings, "--wait", "--timeout=240s",
+        timeout=300,
     )  # fmt: skip
     token = os.urandom(16).hex()
     kubectl("create", "secret", "generic", "erp-broker-credential", f"--from-literal=token={token}")
@@ -209,7 +212,7 @@ def deploy_relay(
     wait_until(
         "the BrokerCluster Healthy with an active broker",
         lambda: (s := relay.status()).get("phase") == "Healthy" and s.get("active"),
-        180,
+        240,
     )
     wait_until("both simulators ready", lambda: ready("cloud") and ready("backend"), 120)
     for name in ("backend", "cloud"):

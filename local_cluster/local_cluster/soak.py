@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=200)
     parser.add_argument("--report-dir", type=Path, default=Path(".cache/soak/report"))
     options = parser.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     print(f"starting the sealed local cluster in {work}", flush=True)
     cluster = start_sealed_cluster(

@@ -269,6 +269,14 @@ def test_secrets_config_maps_and_claims_reach_the_container(
         "-n", namespace, "create", "secret", "generic", "creds", "--from-literal=password=s3cret"
     )
     kube_cluster.kubectl("-n", namespace, "create", "configmap", "settings", "--from-literal=mode=active")
+    # The claim binds to a volume from the default StorageClass (the node agent's provisioner).
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "journal"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    apply(kube_cluster, namespace, claim)
     check = """
         import os, pathlib, sys
         assert os.environ["PASSWORD"] == "s3cret", os.environ.get("PASSWORD")
@@ -297,7 +305,7 @@ def test_secrets_config_maps_and_claims_reach_the_container(
         apply(kube_cluster, namespace, pod_manifest(attempt, "", restart_policy="Never", container=container,
                                                     volumes=volumes))  # fmt: skip
         wait_for(f"pod {attempt} Succeeded", phase_is(kube_cluster, namespace, attempt, "Succeeded"))
-    # The claim outlives the pod: the second pod found what the first wrote.
+    # The claim outlives the pod: the second pod found what the first wrote, in the claim's volume.
     journal = kube_cluster.state_dir / "claims" / namespace / "journal" / "journal.txt"
     assert journal.read_text() == "xx"
 

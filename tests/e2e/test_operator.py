@@ -773,7 +773,7 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
 
 
 def claim_names(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
-    """``kubectl get pvc`` of one BrokerCluster's journal claims (Pending here: no provisioner)."""
+    """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by the local provisioner)."""
     listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
     return sorted(c["metadata"]["name"] for c in (listing or {}).get("items", []))
 

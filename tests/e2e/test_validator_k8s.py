@@ -393,8 +393,8 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
     simulators: list[LocalProcess] = []
     installed = False
     try:
-        # The shared store: one claim that the brokers and the validator mount (no provisioner
-        # here: it stays Pending, and the node agent gives every pod that mounts it one directory).
+        # The shared store: one ReadWriteMany claim that the brokers and the validator mount (the
+        # local provisioner binds it to one directory, <state-dir>/claims/<namespace>/<claim>).
         claim = {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",

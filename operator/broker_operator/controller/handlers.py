@@ -39,12 +39,16 @@ from broker_operator.controller.conflicts import PairClaim, pair_key
 from broker_operator.controller.context import context_from
 from broker_operator.controller.daemon import run_cluster_heartbeats
 from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
+from broker_operator.controller.settings import ControllerSettings, peering_priority_from
 
 RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """kopf settings every instance of this operator runs with (tests included)."""
+def configure_kopf(settings: kopf.OperatorSettings, peering: ControllerSettings | None = None) -> None:
+    """kopf settings every instance of this operator runs with (tests included); with ``peering``,
+    also this replica's peering priority and lifetime (``configure_peering``)."""
+    if peering is not None:
+        configure_peering(settings, peering)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=names.KOPF_ANNOTATION_PREFIX
     )
@@ -52,6 +56,29 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
         prefix=names.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+
+
+def configure_peering(settings: kopf.OperatorSettings, controller: ControllerSettings) -> None:
+    """This replica's kopf peering priority and record lifetime; nothing when standalone.
+
+    ``kopf.run(peering_name=...)`` has already made peering mandatory (no peering object: no
+    handling at all). Each replica needs its own priority, since kopf pauses every peer that
+    shares one; the default is ``peering_priority_from()`` (older start = higher), so the replica
+    handling the clusters keeps them while another one starts. Peering only decides who handles;
+    the conditional epoch write (epochs.py) is what keeps two handlers from granting one epoch.
+    """
+    if controller.peering is None:
+        return
+    settings.peering.priority = (
+        controller.peering_priority if controller.peering_priority is not None else peering_priority_from()
+    )
+    settings.peering.lifetime = controller.peering_lifetime_seconds
+    logging.getLogger(__name__).info(
+        "peering %r: priority %d, lifetime %d s",
+        controller.peering,
+        settings.peering.priority,
+        settings.peering.lifetime,
+    )
 
 
 def _claims(
@@ -74,8 +101,9 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
     ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
 
     @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings)
+    def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+        # Startup handlers run before kopf starts its peering keep-alives and watches.
+        configure_kopf(settings, peering=context_from(memo).settings)
 
     @kopf.index(*RESOURCE, id="pair_claims", registry=registry)  # the id is the kwarg name handlers get
     def pair_claims(

@@ -12,7 +12,9 @@ in each BrokerCluster's spec.
 from __future__ import annotations
 
 import argparse
+import random
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +27,13 @@ class ControllerSettings:
     metrics_port: int = 9090  # 0: no metrics server
     liveness_endpoint: str | None = None  # kopf's health endpoint, e.g. http://0.0.0.0:8081/healthz
     peering: str | None = None  # kopf peering name; None = standalone. Not a fence (see epochs.py).
+    # kopf peering priority; the highest alive handles every cluster, the others stand by. None:
+    # derived from the start time (peering_priority_from), so the longest-running replica keeps
+    # handling and a restarted one stands by. Equal priorities make kopf pause *every* replica.
+    peering_priority: int | None = None
+    # How long a replica's peering record counts as alive without a keep-alive: a replica killed
+    # with -9 is taken over by the next one this long after its last keep-alive, at most.
+    peering_lifetime_seconds: int = 60
     reconcile_seconds: float = 10.0  # how often children are re-checked even without events
     # A new cluster's engine waits this long for every broker pod to be Ready before it starts
     # with those that have an IP (see daemon.may_start).
@@ -57,6 +66,18 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
     parser.add_argument("--liveness", default=env("OPERATOR_LIVENESS_ENDPOINT", "") or None)
     parser.add_argument("--peering", default=env("OPERATOR_PEERING", "") or None)
     parser.add_argument(
+        "--peering-priority",
+        type=int,
+        default=int(env("OPERATOR_PEERING_PRIORITY", "")) if env("OPERATOR_PEERING_PRIORITY", "") else None,
+        help="kopf peering priority (highest alive handles); default: older start = higher",
+    )
+    parser.add_argument(
+        "--peering-lifetime-seconds",
+        type=int,
+        default=int(env("OPERATOR_PEERING_LIFETIME_SECONDS", "60")),
+        help="a peer silent this long counts as dead and the next replica takes over",
+    )
+    parser.add_argument(
         "--reconcile-seconds", type=float, default=float(env("OPERATOR_RECONCILE_SECONDS", "10"))
     )
     parser.add_argument(
@@ -77,6 +98,9 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         parser.error(f"--metrics-port ({args.metrics_port}) must be 0..65535 (0 = no metrics server)")
     if args.reconcile_seconds <= 0:
         parser.error(f"--reconcile-seconds ({args.reconcile_seconds}) must be positive")
+    if args.peering_lifetime_seconds < 10:
+        # kopf sends a keep-alive 5-10 s before the record expires (at least every second).
+        parser.error(f"--peering-lifetime-seconds ({args.peering_lifetime_seconds}) must be at least 10")
     if args.token_recheck_seconds <= 0:
         parser.error(f"--token-recheck-seconds ({args.token_recheck_seconds}) must be positive")
     return ControllerSettings(
@@ -86,7 +110,24 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         metrics_port=args.metrics_port,
         liveness_endpoint=args.liveness,
         peering=args.peering,
+        peering_priority=args.peering_priority,
+        peering_lifetime_seconds=args.peering_lifetime_seconds,
         reconcile_seconds=args.reconcile_seconds,
         startup_grace_seconds=args.startup_grace_seconds,
         token_recheck_seconds=args.token_recheck_seconds,
     )
+
+
+def peering_priority_from(started: float | None = None, tie_break: int | None = None) -> int:
+    """A kopf peering priority that is higher the earlier this process started.
+
+    kopf lets only the highest-priority live peer handle resources, and pauses *all* peers that
+    share a priority, so replicas need distinct ones. Older-is-higher keeps the replica that is
+    handling the clusters in charge when another one (re)starts, instead of handing every cluster
+    over on each restart; a restarted container re-registers under its pod's identity with its new,
+    lower priority, which hands over at once. Milliseconds since the epoch, negated, times 1000
+    plus a random tie-break (0..999): two replicas starting in the same millisecond still differ.
+    """
+    started_ms = int((time.time() if started is None else started) * 1000)
+    tie = random.randrange(1000) if tie_break is None else tie_break
+    return -(started_ms * 1000 + tie)
