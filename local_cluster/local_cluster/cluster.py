@@ -273,12 +273,42 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
 # ---- the CLI (make cluster-up / cluster-down) ------------------------------------------
 
 
-def _read_state(workdir: Path) -> dict[str, object] | None:
+def read_state(workdir: Path) -> dict[str, object] | None:
+    """The running cluster's state file (supervisor pid, its children, kubeconfigs), if any."""
     try:
         state = json.loads((workdir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
+
+
+def stop_supervisor(
+    workdir: Path, state: dict[str, object], popen: subprocess.Popen[bytes] | None = None
+) -> list[int]:
+    """SIGTERM the supervisor, SIGKILL what is left of it and its children; the groups still alive.
+
+    ``popen``: the supervisor when this process started it; it must be reaped here, or its
+    zombie keeps the process group alive in the eyes of ``wait_group_gone``.
+    """
+    supervisor = int(str(state["supervisor"]))
+    kill_process_group(supervisor, signal.SIGTERM)
+    if popen is not None:
+        try:
+            popen.wait(timeout=45)
+        except subprocess.TimeoutExpired:
+            kill_process_group(supervisor, signal.SIGKILL)
+            popen.wait(timeout=30)
+    elif not wait_group_gone(supervisor, 45):
+        kill_process_group(supervisor, signal.SIGKILL)
+    # If the supervisor died without tearing down, its children are still ours to stop.
+    pids = state.get("pids")
+    groups = [int(pid) for pid in pids] if isinstance(pids, list) else []
+    for pid in groups:
+        kill_process_group(pid, signal.SIGKILL)
+    groups += sweep_pod_process_groups(workdir / "node")
+    (workdir / STATE_FILE).unlink(missing_ok=True)
+    # SIGKILL is not instant on a loaded machine: the groups still there after a grace.
+    return [pid for pid in [supervisor, *groups] if not wait_group_gone(pid, 15)]
 
 
 def _run_supervisor(workdir: Path, tools_dir: Path) -> int:
@@ -309,7 +339,7 @@ def _run_supervisor(workdir: Path, tools_dir: Path) -> int:
 
 def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
     workdir = workdir.resolve()
-    state = _read_state(workdir)
+    state = read_state(workdir)
     if state and process_group_alive(int(str(state["supervisor"]))):
         print(f"cluster already running (supervisor pid {state['supervisor']})", file=sys.stderr)
         print(f"export KUBECONFIG={state['kubeconfig']}")
@@ -350,7 +380,7 @@ def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
             start_new_session=True,
         )
     deadline = time.monotonic() + 120
-    while (state := _read_state(workdir)) is None:
+    while (state := read_state(workdir)) is None:
         if supervisor.poll() is not None or time.monotonic() > deadline:
             print(f"cluster did not start; see {workdir / 'supervisor.log'}:", file=sys.stderr)
             print((workdir / "supervisor.log").read_text(errors="replace")[-4000:], file=sys.stderr)
@@ -366,24 +396,12 @@ def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
 
 def _down(workdir: Path) -> int:
     workdir = workdir.resolve()
-    state = _read_state(workdir)
+    state = read_state(workdir)
     if state is None:
         print(f"no cluster running in {workdir}", file=sys.stderr)
         sweep_pod_process_groups(workdir / "node")
         return 0
-    supervisor = int(str(state["supervisor"]))
-    kill_process_group(supervisor, signal.SIGTERM)
-    if not wait_group_gone(supervisor, 30):
-        kill_process_group(supervisor, signal.SIGKILL)
-    # If the supervisor died without tearing down, its children are still ours to stop.
-    pids = state.get("pids")
-    groups = [int(pid) for pid in pids] if isinstance(pids, list) else []
-    for pid in groups:
-        kill_process_group(pid, signal.SIGKILL)
-    groups += sweep_pod_process_groups(workdir / "node")
-    # SIGKILL is not instant on a loaded machine: say "stopped" only once the groups are gone.
-    lingering = [pid for pid in [supervisor, *groups] if not wait_group_gone(pid, 15)]
-    (workdir / STATE_FILE).unlink(missing_ok=True)
+    lingering = stop_supervisor(workdir, state)
     if lingering:
         print(f"process groups still alive after SIGKILL: {lingering}", file=sys.stderr)
         return 1
@@ -393,7 +411,7 @@ def _down(workdir: Path) -> int:
 
 def _shell(workdir: Path, argv: Sequence[str]) -> int:
     """Run ``argv`` (default: an interactive shell) in the sealed cluster's network and mounts."""
-    state = _read_state(workdir.resolve())
+    state = read_state(workdir.resolve())
     if state is None or "nodeKubeconfig" not in state:
         print(f"no pod-network cluster running in {workdir}: run `make cluster-up`", file=sys.stderr)
         return 1

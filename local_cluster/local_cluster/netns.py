@@ -114,6 +114,7 @@ class PodAddressPool:
 
     def __init__(self, cidr: str = POD_CIDR, node_address: str = NODE_ADDRESS) -> None:
         network = ipaddress.ip_network(cidr)
+        self.cidr = cidr
         self.prefix = network.prefixlen
         self.free = [str(host) for host in network.hosts() if str(host) != node_address]
         self.owner: dict[str, str] = {}
@@ -121,7 +122,7 @@ class PodAddressPool:
     def allocate(self, uid: str) -> str:
         if uid not in self.owner:
             if not self.free:
-                raise PodNetworkError(f"pod CIDR {POD_CIDR} exhausted: delete pods first")
+                raise PodNetworkError(f"pod CIDR {self.cidr} exhausted: delete pods first")
             self.owner[uid] = self.free.pop(0)
         return self.owner[uid]
 

@@ -107,28 +107,6 @@ def apiserver_address(kubeconfig: Path) -> ApiServerAddress:
     )
 
 
-class PodAddressPool:
-    """127.x.y.2-254 for pod IPs; an address is reused only after its pod is gone."""
-
-    def __init__(self, subnet: str) -> None:
-        self.subnet = subnet
-        self.free = [f"{subnet}.{host}" for host in range(2, 255)]
-        self.owner: dict[str, str] = {}
-
-    def allocate(self, uid: str) -> str:
-        if uid in self.owner:
-            return self.owner[uid]
-        if not self.free:
-            raise RuntimeError(f"pod subnet {self.subnet}.0/24 exhausted: delete pods or use another subnet")
-        self.owner[uid] = self.free.pop(0)
-        return self.owner[uid]
-
-    def release(self, uid: str) -> None:
-        address = self.owner.pop(uid, None)
-        if address is not None:
-            self.free.append(address)
-
-
 def node_body(settings: NodeAgentSettings) -> client.V1Node:
     labels = {
         "kubernetes.io/hostname": settings.node_name,
@@ -181,8 +159,11 @@ class NodeAgent:
         self.api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
         self.core = client.CoreV1Api(self.api_client)
         self.apiserver = apiserver_address(settings.kubeconfig)
-        self.addresses: PodAddressPool | netns.PodAddressPool = (
-            netns.PodAddressPool() if settings.pod_network else PodAddressPool(settings.pod_subnet)
+        # Loopback mode: 127.x.y.2-254 (.1 stands for the node); pod-network mode: the bridge's /24.
+        self.addresses = (
+            netns.PodAddressPool()
+            if settings.pod_network
+            else netns.PodAddressPool(f"{settings.pod_subnet}.0/24", node_address=f"{settings.pod_subnet}.1")
         )
         self.context = PodRuntimeContext(
             images=ImageTable.load(settings.images_file),

@@ -41,13 +41,14 @@ from local_cluster.cluster import (
     STATE_FILE,
     ClusterAccess,
     LocalClusterSettings,
+    read_state,
     start_local_cluster,
-    sweep_pod_process_groups,
+    stop_supervisor,
 )
 from local_cluster.cluster_services import LoopbackForwarder
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.pki import ClientCertificate, write_kubeconfig
-from local_cluster.processes import kill_process_group, reap_on_exit, wait_group_gone
+from local_cluster.processes import kill_process_group, reap_on_exit
 
 T = TypeVar("T")
 HOST_KUBECONFIG = "admin.kubeconfig.host"
@@ -120,41 +121,6 @@ class SealedCluster(ClusterAccess):
         lingering = stop_supervisor(self.settings.workdir, self.state, self.supervisor)
         if lingering:
             raise RuntimeError(f"process groups of the sealed cluster still alive after SIGKILL: {lingering}")
-
-
-def stop_supervisor(
-    workdir: Path, state: dict[str, object], popen: subprocess.Popen[bytes] | None = None
-) -> list[int]:
-    """SIGTERM the supervisor, SIGKILL what is left of it and its children; the groups still alive.
-
-    ``popen``: the supervisor when this process started it; it must be reaped here, or its
-    zombie keeps the process group alive in the eyes of ``wait_group_gone``.
-    """
-    supervisor = int(str(state["supervisor"]))
-    kill_process_group(supervisor, signal.SIGTERM)
-    if popen is not None:
-        try:
-            popen.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            kill_process_group(supervisor, signal.SIGKILL)
-            popen.wait(timeout=30)
-    elif not wait_group_gone(supervisor, 45):
-        kill_process_group(supervisor, signal.SIGKILL)
-    pids = state.get("pids")
-    groups = [int(pid) for pid in pids] if isinstance(pids, list) else []
-    for pid in groups:
-        kill_process_group(pid, signal.SIGKILL)
-    groups += sweep_pod_process_groups(workdir / "node")
-    (workdir / STATE_FILE).unlink(missing_ok=True)
-    return [pid for pid in [supervisor, *groups] if not wait_group_gone(pid, 15)]
-
-
-def read_state(workdir: Path) -> dict[str, object] | None:
-    try:
-        state = json.loads((workdir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
 
 
 def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:

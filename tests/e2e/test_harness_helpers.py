@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from local_cluster.images import ImageNotMappedError, ImageTable, image_key
-from local_cluster.node_agent import PodAddressPool
+from local_cluster.netns import PodAddressPool
 from local_cluster.pod_runtime import describe_exit
 from local_cluster.pod_sandbox import (
     ApiServerAddress,
@@ -104,7 +104,7 @@ def test_describe_exit_reports_signals_as_128_plus_signal() -> None:
 
 
 def test_pod_address_pool_never_hands_out_an_address_twice() -> None:
-    pool = PodAddressPool("127.9.9")
+    pool = PodAddressPool("127.9.9.0/24", node_address="127.9.9.1")
     first = pool.allocate("uid-a")
     assert first == "127.9.9.2"
     assert pool.allocate("uid-a") == first  # idempotent per pod

@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,18 @@ def _phase(cluster: SealedCluster, namespace: str, name: str) -> str | None:
     return pod["status"].get("phase") if pod else None
 
 
+def _run_to_completion(cluster: SealedCluster, namespace: str, name: str, script: str) -> Any:
+    """Run ``script`` in a pod; it must succeed; its last output line, decoded as JSON."""
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=_python_pod(name, script))
+    phase = wait_for(
+        f"pod {name} to finish",
+        lambda: (p := _phase(cluster, namespace, name)) in ("Succeeded", "Failed") and p,
+    )
+    output = _pod_output(cluster, namespace, name)
+    assert phase == "Succeeded", output
+    return json.loads(output.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def namespace(sealed_cluster: SealedCluster) -> Iterator[str]:
     name = f"net-{uuid.uuid4().hex[:6]}"
@@ -170,21 +183,7 @@ def test_a_service_name_resolves_through_coredns_and_routes_through_kube_proxy(
             == 2
         ),
     )
-    sealed_cluster.kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=_python_pod("client", DNS_CLIENT.format(namespace=namespace)),
-    )
-    phase = wait_for(
-        "the client pod to finish",
-        lambda: (p := _phase(sealed_cluster, namespace, "client")) in ("Succeeded", "Failed") and p,
-    )
-    output = _pod_output(sealed_cluster, namespace, "client")
-    assert phase == "Succeeded", output
-    answer = json.loads(output.strip().splitlines()[-1])
+    answer = _run_to_completion(sealed_cluster, namespace, "client", DNS_CLIENT.format(namespace=namespace))
     assert answer["address"] == answer["full"] == cluster_ip
     assert answer["body"] in ("web-0", "web-1")
 
@@ -198,16 +197,7 @@ def test_a_service_name_resolves_through_coredns_and_routes_through_kube_proxy(
 
 
 def test_a_pod_uses_plain_in_cluster_config(sealed_cluster: SealedCluster, namespace: str) -> None:
-    sealed_cluster.kubectl(
-        "-n", namespace, "apply", "-f", "-", input=_python_pod("incluster", IN_CLUSTER_CLIENT)
-    )
-    phase = wait_for(
-        "the in-cluster client to finish",
-        lambda: (p := _phase(sealed_cluster, namespace, "incluster")) in ("Succeeded", "Failed") and p,
-    )
-    output = _pod_output(sealed_cluster, namespace, "incluster")
-    assert phase == "Succeeded", output
-    answer = json.loads(output.strip().splitlines()[-1])
+    answer = _run_to_completion(sealed_cluster, namespace, "incluster", IN_CLUSTER_CLIENT)
     assert answer["host"] == netns.KUBERNETES_SERVICE_IP
     assert answer["token"] is True
     assert answer["git"].startswith("v1.")
