@@ -8,7 +8,9 @@ A feeder adds 200 msg/s outbound (4 streams x 5 per 100 ms) for the whole run.
 
 Faults, in turn: kill -9 of the active broker, of the standby, SIGSTOP of the active (SIGCONT
 once another broker took over), a real network partition of the active (nftables drops both
-ways, healed after the failover) and of the standby, and kill -9 of the operator's container.
+ways, healed after the failover) and of the standby, and kill -9 of an operator container
+(``make soak`` runs two operator replicas with kopf peering, so about every other operator kill
+hits the replica handling the cluster and the other must take over; the short form runs one).
 After each fault the soak waits until it is recovered: the cluster Healthy with an active, both
 broker pods and the operator Ready, and the backend's confirmed count moving again.
 
@@ -21,8 +23,7 @@ message-log segments, and the checkers run:
   logs: lost, duplicate-delivery, out-of-order, gap and split-brain (overlapping active terms).
 
 Prints ``soak_faults=N``, ``soak_recovered=N`` and last ``soak_violations=N`` (violations of both
-checkers plus faults not recovered). Not yet among the faults (not built): an API server
-restart and a second operator replica.
+checkers plus faults not recovered). Not yet among the faults: an API server restart.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -95,12 +97,12 @@ def _container_group(relay: Relay, pod: str) -> int:
     return int(str(relay.pod(pod)["status"]["containerStatuses"][0]["containerID"]).removeprefix("local://"))
 
 
-def _operator_pod(relay: Relay) -> str:
+def _operator_pods(relay: Relay) -> list[str]:
     pods = relay.get("pods", "-l", "app.kubernetes.io/component=operator") or {}
-    names = [item["metadata"]["name"] for item in pods.get("items") or []]
+    names = sorted(str(item["metadata"]["name"]) for item in pods.get("items") or [])
     if not names:
         raise RelayError("no operator pod")
-    return str(names[0])
+    return names
 
 
 def _ready(relay: Relay, pod: str) -> bool:
@@ -122,7 +124,10 @@ def inject(relay: Relay, fault: str) -> None:
     elif fault == "kill-standby":
         relay.kill_9(standby)
     elif fault == "kill-operator":
-        os.killpg(_container_group(relay, _operator_pod(relay)), signal.SIGKILL)
+        # With two replicas, the one handling the cluster is the older one (kopf peering
+        # priority); picking either at random kills the handler about every other time.
+        victim = random.choice(_operator_pods(relay))
+        os.killpg(_container_group(relay, victim), signal.SIGKILL)
     elif fault == "stop-active":
         group = _container_group(relay, active)
         os.killpg(group, signal.SIGSTOP)
@@ -155,7 +160,7 @@ def wait_recovered(relay: Relay) -> None:
         return (
             status.get("phase") == "Healthy"
             and bool(status.get("active"))
-            and all(_ready(relay, pod) for pod in (*BROKERS, _operator_pod(relay)))
+            and all(_ready(relay, pod) for pod in (*BROKERS, *_operator_pods(relay)))
             and int(relay.backend("/sim/status")["confirmed"]) > confirmed
         )
 
@@ -220,12 +225,22 @@ class SoakResult:
 
 
 def run_soak(
-    cluster: SealedCluster, faults: int, report_dir: Path, say: Callable[[str], None] = print
+    cluster: SealedCluster,
+    faults: int,
+    report_dir: Path,
+    say: Callable[[str], None] = print,
+    operator_replicas: int = 1,
 ) -> SoakResult:
     namespace = f"soak-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
+    values = {"operator.replicas": str(operator_replicas), "operator.peering": "soak"}
     relay = deploy_relay(
-        cluster, namespace, streams=STREAMS, messages_per_stream=10, request_timeout_seconds=2
+        cluster,
+        namespace,
+        streams=STREAMS,
+        messages_per_stream=10,
+        request_timeout_seconds=2,
+        helm_values=values if operator_replicas > 1 else None,
     )
     feeder = Feeder(relay).start()
     relay.backend("/sim/start", {})
@@ -270,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--faults", type=int, default=200)
     parser.add_argument("--report-dir", type=Path, default=Path(".cache/soak/report"))
+    parser.add_argument(
+        "--operator-replicas",
+        type=int,
+        default=2,
+        help="2: kopf peering; operator kills then hit the handler too",
+    )
     options = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -280,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = run_soak(
-            cluster, options.faults, options.report_dir.resolve(), lambda line: print(line, flush=True)
+            cluster,
+            options.faults,
+            options.report_dir.resolve(),
+            lambda line: print(line, flush=True),
+            operator_replicas=options.operator_replicas,
         )
     finally:
         cluster.stop()
