@@ -12,7 +12,8 @@ ways, healed after the failover) and of the standby, and kill -9 of an operator 
 (``make soak`` runs two operator replicas with kopf peering, so about every other operator kill
 hits the replica handling the cluster and the other must take over; the short form runs one).
 After each fault the soak waits until it is recovered: the cluster Healthy with an active, both
-broker pods and the operator Ready, and the backend's confirmed count moving again.
+broker pods and the operators Ready, the backend's confirmed count moving again, and an operator
+heartbeating brokers again (its ``broker_failover_heartbeats_total`` grew since the fault).
 
 At the end traffic stops, everything is confirmed both ways, the brokers close their
 message-log segments, and the checkers run:
@@ -152,8 +153,43 @@ def inject(relay: Relay, fault: str) -> None:
         raise ValueError(f"unknown fault {fault!r}")
 
 
+def _operator_heartbeats(relay: Relay) -> dict[str, float]:
+    """Heartbeats each operator container made so far (its /metrics), by pod uid and restart count."""
+    counts = {}
+    for name in _operator_pods(relay):
+        pod = relay.pod(name)
+        ip = pod["status"].get("podIP")
+        restarts = (pod["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
+        key = f"{pod['metadata']['uid']}/{restarts}"
+
+        def scrape(address: str = str(ip)) -> str:
+            with urllib.request.urlopen(f"http://{address}:9090/metrics", timeout=2) as reply:
+                return str(reply.read().decode())
+
+        try:
+            text = relay.cluster.call_in_network(scrape)
+        except OSError:
+            continue
+        counts[key] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("broker_failover_heartbeats_total{")
+        )
+    return counts
+
+
 def wait_recovered(relay: Relay) -> None:
+    """Healthy, every pod Ready, traffic confirmed again, and an operator heartbeating brokers.
+
+    The last one matters after an operator kill: status stays Healthy and the brokers keep
+    relaying while no operator runs, so only heartbeats made since show one is back at work.
+    """
     confirmed = int(relay.backend("/sim/status")["confirmed"])
+    baseline = _operator_heartbeats(relay)
+
+    def operator_working() -> bool:
+        now = _operator_heartbeats(relay)
+        return any(count > baseline.get(key, 0.0) for key, count in now.items())
 
     def recovered() -> bool:
         status = relay.status()
@@ -162,6 +198,7 @@ def wait_recovered(relay: Relay) -> None:
             and bool(status.get("active"))
             and all(_ready(relay, pod) for pod in (*BROKERS, *_operator_pods(relay)))
             and int(relay.backend("/sim/status")["confirmed"]) > confirmed
+            and operator_working()
         )
 
     wait_until(
