@@ -313,7 +313,12 @@ def plot(rounds: list[Round], path: Path) -> None:
             points = [(x, y) for y, x in enumerate(xs) if x is not None]
             if points:
                 axis.scatter(
-                    [p[0] for p in points], [p[1] for p in points], s=14, label=hop, zorder=3 + hop_index
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    s=14,
+                    label=hop,
+                    color=f"C{hop_index}",  # one colour per hop in both panels
+                    zorder=3 + hop_index,
                 )
         axis.set_title(f"{kind}: when each hop was observed after the fault (one row per round)")
         axis.set_xlabel("ms after the fault")
