@@ -266,10 +266,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
         relay.cluster.heal_pod(uid)
 
     def recovered() -> bool:
-        pod = relay.pod(victim)
-        conditions = pod["status"].get("conditions") or []
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-        return ready and relay.status().get("phase") == "Healthy"
+        return relay.pod_ready(victim) and relay.status().get("phase") == "Healthy"
 
     wait_until("the broken broker Ready again and the cluster Healthy", recovered, 120, 0.2)
     wait_until(

@@ -51,7 +51,9 @@ from local_cluster.relay import (
     MESSAGE_LOG_CLAIM,
     SIM_PORT,
     Relay,
+    RelayError,
     simulator_objects,
+    wait_until,
 )
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
@@ -77,15 +79,11 @@ def note(text: str) -> None:
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    """Poll ``probe`` until truthy; bounded, and the error names what was awaited."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise DemoError(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {last!r})")
+    """Poll ``probe`` until truthy (``relay.wait_until``); a timeout is this demo's DemoError."""
+    try:
+        return wait_until(what, probe, timeout, interval)
+    except RelayError as error:
+        raise DemoError(str(error)) from error
 
 
 # ---- the pieces -------------------------------------------------------------------------

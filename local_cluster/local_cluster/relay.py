@@ -110,6 +110,10 @@ class Relay:
             raise RelayError(f"pod {self.namespace}/{name} not found")
         return dict(pod)
 
+    def pod_ready(self, name: str) -> bool:
+        conditions = ((self.get("pod", name) or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
     def kill_9(self, pod_name: str) -> None:
         """SIGKILL the pod's container process group, as a node crash or an OOM kill would."""
         container = self.pod(pod_name)["status"]["containerStatuses"][0]["containerID"]
@@ -205,16 +209,12 @@ def deploy_relay(
     kubectl("apply", "-f", str(EXAMPLE))
     relay = Relay(cluster, namespace, release, backend_url="", cloud_url="")
 
-    def ready(name: str) -> bool:
-        conditions = ((relay.get("pod", name) or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
     wait_until(
         "the BrokerCluster Healthy with an active broker",
         lambda: (s := relay.status()).get("phase") == "Healthy" and s.get("active"),
         240,
     )
-    wait_until("both simulators ready", lambda: ready("cloud") and ready("backend"), 120)
+    wait_until("both simulators ready", lambda: relay.pod_ready("cloud") and relay.pod_ready("backend"), 120)
     for name in ("backend", "cloud"):
         ip = relay.get("service", name)["spec"]["clusterIP"]
         setattr(relay, f"{name}_url", f"http://{ip}:{SIM_PORT}")

@@ -106,11 +106,6 @@ def _operator_pods(relay: Relay) -> list[str]:
     return names
 
 
-def _ready(relay: Relay, pod: str) -> bool:
-    conditions = ((relay.get("pod", pod) or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def _failed_over(relay: Relay, away_from: str) -> Callable[[], bool]:
     return lambda: relay.status().get("active") not in (None, away_from)
 
@@ -196,7 +191,7 @@ def wait_recovered(relay: Relay) -> None:
         return (
             status.get("phase") == "Healthy"
             and bool(status.get("active"))
-            and all(_ready(relay, pod) for pod in (*BROKERS, *_operator_pods(relay)))
+            and all(relay.pod_ready(pod) for pod in (*BROKERS, *_operator_pods(relay)))
             and int(relay.backend("/sim/status")["confirmed"]) > confirmed
             and operator_working()
         )
