@@ -238,6 +238,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
     other = next(name for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1") if name != victim)
     other_ip = relay.pod(other)["status"]["podIP"]
     uid = relay.pod(victim)["metadata"]["uid"]
+    before = relay.backend("/sim/status")
     t0 = now_ms()
     if kind == "crash":
         relay.kill_9(victim)
@@ -247,6 +248,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
     accepted = wait_until(
         "a bundle accepted by the new active", lambda: first_accepted_after(obs, other, t0), 60, 0.05
     )
+    after = relay.backend("/sim/status")
     slice_at = wait_until(
         "the -active EndpointSlice on the new pod",
         lambda: obs.first(obs.slices, t0, lambda a: a == (other_ip,)),
@@ -284,10 +286,24 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
     end = result.hops["accepted"]
     print(
         f"  [{index}/{total}] {kind:9} {victim}: first accepted after {end:.0f} ms; "
-        f"lost {lost}, twice {twice}, out of order {misordered}",
+        f"lost {lost}, twice {twice}, out of order {misordered}; backend until then: "
+        f"{_backend_retries(before, after)}",
         flush=True,
     )
     return result
+
+
+def _backend_retries(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What the backend simulator's lanes went through between the fault and the first acceptance:
+    the failures it saw by kind, its backoff waits and its retries after a timeout."""
+    faults = {
+        name: count - int(before["faults"].get(name, 0))
+        for name, count in after["faults"].items()
+        if count > int(before["faults"].get(name, 0))
+    }
+    waited = float(after["backoffSeconds"]) - float(before["backoffSeconds"])
+    retries = int(after["timeoutRetries"]) - int(before["timeoutRetries"])
+    return f"faults {faults or 'none'}, backoff {waited * 1000:.0f} ms, timeout retries {retries}"
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -35,6 +35,7 @@ from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.shell import KubernetesClusterShell
+from broker_operator.controller.spec import SpecError, parse_spec
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import (
     BrokerTarget,
@@ -178,6 +179,16 @@ INVALID = [
         {"heartbeat": {"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3}},
         "spec.heartbeat.leaseSeconds (2) must exceed intervalSeconds × failureThreshold (3)",  # noqa: RUF001
     ),
+    (
+        {"heartbeat": {"leaseSeconds": 0.4, "intervalSeconds": 0.2, "timeoutSeconds": 0.2}},
+        "spec.heartbeat.leaseSeconds (0.4) must exceed intervalSeconds × failureThreshold (0.4)",  # noqa: RUF001
+    ),
+    (
+        {"heartbeat": {"intervalSeconds": 0.2, "timeoutSeconds": 0.25, "leaseSeconds": 2}},
+        "spec.heartbeat.timeoutSeconds (0.25) must not exceed intervalSeconds (0.2)",
+    ),
+    ({"heartbeat": {"intervalSeconds": 0.05}}, "spec.heartbeat.intervalSeconds"),
+    ({"heartbeat": {"leaseSeconds": True}}, "spec.heartbeat.leaseSeconds"),
     ({"heartbeat": {"failureThreshold": 0}}, "spec.heartbeat.failureThreshold"),
     (
         {"replicas": 2, "endpoints": [{"name": "a", "url": "http://10.0.0.1:8080/soap", "priority": 0}]},
@@ -218,6 +229,40 @@ def test_invalid_manifests_are_refused_naming_the_field(
     assert result.returncode != 0, f"accepted: {spec}"
     assert message in result.stderr, result.stderr
     assert get_json(kube_cluster, namespace, "bc", "invalid") is None
+
+
+def test_decimal_heartbeat_seconds_are_accepted_and_kept(kube_cluster: LocalCluster, namespace: str) -> None:
+    # Sub-second heartbeats (the failover benchmark's settings) on a real API server.
+    heartbeat = {"intervalSeconds": 0.2, "timeoutSeconds": 0.2, "failureThreshold": 2, "leaseSeconds": 2.5}
+    created = apply(kube_cluster, namespace, broker_cluster("decimal", replicas=1, heartbeat=heartbeat))
+    assert created.returncode == 0, created.stderr
+    stored = get_json(kube_cluster, namespace, "bc", "decimal")["spec"]
+    assert stored["heartbeat"] == {**heartbeat, "standbyProbeSeconds": 10}
+    settings = parse_spec("decimal", stored).heartbeat
+    assert (settings.interval_seconds, settings.timeout_seconds, settings.lease_seconds) == (0.2, 0.2, 2.5)
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "decimal", "--wait=false")
+
+
+@pytest.mark.parametrize(
+    "heartbeat",
+    [
+        # 0.1 * 3 is 0.30000000000000004 in doubles: CEL writes it so, and so must Python.
+        {"intervalSeconds": 0.1, "timeoutSeconds": 0.1, "failureThreshold": 3, "leaseSeconds": 0.3},
+        {"intervalSeconds": 0.5, "timeoutSeconds": 0.5, "failureThreshold": 3, "leaseSeconds": 1.5},
+        {"intervalSeconds": 2, "timeoutSeconds": 2.5, "leaseSeconds": 9},
+        {"intervalSeconds": 1, "failureThreshold": 3, "leaseSeconds": 2},
+    ],
+)
+def test_the_api_server_refuses_decimals_with_the_python_parsers_words(
+    kube_cluster: LocalCluster, namespace: str, heartbeat: dict[str, Any]
+) -> None:
+    with pytest.raises(SpecError) as parsed:
+        parse_spec("refused", {"account": "acme", "company": "1000", "heartbeat": heartbeat})
+    (problem,) = parsed.value.problems
+    result = apply(kube_cluster, namespace, broker_cluster("refused", heartbeat=heartbeat))
+    assert result.returncode != 0, f"accepted: {heartbeat}"
+    assert problem in result.stderr, result.stderr
+    assert get_json(kube_cluster, namespace, "bc", "refused") is None
 
 
 def test_account_is_immutable(kube_cluster: LocalCluster, namespace: str) -> None:

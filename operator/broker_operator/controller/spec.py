@@ -11,7 +11,8 @@ the value, like the CEL ``messageExpression``s do.
 Every default, range and enum comes from ``core/spec_fields.py``, the Python
 transcription of the CRD that ``tests/unit/controller/test_crd.py`` checks
 against it; the heartbeat and failback fields are parsed by the engine's own
-``HeartbeatSettings.from_spec`` (whole seconds, as the CRD), so there is one
+``HeartbeatSettings.from_spec`` (with the CRD's types and bounds: decimal
+seconds for the interval, timeout and lease), so there is one
 parser of them, and ``ClusterSpec.heartbeat`` is what it returned.
 
 This module reads and checks; it does not talk to Kubernetes and does not
@@ -143,8 +144,8 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
     replicas = 0 if endpoints else fields.REPLICAS.read(spec, problems, fields.DEFAULT_REPLICAS)
 
     try:
-        # The one parser of the heartbeat fields, shared with the engine; whole seconds, as the CRD.
-        heartbeat = HeartbeatSettings.from_spec(spec, whole_seconds=True)
+        # The one parser of the heartbeat fields, shared with the engine; the CRD's types and bounds.
+        heartbeat = HeartbeatSettings.from_spec(spec, crd_bounds=True)
     except SettingsError as error:
         problems += error.problems
         heartbeat = HeartbeatSettings()

@@ -16,8 +16,10 @@ This module does no I/O and knows nothing of Kubernetes, zeep or asyncio.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -31,6 +33,7 @@ from broker_operator.core.spec_fields import (
     LEASE,
     STANDBY_PROBE,
     IntegerField,
+    NumberField,
 )
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "HeartbeatSettings",
     "PodFacts",
     "SettingsError",
+    "cel_number",
 ]
 
 
@@ -78,24 +82,43 @@ class PodFacts:
 
 
 def _duration(
-    section: Mapping[str, Any], field: IntegerField, problems: list[str], *, whole_seconds: bool
+    section: Mapping[str, Any], field: IntegerField | NumberField, problems: list[str], *, crd_bounds: bool
 ) -> float:
-    """A duration field: whole seconds within the CRD's bounds, or with ``whole_seconds=False`` any
-    number of seconds up to the maximum (above 0 where the CRD's minimum is 1)."""
-    if not field.seconds:
+    """A duration field: within the CRD's type and bounds (decimal seconds for a ``NumberField``, whole
+    seconds for an ``IntegerField``), or with ``crd_bounds=False`` any number of seconds up to the
+    maximum (above 0 where the CRD's minimum is above 0)."""
+    if isinstance(field, IntegerField) and not field.seconds:
         return field.read(section, problems)
     value = section.get(field.name, field.default)
-    if whole_seconds or isinstance(value, bool) or not isinstance(value, int | float):
-        return field.read(section, problems)
+    if crd_bounds or isinstance(value, bool) or not isinstance(value, int | float):
+        return float(field.read(section, problems))
     low_ok = value > 0 if field.minimum > 0 else value >= field.minimum
     if not low_ok or value > field.maximum:
-        above = "above 0" if field.minimum > 0 else f"at least {field.minimum}"
+        above = "above 0" if field.minimum > 0 else f"at least {field.minimum:g}"
         problems.append(
             f"{field.parent}.{field.name} ({value!r}) must be a number of seconds {above} "
-            f"and at most {field.maximum}"
+            f"and at most {field.maximum:g}"
         )
         return float(field.default or 0)
     return float(value)
+
+
+def cel_number(value: float) -> str:
+    """``value`` as the CRD's CEL messages write a number (``'%s'.format([double])``, Go's ``%g``).
+
+    The shortest digits that read back as the same float, so 1.0 is "1", 0.2 is "0.2" and 0.1 * 3 is
+    "0.30000000000000004" (Python's ``:g`` would round it to six digits); exponent form below 1e-4 and
+    from 1e6 ("1e+06"). The parsers' messages use it so that they equal the API server's.
+    """
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    shortest = Decimal(repr(float(value))).normalize()  # repr: the shortest round-tripping digits
+    exponent = shortest.adjusted()
+    if -4 <= exponent < 6:
+        return f"{shortest:f}"
+    sign, digits, _ = shortest.as_tuple()
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{exponent:+03d}"
 
 
 @dataclass(frozen=True)
@@ -104,8 +127,8 @@ class HeartbeatSettings:
 
     The one typed view of ``spec.heartbeat``, ``spec.failback`` and ``spec.failbackStableSeconds``:
     the controller's ``ClusterSpec`` carries one, built by :meth:`from_spec`, the only parser of
-    those fields. Durations are floats so that the benchmarks and tests can run the same rules
-    faster than the CRD's whole-second minimum allows.
+    those fields. Durations are floats: the CRD takes decimal seconds for the interval, timeout and
+    lease (down to 0.1), and the local runner fractions for every duration.
     """
 
     interval_seconds: float = float(HEARTBEAT_INTERVAL.default or 0)
@@ -136,26 +159,27 @@ class HeartbeatSettings:
             raise SettingsError(problems)
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], *, whole_seconds: bool = False) -> HeartbeatSettings:
+    def from_spec(cls, spec: Mapping[str, Any], *, crd_bounds: bool = False) -> HeartbeatSettings:
         """Settings from a BrokerCluster ``spec``; raise ``SettingsError`` naming every bad field.
 
         Defaults, ranges and choices are the CRD's (``spec_fields``), and so are the two rules
-        between fields, with the CEL rules' messages. ``whole_seconds=True`` (the controller,
-        through ``parse_spec``) takes durations as the CRD does, whole seconds; without it (the
-        local runner, whose manifests no API server checks) a duration may be any number of seconds
-        above 0, so that the demo and tests run the same rules faster.
+        between fields, with the CEL rules' messages. ``crd_bounds=True`` (the controller, through
+        ``parse_spec``) takes durations as the CRD does: intervalSeconds, timeoutSeconds and
+        leaseSeconds decimal seconds from 0.1, standbyProbeSeconds and failbackStableSeconds whole
+        seconds; without it (the local runner, whose manifests no API server checks) a duration may
+        be any number of seconds above 0, so that the demo and tests run the same rules faster.
         """
         problems: list[str] = []
         heartbeat = spec.get("heartbeat") or {}
         if not isinstance(heartbeat, Mapping):
             problems.append(f"spec.heartbeat must be an object, got {heartbeat!r}")
             heartbeat = {}
-        interval = _duration(heartbeat, HEARTBEAT_INTERVAL, problems, whole_seconds=whole_seconds)
-        timeout = _duration(heartbeat, HEARTBEAT_TIMEOUT, problems, whole_seconds=whole_seconds)
+        interval = _duration(heartbeat, HEARTBEAT_INTERVAL, problems, crd_bounds=crd_bounds)
+        timeout = _duration(heartbeat, HEARTBEAT_TIMEOUT, problems, crd_bounds=crd_bounds)
         threshold = FAILURE_THRESHOLD.read(heartbeat, problems)
-        lease = _duration(heartbeat, LEASE, problems, whole_seconds=whole_seconds)
-        probe = _duration(heartbeat, STANDBY_PROBE, problems, whole_seconds=whole_seconds)
-        stable = _duration(spec, FAILBACK_STABLE, problems, whole_seconds=whole_seconds)
+        lease = _duration(heartbeat, LEASE, problems, crd_bounds=crd_bounds)
+        probe = _duration(heartbeat, STANDBY_PROBE, problems, crd_bounds=crd_bounds)
+        stable = _duration(spec, FAILBACK_STABLE, problems, crd_bounds=crd_bounds)
         problems += _rule_problems(interval, timeout, threshold, lease)
         failback = FAILBACK.read(spec, problems)
         if problems:
@@ -178,18 +202,20 @@ class HeartbeatSettings:
 
 
 def _rule_problems(interval: float, timeout: float, threshold: int, lease: float) -> list[str]:
-    """The rules between heartbeat fields, worded as the CRD's CEL rules word them."""
+    """The rules between heartbeat fields, worded as the CRD's CEL rules word them (numbers as CEL's
+    ``%s`` writes a double: ``cel_number``)."""
     problems = []
     # A lease that runs out before the operator has even declared the active failed would let a
     # healthy active fence itself between two heartbeats, during the blips it is meant to ride out.
     if lease <= interval * threshold:
         problems.append(
-            f"spec.heartbeat.leaseSeconds ({lease:g}) must exceed intervalSeconds × failureThreshold "  # noqa: RUF001
-            f"({interval * threshold:g})"
+            f"spec.heartbeat.leaseSeconds ({cel_number(lease)}) must exceed intervalSeconds × "  # noqa: RUF001
+            f"failureThreshold ({cel_number(interval * threshold)})"
         )
     # A reply awaited longer than the interval would overlap the next heartbeat.
     if timeout > interval:
         problems.append(
-            f"spec.heartbeat.timeoutSeconds ({timeout:g}) must not exceed intervalSeconds ({interval:g})"
+            f"spec.heartbeat.timeoutSeconds ({cel_number(timeout)}) must not exceed intervalSeconds "
+            f"({cel_number(interval)})"
         )
     return problems

@@ -9,7 +9,9 @@ openAPI schema in both directions, so a field added, re-defaulted or re-bounded 
 not the other fails the tests.
 
 Each constrained field also reads itself out of a spec section (``read``), so that a range is
-checked, and its message worded, the same way by both parsers.
+checked, and its message worded, the same way by both parsers. A field is an ``IntegerField``
+(``type: integer``), a ``NumberField`` (``type: number``: the heartbeat durations, which take
+decimal seconds such as 0.2), a ``ChoiceField`` (an enum) or a ``TextField``.
 
 What it does not hold: the cross-field rules (lease longer than interval times failureThreshold, and
 so on), which are code in the parsers and CEL in the CRD, checked against each other by the same
@@ -26,7 +28,8 @@ from typing import Any, Final
 
 @dataclass(frozen=True)
 class IntegerField:
-    """An integer field; ``seconds`` marks a duration (the local runner may give it in fractions)."""
+    """An integer field; ``seconds`` marks a duration (the local runner may give it in fractions,
+    though the CRD wants whole seconds)."""
 
     path: str  # dotted, below ``spec``: "heartbeat.intervalSeconds"; "[]" marks a list's items
     minimum: int
@@ -57,6 +60,36 @@ class IntegerField:
             problems.append(f"{parent or self.parent}.{self.name} ({value!r}) must be an integer {bounds}")
             return fallback or 0
         return value
+
+
+@dataclass(frozen=True)
+class NumberField:
+    """A decimal field (``type: number``), read as a float: a duration in seconds, such as 0.2."""
+
+    path: str
+    minimum: float
+    maximum: float
+    default: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
+
+    def read(self, section: Mapping[str, Any], problems: list[str]) -> float:
+        """The field's value in ``section`` as a float (an integer is a number too), or its default; a
+        value of another type or out of bounds is added to ``problems`` and the default returned."""
+        value = section.get(self.name, self.default)
+        # bool is an int in Python; `true` is never a number of seconds.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not self.minimum <= value <= self.maximum:
+            bounds = f"from {self.minimum:g} to {self.maximum:g}"
+            problems.append(f"{self.parent}.{self.name} ({value!r}) must be a number {bounds}")
+            return float(self.default or 0)
+        return float(value)
 
 
 @dataclass(frozen=True)
@@ -114,10 +147,11 @@ CLOUD_URL_KEY: Final = TextField("cloud.urlSecretRef.key", "url")
 TOKEN_KEY: Final = TextField("auth.tokenSecretRef.key", "token")
 BACKEND_TOKEN_KEY: Final = TextField("auth.backendTokenSecretRef.key", "token")
 
-HEARTBEAT_INTERVAL: Final = IntegerField("heartbeat.intervalSeconds", 1, 60, 1, seconds=True)
-HEARTBEAT_TIMEOUT: Final = IntegerField("heartbeat.timeoutSeconds", 1, 60, 1, seconds=True)
+# Decimal seconds: sub-second heartbeats (interval 0.2, lease 2) fail over within a few seconds.
+HEARTBEAT_INTERVAL: Final = NumberField("heartbeat.intervalSeconds", 0.1, 60, 1)
+HEARTBEAT_TIMEOUT: Final = NumberField("heartbeat.timeoutSeconds", 0.1, 60, 1)
 FAILURE_THRESHOLD: Final = IntegerField("heartbeat.failureThreshold", 1, 100, 2)
-LEASE: Final = IntegerField("heartbeat.leaseSeconds", 1, 3600, 5, seconds=True)
+LEASE: Final = NumberField("heartbeat.leaseSeconds", 0.1, 3600, 5)
 STANDBY_PROBE: Final = IntegerField("heartbeat.standbyProbeSeconds", 0, 3600, 10, seconds=True)
 FAILBACK: Final = ChoiceField("failback", ("Automatic", "Manual"), "Automatic")
 FAILBACK_STABLE: Final = IntegerField("failbackStableSeconds", 0, 86400, 30, seconds=True)
@@ -129,7 +163,7 @@ MESSAGE_LOG_MOUNT: Final = TextField("messageLog.mountPath", "/var/lib/broker/me
 # cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
 MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
 
-FIELDS: Final[tuple[IntegerField | ChoiceField | TextField, ...]] = (
+FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField, ...]] = (
     REPLICAS,
     ENDPOINT_PRIORITY,
     IMAGE,

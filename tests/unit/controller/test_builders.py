@@ -18,6 +18,21 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
 
 
+def test_a_decimal_lease_reaches_the_broker_with_every_digit() -> None:
+    spec = parse_spec(
+        "orders",
+        {
+            "account": "acme",
+            "company": "1000",
+            "heartbeat": {"intervalSeconds": 0.2, "timeoutSeconds": 0.2, "leaseSeconds": 1234.5678},
+            "backend": {"url": "https://erp.example"},
+            "cloud": {"url": "https://cloud.example/api"},
+        },
+    )
+    env = env_of(builders.build_pod(OWNER, 0, spec, active=False))
+    assert float(env["BROKER_LEASE_SECONDS"]) == 1234.5678, env["BROKER_LEASE_SECONDS"]
+
+
 def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     spec = parse_spec(
         "orders",

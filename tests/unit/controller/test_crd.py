@@ -180,9 +180,12 @@ def crd_leaves(schema: dict[str, Any], path: str = "") -> dict[str, dict[str, An
 CONSTRAINTS = ("type", "default", "minimum", "maximum", "enum")
 
 
-def constraints_of(field: fields.IntegerField | fields.ChoiceField | fields.TextField) -> dict[str, Any]:
-    if isinstance(field, fields.IntegerField):
-        found: dict[str, Any] = {"type": "integer", "minimum": field.minimum, "maximum": field.maximum}
+def constraints_of(
+    field: fields.IntegerField | fields.NumberField | fields.ChoiceField | fields.TextField,
+) -> dict[str, Any]:
+    if isinstance(field, fields.IntegerField | fields.NumberField):
+        kind = "integer" if isinstance(field, fields.IntegerField) else "number"
+        found: dict[str, Any] = {"type": kind, "minimum": field.minimum, "maximum": field.maximum}
         return found if field.default is None else {**found, "default": field.default}
     if isinstance(field, fields.ChoiceField):
         return {"type": "string", "enum": list(field.choices), "default": field.default}
@@ -199,6 +202,33 @@ def test_spec_fields_state_exactly_the_crds_defaults_bounds_and_choices() -> Non
     }
     in_python = {field.path: constraints_of(field) for field in fields.FIELDS}
     assert in_python == in_crd
+
+
+def test_the_heartbeat_durations_are_decimal_seconds_in_both() -> None:
+    # Sub-second heartbeats on Kubernetes: the CRD says `number` (integers stay valid JSON numbers),
+    # and the parsers read these three as floats; the other durations stay whole seconds.
+    heartbeat = spec_schema()["properties"]["heartbeat"]["properties"]
+    decimal = {"intervalSeconds", "timeoutSeconds", "leaseSeconds"}
+    assert {name for name, sub in heartbeat.items() if sub["type"] == "number"} == decimal
+    assert {f.path for f in fields.FIELDS if isinstance(f, fields.NumberField)} == {
+        f"heartbeat.{name}" for name in decimal
+    }
+    for name in decimal:
+        assert "decimals allowed" in heartbeat[name]["description"].lower(), name
+    assert spec_schema()["properties"]["failbackStableSeconds"]["type"] == "integer"
+    assert heartbeat["standbyProbeSeconds"]["type"] == heartbeat["failureThreshold"]["type"] == "integer"
+
+
+def test_the_heartbeat_rules_multiply_no_double_by_an_int_and_format_doubles() -> None:
+    # A `number` field is a CEL double even when written 1: `double * int` does not compile, and
+    # `%d` of a double fails at run time, so a decimal manifest would get no message at all.
+    rules = spec_schema()["properties"]["heartbeat"]["x-kubernetes-validations"]
+    lease, timeout = rules
+    assert "self.intervalSeconds * double(self.failureThreshold)" in lease["rule"]
+    assert "self.intervalSeconds * double(self.failureThreshold)" in lease["messageExpression"]
+    for rule in rules:
+        assert "%d" not in rule["messageExpression"] and rule["messageExpression"].count("%s") == 2
+    assert timeout["rule"] == "self.timeoutSeconds <= self.intervalSeconds"
 
 
 def test_object_defaults_spell_out_the_nested_defaults() -> None:
@@ -261,7 +291,7 @@ def sample_value(schema: dict[str, Any]) -> Any:
         return {"cpu": "1"}  # additionalProperties: requests, limits
     if schema.get("type") == "array":
         return [sample_value(schema["items"])]
-    return schema.get("minimum", 1) if schema.get("type") == "integer" else "x"
+    return schema.get("minimum", 1) if schema.get("type") in ("integer", "number") else "x"
 
 
 def test_the_operator_reads_every_field_the_crd_declares() -> None:

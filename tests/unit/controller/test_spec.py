@@ -56,6 +56,18 @@ def test_the_backends_credential_is_a_secret_of_its_own() -> None:
     assert spec.token_ref("orders") == SecretRef("orders-broker-token", "token")
 
 
+def test_sub_second_heartbeats_are_read_as_decimal_seconds() -> None:
+    # The failover benchmark's settings on Kubernetes; before, only whole seconds were accepted.
+    heartbeat = {"intervalSeconds": 0.2, "timeoutSeconds": 0.2, "failureThreshold": 2, "leaseSeconds": 2.5}
+    settings = parse_spec("orders", minimal(heartbeat=heartbeat)).heartbeat
+    assert (settings.interval_seconds, settings.timeout_seconds) == (0.2, 0.2)
+    assert (settings.failure_threshold, settings.lease_seconds) == (2, 2.5)
+    assert isinstance(settings.lease_seconds, float)
+    # Whole numbers stay valid, so existing manifests keep working.
+    whole = parse_spec("orders", minimal(heartbeat={"intervalSeconds": 2, "leaseSeconds": 9})).heartbeat
+    assert (whole.interval_seconds, whole.lease_seconds) == (2.0, 9.0)
+
+
 def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
     spec = parse_spec(
         "ext",
@@ -78,6 +90,20 @@ def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
             minimal(heartbeat={"leaseSeconds": 2, "intervalSeconds": 1, "failureThreshold": 3}),
             "spec.heartbeat.leaseSeconds (2) must exceed intervalSeconds × failureThreshold (3)",  # noqa: RUF001
         ),
+        (
+            minimal(heartbeat={"leaseSeconds": 0.4, "intervalSeconds": 0.2, "timeoutSeconds": 0.2}),
+            "spec.heartbeat.leaseSeconds (0.4) must exceed intervalSeconds × failureThreshold (0.4)",  # noqa: RUF001
+        ),
+        (
+            minimal(heartbeat={"intervalSeconds": 0.05, "timeoutSeconds": 0.05, "leaseSeconds": 2}),
+            "spec.heartbeat.intervalSeconds (0.05) must be a number from 0.1 to 60",
+        ),
+        (
+            minimal(heartbeat={"intervalSeconds": True}),
+            "spec.heartbeat.intervalSeconds (True) must be a number",
+        ),
+        (minimal(heartbeat={"leaseSeconds": "2.5"}), "spec.heartbeat.leaseSeconds ('2.5') must be a number"),
+        (minimal(failbackStableSeconds=1.5), "spec.failbackStableSeconds (1.5) must be an integer from 0"),
         (minimal(heartbeat={"failureThreshold": 0}), "spec.heartbeat.failureThreshold (0)"),
         (
             minimal(heartbeat={"timeoutSeconds": 3, "intervalSeconds": 2, "leaseSeconds": 9}),
