@@ -19,7 +19,12 @@ required when ``--broker-url`` is given: a broker refuses SendMessages without i
 
 Retries: a request that timed out is retried at once, on a new connection:
 the timeout has already waited, and the old connection may be pinned (by
-kube-proxy) to a frozen pod. So each lane has a client session of its own
+kube-proxy) to a frozen pod. A connect has a timeout of its own
+(``--connect-timeout-seconds``, 0.25 s): while a Service has no ready
+endpoint (the old active gone, the new one not yet labelled), kube-proxy
+rejects a pod's SYN with an ICMP error that the kernel sends at most once a
+second per destination, so a later SYN is dropped silently and TCP would
+resend it only after its 1 s initial retransmission timeout. So each lane has a client session of its own
 (one connection, as it has one bundle in flight) and replaces it after a
 timeout, without touching the other lanes' connections. Fast failures (a
 refused connection, a 5xx, ``BROKER_INACTIVE``) are retried after an
@@ -103,6 +108,7 @@ class BackendSettings:
     payload_bytes: int = 500
     lanes: int = 4
     request_timeout_seconds: float = 10.0
+    connect_timeout_seconds: float = 0.25
     record_dir: Path | None = None
     autostart: bool = False
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
@@ -256,7 +262,10 @@ class BackendSimulator:
         """A lane's own session: one connection, since a lane has one bundle in flight."""
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1),
-            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds),
+            timeout=aiohttp.ClientTimeout(
+                total=self.settings.request_timeout_seconds,
+                sock_connect=self.settings.connect_timeout_seconds,
+            ),
         )
 
     async def _back_off(self, delay: float) -> float:
@@ -563,6 +572,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     parser.add_argument("--payload-bytes", type=int, default=500)
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--request-timeout-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--connect-timeout-seconds",
+        type=float,
+        default=0.25,
+        help="give up a TCP connect after this long and retry at once (a lost SYN is resent only after 1 s)",
+    )
     parser.add_argument("--record-dir", type=Path, default=None)
     parser.add_argument("--autostart", action="store_true")
     parser.add_argument("--poison", type=parse_poison, action="append", default=[], help="stream:seq:times")
@@ -596,6 +611,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         payload_bytes=args.payload_bytes,
         lanes=args.lanes,
         request_timeout_seconds=args.request_timeout_seconds,
+        connect_timeout_seconds=args.connect_timeout_seconds,
         record_dir=args.record_dir,
         autostart=args.autostart,
         poison=args.poison,
