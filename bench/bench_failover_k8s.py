@@ -3,9 +3,11 @@
 Setup (``local_cluster.relay``): the sealed cluster (real API server, controller-manager,
 kube-proxy in nftables mode, CoreDNS; a network namespace per pod), the chart's operator as a
 pod, the example's two broker pods (failback switched to Manual, so each round ends where its
-failover put the active), and the backend and cloud simulators as pods. The backend sends to
-``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it 200 msg/s
-(4 streams x 5 messages per 100 ms through ``/sim/produce``).
+failover put the active; the heartbeat settings from the options, by default sub-second: interval
+0.2 s, timeout 0.1 s, 2 misses, lease 2 s), and the backend and cloud simulators as pods (the
+backend's request timeout 0.25 s by default: a request hung on a partitioned pod waits that long).
+The backend sends to ``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
+200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``).
 
 Each round breaks the active broker, either with ``kill -9`` of its container or with a real
 partition (nftables drops on its eth0, both directions; healed after the round), then waits
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
+import functools
 import json
 import re
 import signal
@@ -44,6 +46,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,26 +156,43 @@ def _metric(url: str, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _poll_in_cluster(obs: Observations, brokers: dict[str, str], backend_url: str) -> None:
-    """Runs inside the cluster's network: metrics every 25 ms, traffic every 100 ms."""
-    next_tick = time.monotonic()
+def _poll_broker(obs: Observations, name: str, ip: str) -> None:
+    """One broker's accepted counter every 25 ms. A thread per broker: a poll of a partitioned
+    broker hangs until its timeout, and must not delay what the other broker's series shows."""
     while not obs.stop.is_set():
-        for name, ip in brokers.items():
-            value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
-            if value is not None:
-                obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
+        value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
+        if value is not None:
+            obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
+        time.sleep(0.025)
+
+
+def _poll_kube_proxy(obs: Observations) -> None:
+    while not obs.stop.is_set():
         synced = _metric(KUBE_PROXY_METRICS, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
         if synced is not None:
             obs.add(obs.syncs, (now_ms(), synced * 1000.0))
-        if time.monotonic() >= next_tick:
-            next_tick += TICK
-            body = json.dumps({"count": PER_STREAM_PER_TICK}).encode()
-            request = urllib.request.Request(
-                f"{backend_url}/sim/produce", data=body, headers={"Content-Type": "application/json"}
-            )
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(request, timeout=1).close()
         time.sleep(0.025)
+
+
+def _feed(obs: Observations, backend_url: str) -> None:
+    """The traffic: PER_STREAM_PER_TICK more messages per stream every TICK."""
+    next_tick = time.monotonic()
+    while not obs.stop.is_set():
+        next_tick += TICK
+        body = json.dumps({"count": PER_STREAM_PER_TICK}).encode()
+        request = urllib.request.Request(
+            f"{backend_url}/sim/produce", data=body, headers={"Content-Type": "application/json"}
+        )
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(request, timeout=1).close()
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+
+
+def _start_in_cluster(cluster: SealedCluster, name: str, function: Callable[[], None]) -> None:
+    """``function`` on a daemon thread inside the cluster's network (it ends when obs.stop is set)."""
+    threading.Thread(
+        target=cluster.call_in_network, args=(function, 24 * 3600), daemon=True, name=name
+    ).start()
 
 
 def kube_proxy_sync(obs: Observations, labelled: float) -> float | None:
@@ -198,28 +218,6 @@ def first_accepted_after(obs: Observations, name: str, since: float) -> float | 
     before = [value for t, value in series if t < since]
     baseline = before[-1] if before else 0.0
     return next((t for t, value in series if t >= since and value > baseline), None)
-
-
-def check_records(relay: Relay) -> tuple[int, int, int]:
-    """(lost, delivered twice, out of order) over both directions, from the simulators' records.
-
-    Traffic keeps flowing while this runs, so "lost" is judged against what was confirmed
-    before the records were read: the backend's cursors (every message below was acknowledged
-    by the cloud) read first, then what the cloud received; inbound is complete by now.
-    """
-    cursors = relay.backend("/sim/status")["cursors"]
-    inbound_total = int(relay.cloud("/sim/status")["inboundTotal"]) // STREAMS
-    outbound, inbound = relay.cloud("/sim/received"), relay.backend("/sim/received")
-    lost = sum(
-        len(set(range(1, int(cursor))) - set(outbound.get(stream, []))) for stream, cursor in cursors.items()
-    )
-    lost += sum(max(0, inbound_total - len(set(seqs))) for seqs in inbound.values())
-    lost += sum(inbound_total for stream in range(STREAMS - len(inbound)))  # streams never seen
-    twice = misordered = 0
-    for seqs in [*outbound.values(), *inbound.values()]:
-        twice += len(seqs) - len(set(seqs))
-        misordered += sum(1 for a, b in itertools.pairwise(seqs) if b <= a)
-    return lost, twice, misordered
 
 
 @dataclass
@@ -274,7 +272,8 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
     wait_until(
         "every inbound message confirmed", lambda: relay.cloud("/sim/status")["inboundAllConfirmed"], 120, 0.2
     )
-    lost, twice, misordered = check_records(relay)
+    records = relay.record_violations()
+    lost, twice, misordered = records["lost"], records["twice"], records["out-of-order"]
     result = Round(
         kind,
         victim,
@@ -375,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--crash-rounds", type=int, default=20)
     parser.add_argument("--partition-rounds", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=0.2, help="spec.heartbeat.intervalSeconds")
+    parser.add_argument("--timeout", type=float, default=0.1, help="spec.heartbeat.timeoutSeconds")
+    parser.add_argument("--threshold", type=int, default=2, help="spec.heartbeat.failureThreshold")
+    parser.add_argument("--lease", type=float, default=2.0, help="spec.heartbeat.leaseSeconds")
+    parser.add_argument("--backend-timeout", type=float, default=0.25, help="the backend's request timeout")
     parser.add_argument("--plot", type=Path, default=REPO_ROOT / ".cache" / "bench" / "failover-k8s.png")
     options = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
@@ -389,27 +393,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         cluster.kubectl("create", "namespace", namespace)
-        relay = deploy_relay(cluster, namespace, streams=STREAMS, messages_per_stream=10)
-        relay.cluster.kubectl(
-            "-n", namespace, "patch", "brokercluster", CLUSTER_NAME, "--type=merge",
-            "-p", '{"spec": {"failback": "Manual"}}',
-        )  # fmt: skip
+        heartbeat = {
+            "intervalSeconds": options.interval,
+            "timeoutSeconds": options.timeout,
+            "failureThreshold": options.threshold,
+            "leaseSeconds": options.lease,
+        }
+        relay = deploy_relay(
+            cluster,
+            namespace,
+            streams=STREAMS,
+            messages_per_stream=10,
+            request_timeout_seconds=options.backend_timeout,
+            spec={"heartbeat": heartbeat, "failback": "Manual"},
+        )
         brokers = {
             name: relay.pod(name)["status"]["podIP"] for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
         }
         _watch(obs, cluster.api_client(), namespace)
-        poller = threading.Thread(
-            target=cluster.call_in_network,
-            args=(lambda: _poll_in_cluster(obs, brokers, relay.backend_url), 24 * 3600),
-            daemon=True,
-        )
-        poller.start()
+        for name, ip in brokers.items():
+            _start_in_cluster(cluster, f"poll-{name}", functools.partial(_poll_broker, obs, name, ip))
+        _start_in_cluster(cluster, "poll-kube-proxy", functools.partial(_poll_kube_proxy, obs))
+        _start_in_cluster(cluster, "feed", functools.partial(_feed, obs, relay.backend_url))
         relay.backend("/sim/start", {})
         wait_until("traffic flowing", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, 60)
         plan = ["crash"] * options.crash_rounds + ["partition"] * options.partition_rounds
         print(
             f"{len(plan)} rounds under {STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
-            f"http://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat 1 s, 2 misses, lease 5 s)",
+            f"http://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
+            f"timeout {options.timeout:g} s, {options.threshold} misses, lease {options.lease:g} s; "
+            f"backend request timeout {options.backend_timeout:g} s)",
             flush=True,
         )
         for index, kind in enumerate(plan, start=1):

@@ -14,6 +14,7 @@ The simulators' control API (``/sim/...``) is reached from this process through
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
@@ -81,6 +84,7 @@ class Relay:
     release: str
     backend_url: str  # ClusterIP URLs of the simulators, for their /sim API
     cloud_url: str
+    streams: int  # per direction
 
     def sim(self, url: str, payload: dict[str, Any] | None = None) -> Any:
         def call() -> Any:
@@ -96,6 +100,31 @@ class Relay:
 
     def cloud(self, path: str, payload: dict[str, Any] | None = None) -> Any:
         return self.sim(f"{self.cloud_url}{path}", payload)
+
+    def record_violations(self) -> dict[str, int]:
+        """Messages lost, taken twice and taken out of order by the targets, both directions, from
+        the simulators' own records.
+
+        Safe while traffic flows: outbound is judged against the backend's cursors, read first
+        (every seq below a stream's cursor was confirmed, so the cloud must have taken it), not
+        against what the backend still has to send. Inbound is judged against everything the cloud
+        produced: call it once the cloud reports every inbound message confirmed.
+        """
+        cursors = self.backend("/sim/status")["cursors"]
+        inbound_per_stream = int(self.cloud("/sim/status")["inboundTotal"]) // self.streams
+        outbound, inbound = self.cloud("/sim/received"), self.backend("/sim/received")
+        lost = sum(
+            len(set(range(1, int(cursor))) - set(outbound.get(stream, [])))
+            for stream, cursor in cursors.items()
+        )
+        lost += sum(len(set(range(1, inbound_per_stream + 1)) - set(seqs)) for seqs in inbound.values())
+        lost += (self.streams - len(inbound)) * inbound_per_stream  # streams the backend never saw
+        received = [*outbound.values(), *inbound.values()]
+        return {
+            "lost": lost,
+            "twice": sum(len(seqs) - len(set(seqs)) for seqs in received),
+            "out-of-order": sum(1 for seqs in received for a, b in itertools.pairwise(seqs) if b <= a),
+        }
 
     def get(self, *what: str) -> Any:
         result = self.cluster.kubectl("-n", self.namespace, "get", *what, "-o", "json", check=False)
@@ -146,8 +175,12 @@ def deploy_relay(
     lanes: int = 2,
     request_timeout_seconds: float | None = None,
     helm_values: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> Relay:
-    """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy."""
+    """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy.
+
+    The BrokerCluster is the example's, with ``spec``'s top-level fields in place of its own
+    (``{"heartbeat": {...}}`` replaces the whole heartbeat section)."""
 
     def kubectl(*args: str, input: str | None = None) -> None:
         cluster.kubectl("-n", namespace, *args, input=input)
@@ -206,8 +239,10 @@ def deploy_relay(
         *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
     ]
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    kubectl("apply", "-f", str(EXAMPLE))
-    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="")
+    brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    brokercluster["spec"].update(spec or {})
+    kubectl("apply", "-f", "-", input=json.dumps(brokercluster))
+    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="", streams=streams)
 
     wait_until(
         "the BrokerCluster Healthy with an active broker",
