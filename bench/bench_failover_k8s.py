@@ -34,9 +34,7 @@ PNG timeline (``--plot``), and last ``k8s_crash_failover_p99_ms=N``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import json
 import re
 import signal
 import statistics
@@ -54,7 +52,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
-from local_cluster.relay import CLUSTER_NAME, Relay, deploy_relay, wait_until
+from local_cluster.relay import CLUSTER_NAME, Feeder, Relay, deploy_relay, wait_until
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 STREAMS = 4
@@ -172,20 +170,6 @@ def _poll_kube_proxy(obs: Observations) -> None:
         if synced is not None:
             obs.add(obs.syncs, (now_ms(), synced * 1000.0))
         time.sleep(0.025)
-
-
-def _feed(obs: Observations, backend_url: str) -> None:
-    """The traffic: PER_STREAM_PER_TICK more messages per stream every TICK."""
-    next_tick = time.monotonic()
-    while not obs.stop.is_set():
-        next_tick += TICK
-        body = json.dumps({"count": PER_STREAM_PER_TICK}).encode()
-        request = urllib.request.Request(
-            f"{backend_url}/sim/produce", data=body, headers={"Content-Type": "application/json"}
-        )
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(request, timeout=1).close()
-        time.sleep(max(0.0, next_tick - time.monotonic()))
 
 
 def _start_in_cluster(cluster: SealedCluster, name: str, function: Callable[[], None]) -> None:
@@ -350,7 +334,7 @@ def report(rounds: list[Round]) -> int:
             continue
         print(f"{kind} ({len(chosen)} rounds), median per hop, ms after the fault:")
         for hop in HOPS:
-            values = [r.hops[hop] for r in chosen if r.hops[hop] is not None]
+            values = [value for r in chosen if (value := r.hops[hop]) is not None]
             if values:
                 print(
                     f"  {hop:14} median {statistics.median(values):7.0f}  p99 {percentile(values, 0.99):7.0f}"
@@ -414,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, ip in brokers.items():
             _start_in_cluster(cluster, f"poll-{name}", functools.partial(_poll_broker, obs, name, ip))
         _start_in_cluster(cluster, "poll-kube-proxy", functools.partial(_poll_kube_proxy, obs))
-        _start_in_cluster(cluster, "feed", functools.partial(_feed, obs, relay.backend_url))
+        Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()  # stops with the pollers
         relay.backend("/sim/start", {})
         wait_until("traffic flowing", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, 60)
         plan = ["crash"] * options.crash_rounds + ["partition"] * options.partition_rounds

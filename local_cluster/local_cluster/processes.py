@@ -41,18 +41,35 @@ class ManagedProcess:
     ) -> None:
         self.name = name
         self.log_path = log_path
+        self.argv = list(argv)
+        self.environment = dict(env) if env is not None else None
+        self.cwd = cwd
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                list(argv),
+        self.popen = self._spawn()
+        _LIVE.append(self)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
+                env=self.environment,
+                cwd=self.cwd,
                 start_new_session=True,
             )
-        _LIVE.append(self)
+
+    def respawn(self) -> None:
+        """Start the same command again (same argv, env, cwd; output appended to the same log)
+        once the previous one exited, as a kubelet restarts a static pod's container."""
+        if self.popen.poll() is None:
+            raise RuntimeError(f"{self.name} (pid {self.popen.pid}) is still running")
+        if self not in _LIVE:
+            raise RuntimeError(f"{self.name} was stopped; it is not restarted")
+        # Whatever the old leader forked may still hold its group; a new session starts clean.
+        kill_process_group(self.popen.pid, signal.SIGKILL)
+        self.popen = self._spawn()
 
     @property
     def pid(self) -> int:

@@ -14,13 +14,15 @@ The simulators' control API (``/sim/...``) is reached from this process through
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import signal
+import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -163,6 +165,36 @@ class Relay:
             "-n", self.namespace, "delete", "brokercluster", CLUSTER_NAME, "--wait=false", check=False
         )
         self.cluster.helm("uninstall", self.release, "--namespace", self.namespace, "--wait", check=False)
+
+
+@dataclass
+class Feeder:
+    """Adds ``per_stream`` outbound messages per stream every ``tick`` seconds through the backend
+    simulator's ``/sim/produce``, from a thread in the cluster's network, until ``stop`` is set."""
+
+    relay: Relay
+    per_stream: int = 5
+    tick: float = 0.1
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> Feeder:
+        def feed() -> None:
+            url = f"{self.relay.backend_url}/sim/produce"
+            body = json.dumps({"count": self.per_stream}).encode()
+            next_tick = time.monotonic()
+            while not self.stop.is_set():
+                request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+                # The backend simulator never goes down here; a slow call is just skipped.
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(request, timeout=2).close()
+                next_tick += self.tick
+                time.sleep(max(0.0, next_tick - time.monotonic()))
+
+        thread = threading.Thread(
+            target=self.relay.cluster.call_in_network, args=(feed, 24 * 3600), daemon=True, name="feeder"
+        )
+        thread.start()
+        return self
 
 
 def deploy_relay(

@@ -17,11 +17,18 @@ supervisor's last process.
 
 Pids are the machine's (no PID namespace), so ``kill -9`` of a container's process group
 from a test works as with loopback mode.
+
+The supervisor restarts kube-apiserver when it exits, with the same flags, etcd data and
+certificates, as a static pod's kubelet does (``restarts``; bounded backoff, and it gives up,
+stopping the cluster, after repeated failed starts). ``SealedCluster.kill_apiserver`` is the
+fault (``kill -9``), ``wait_apiserver_ready`` waits until the restarted one answers ``/readyz``
+through the loopback port; the state file names the current pid and counts the restarts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -48,7 +55,8 @@ from local_cluster.cluster import (
 from local_cluster.cluster_services import LoopbackForwarder
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.pki import ClientCertificate, write_kubeconfig
-from local_cluster.processes import kill_process_group, reap_on_exit
+from local_cluster.processes import ManagedProcess, kill_process_group, reap_on_exit
+from local_cluster.restarts import ProcessKeeper, keep_apiserver
 
 T = TypeVar("T")
 HOST_KUBECONFIG = "admin.kubeconfig.host"
@@ -80,6 +88,50 @@ class SealedCluster(ClusterAccess):
     @property
     def network_namespace(self) -> Path:
         return Path(f"/proc/{self.supervisor_pid}/ns/net")
+
+    def refresh_state(self) -> dict[str, object]:
+        """Re-read the state file: the supervisor rewrites it when it restarts the API server."""
+        state = read_state(self.settings.workdir)
+        if state is not None:
+            self.state = state
+        return self.state
+
+    @property
+    def apiserver_pid(self) -> int:
+        return int(str(self.refresh_state()["apiserver"]))
+
+    @property
+    def apiserver_restarts(self) -> int:
+        return int(str(self.refresh_state().get("apiserverRestarts", 0)))
+
+    def kill_apiserver(self) -> int:
+        """``kill -9`` of kube-apiserver (a crash); the supervisor starts it again. Returns the pid."""
+        pid = self.apiserver_pid
+        os.killpg(pid, signal.SIGKILL)  # its own process group (ManagedProcess)
+        return pid
+
+    def wait_apiserver_ready(self, killed_pid: int | None = None, timeout: float = 120) -> float:
+        """Wait until the API server (another one than ``killed_pid``) answers ``/readyz`` through
+        the loopback port; the seconds waited. Fails with the supervisor's log if it gave up."""
+        started = time.monotonic()
+        deadline = started + timeout
+        while time.monotonic() < deadline:
+            supervisor_gone = self.supervisor is not None and self.supervisor.poll() is not None
+            if supervisor_gone or not (self.settings.workdir / STATE_FILE).exists():
+                log = (self.settings.workdir / "supervisor.log").read_text(errors="replace")[-4000:]
+                raise ControlPlaneStartError(
+                    f"the sealed cluster's supervisor stopped; supervisor.log:\n{log}"
+                )
+            if killed_pid is None or self.apiserver_pid != killed_pid:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    readyz = self.kubectl("get", "--raw=/readyz", "--request-timeout=2s", check=False)
+                    if readyz.returncode == 0 and readyz.stdout.strip() == "ok":
+                        return time.monotonic() - started
+            time.sleep(0.25)
+        log = (self.settings.workdir / "logs" / "kube-apiserver.log").read_text(errors="replace")[-3000:]
+        raise ControlPlaneStartError(
+            f"kube-apiserver not ready {timeout:.0f}s after the restart; its log:\n{log}"
+        )
 
     def pids(self) -> list[int]:
         pids = self.state.get("pids")
@@ -118,7 +170,7 @@ class SealedCluster(ClusterAccess):
             )
 
     def stop(self) -> None:
-        lingering = stop_supervisor(self.settings.workdir, self.state, self.supervisor)
+        lingering = stop_supervisor(self.settings.workdir, self.refresh_state(), self.supervisor)
         if lingering:
             raise RuntimeError(f"process groups of the sealed cluster still alive after SIGKILL: {lingering}")
 
@@ -176,6 +228,7 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
     netns.set_up_node_network()
     cluster = start_local_cluster(dataclasses.replace(settings, pod_network=True))
     forwarder = LoopbackForwarder(listener, (netns.NODE_ADDRESS, cluster.control_plane.apiserver_port))
+    keeper: ProcessKeeper | None = None
     try:
         forwarder.start()
         pki = cluster.control_plane.pki
@@ -186,22 +239,41 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
             user="admin",
             client=ClientCertificate(cert=pki.admin.cert, key=pki.admin.key),
         )
-        state = {
-            "supervisor": os.getpid(),
-            "pids": cluster.pids(),
-            "kubeconfig": str(host_kubeconfig),
-            "nodeKubeconfig": str(cluster.kubeconfig),
-            "readySeconds": round(cluster.ready_seconds, 1),
-            "podNetwork": netns.POD_CIDR,
-        }
-        staged = settings.workdir / f"{STATE_FILE}.tmp"
-        staged.write_text(json.dumps(state))
-        staged.replace(settings.workdir / STATE_FILE)  # readers never see half a state file
-        while not stop_requested.wait(1.0):
+        restarts = 0
+
+        def write_state(apiserver: ManagedProcess) -> None:
+            state = {
+                "supervisor": os.getpid(),
+                "pids": cluster.pids(),
+                "apiserver": apiserver.pid,
+                "apiserverRestarts": restarts,
+                "kubeconfig": str(host_kubeconfig),
+                "nodeKubeconfig": str(cluster.kubeconfig),
+                "readySeconds": round(cluster.ready_seconds, 1),
+                "podNetwork": netns.POD_CIDR,
+            }
+            staged = settings.workdir / f"{STATE_FILE}.tmp"
+            staged.write_text(json.dumps(state))
+            staged.replace(settings.workdir / STATE_FILE)  # readers never see half a state file
+
+        def restarted(apiserver: ManagedProcess) -> None:
+            nonlocal restarts
+            restarts += 1
+            write_state(apiserver)
+
+        keeper = keep_apiserver(cluster.control_plane, restarted)
+        write_state(keeper.process)
+        keeper.start()
+        while not stop_requested.wait(0.5):
             if cluster.node_agent.exited():
                 print(f"node agent exited; log {cluster.node_agent.log_path}", file=sys.stderr, flush=True)
                 break
+            if keeper.failure is not None:
+                print("giving up on kube-apiserver; stopping the cluster", file=sys.stderr, flush=True)
+                break
     finally:
+        if keeper is not None:
+            keeper.stop()  # before the control plane stops, or it would restart the API server
         forwarder.stop()
         cluster.stop()
         (settings.workdir / STATE_FILE).unlink(missing_ok=True)
