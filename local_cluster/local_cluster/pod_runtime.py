@@ -44,7 +44,6 @@ from local_cluster.pod_sandbox import (
     Mount,
     PodSandbox,
     expand_references,
-    rewrite_paths,
 )
 from local_cluster.processes import kill_process_group, process_group_alive, wait_group_gone
 
@@ -185,13 +184,17 @@ class PodRuntime:
             container.waiting_reason, container.waiting_message = reason, str(error)
             container.next_start_at = now + 2.0
             return
-        argv = [rewrite_paths(expand_references(part, container.env), container.mounts) for part in argv]
-        argv = [*self.sandbox.launcher(container.mounts), *argv]
-        working_dir = Path(
-            rewrite_paths(spec.get("workingDir") or str(self.sandbox.pod_dir), container.mounts)
-        )
-        if not working_dir.is_dir():
-            working_dir = self.sandbox.pod_dir
+        argv = [
+            self.sandbox.rewrite_paths(expand_references(part, container.env), container.mounts)
+            for part in argv
+        ]
+        # In pod-network mode the launcher enters workingDir as written, once the volumes are mounted.
+        argv = [*self.sandbox.launcher(container.mounts, spec.get("workingDir")), *argv]
+        working_dir = self.sandbox.pod_dir
+        if not self.sandbox.isolated and spec.get("workingDir"):
+            working_dir = Path(self.sandbox.rewrite_paths(spec["workingDir"], container.mounts))
+            if not working_dir.is_dir():
+                working_dir = self.sandbox.pod_dir
         log_path = container_log_path(self.sandbox.pod_dir, container.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if container.started_once:
@@ -288,8 +291,9 @@ class PodRuntime:
         return False  # grpc probes are not supported: never ready, visibly.
 
     def _exec_probe(self, container: ContainerRuntime, action: Body, timeout: float) -> bool:
-        argv = [rewrite_paths(part, container.mounts) for part in action["command"]]
-        argv = [*self.sandbox.launcher(container.mounts), *argv]  # exec probes run inside the pod
+        argv = [self.sandbox.rewrite_paths(part, container.mounts) for part in action["command"]]
+        # Exec probes run inside the pod, with its mounts and working directory.
+        argv = [*self.sandbox.launcher(container.mounts, container.spec.get("workingDir")), *argv]
         try:
             result = subprocess.run(
                 argv, env=container.env, capture_output=True, timeout=timeout, check=False

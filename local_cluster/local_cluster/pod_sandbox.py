@@ -4,19 +4,27 @@ For one pod this materializes volumes under the pod's directory (emptyDir, Secre
 ConfigMap, downwardAPI, projected service-account tokens; a PVC as the directory of the
 PersistentVolume bound to it, so it outlives the pod and a StatefulSet pod's replacement finds
 the same claim, volume and data; a pod whose claim is missing or not yet bound waits in
-ContainerCreating, as on a real node), builds each container's environment
-(values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, ``$(VAR)`` expansion) and
-rewrites paths: a container's env values, command, args and workingDir that start
-with one of its volumeMount paths are pointed at the local directory instead.
+ContainerCreating, as on a real node) and builds each container's environment
+(values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, ``$(VAR)`` expansion).
 
-Why rewriting: without a mount namespace there is no way to make ``/data`` mean a
-different directory per pod, and the broker finds its journal through its
-arguments and env. Path rewriting is the documented fake; code that hard-codes a
-mount path it was not given will not find its files.
+How a container sees its volumes depends on the mode:
+
+- pod-network mode (``network`` set, not ``hostNetwork``): ``launcher`` starts the container
+  through ``pod_enter.py``, which gives it a mount namespace of its own with every
+  volumeMount bind-mounted at its mountPath (read-only ones read-only, subPath as the
+  sub-directory or file of the volume) and the pod's ``resolv.conf`` and ``hosts``; missing
+  mount points are made in private tmpfs layers, never on the machine. Env, command, args,
+  workingDir and exec probe commands are passed as written, as on a real node.
+- loopback mode (no pod network) and ``hostNetwork`` pods: no mount namespace, so paths are
+  rewritten: a container's env values, command, args and workingDir that start with one of
+  its volumeMount paths are pointed at the local directory instead (``rewrite_paths``).
+  That is the documented fake there; code that hard-codes a mount path it was not given will
+  not find its files.
 
 In-cluster config: the service-account token comes from the real TokenRequest API
 (bound to the pod, so RBAC applies to it) and is written with ``ca.crt`` and
-``namespace``. Since ``/var/run/secrets/...`` cannot be per pod, the container gets
+``namespace``. In pod-network mode it is mounted at ``/var/run/secrets/...`` like any volume.
+In loopback mode that path cannot be per pod, so the container gets
 ``KUBERNETES_SERVICE_HOST=127.0.0.1``, the apiserver's port, and a ``KUBECONFIG``
 holding that token; client libraries (kubernetes, kopf) fall back from in-cluster
 config to it.
@@ -30,8 +38,9 @@ pod runtime calls it periodically, as the kubelet's sync loop does, so a rotated
 a running pod without a restart (environment variables, as on a real node, do not change).
 
 What it does not do: no token rotation of projected service-account tokens (they last an
-hour), no refresh of projected volumes, no file modes or ownership, no image volumes, and a
-``subPath`` mount follows updates (the kubelet's does not).
+hour), no refresh of projected volumes, no file modes or ownership, no image volumes, and in
+loopback mode a ``subPath`` mount follows updates (the kubelet's does not; in pod-network mode
+the bind holds the file it found at start, as the kubelet's does).
 """
 
 from __future__ import annotations
@@ -92,6 +101,7 @@ class Mount:
 
     mount_path: str
     local_path: Path
+    read_only: bool = False
 
 
 def _decode_secret(secret: Any) -> dict[str, bytes]:
@@ -370,14 +380,29 @@ class PodSandbox:
                 changed.append(volume["name"])
         return changed
 
+    @property
+    def isolated(self) -> bool:
+        """True when containers get their own mount namespace with volumes at their mountPath."""
+        return self.network is not None and not self.pod["spec"].get("hostNetwork")
+
     def mounts(self, container: Body) -> list[Mount]:
         """The container's mounts, longest path first so nested mounts win when rewriting."""
+        volumes = {volume["name"]: volume for volume in self.pod["spec"].get("volumes") or []}
         mounts = []
         for mount in container.get("volumeMounts") or []:
             local = self.volume_paths[mount["name"]]
             if mount.get("subPath"):
                 local = local / mount["subPath"]
-            mounts.append(Mount(mount_path=mount["mountPath"].rstrip("/") or "/", local_path=local))
+                if self.isolated and not local.exists() and "hostPath" not in volumes.get(mount["name"], {}):
+                    # A bind needs its source; the kubelet, too, creates a missing subPath directory.
+                    local.mkdir(parents=True, exist_ok=True)
+            mounts.append(
+                Mount(
+                    mount_path=mount["mountPath"].rstrip("/") or "/",
+                    local_path=local,
+                    read_only=bool(mount.get("readOnly")),
+                )
+            )
             if mount["mountPath"].rstrip("/") == SERVICE_ACCOUNT_MOUNT:
                 self.service_account_dir = local
         return sorted(mounts, key=lambda m: len(m.mount_path), reverse=True)
@@ -400,25 +425,28 @@ class PodSandbox:
         )
         return {"/etc/resolv.conf": resolv, "/etc/hosts": hosts}
 
-    def launcher(self, mounts: list[Mount]) -> list[str]:
+    def launcher(self, mounts: list[Mount], working_dir: str | None = None) -> list[str]:
         """The argv prefix that starts a container inside this pod (empty without a pod network).
 
-        The pod gets its own network namespace, resolv.conf and hosts; the service-account
-        files are mounted at their standard path. Other volumes keep the path rewriting.
+        The pod gets its own network namespace, resolv.conf and hosts, and every volume mount
+        at its mountPath (``pod_enter`` mounts parents first and makes missing mount points
+        in private tmpfs layers); ``working_dir`` is entered once they are in place.
         """
-        if self.network is None or self.pod["spec"].get("hostNetwork"):
+        if self.network is None or not self.isolated:
             return []
-        binds = {target: local for target, local in self._network_files(self.network).items()}
-        binds.update(
-            {
-                mount.mount_path: mount.local_path
-                for mount in mounts
-                if mount.mount_path == SERVICE_ACCOUNT_MOUNT
-            }
-        )
+        binds = {target: (local, False) for target, local in self._network_files(self.network).items()}
+        # A volume mounted at /etc/hosts wins over the generated file, as on a real node.
+        binds.update({mount.mount_path: (mount.local_path, mount.read_only) for mount in mounts})
         prefix = [sys.executable, str(Path(pod_enter.__file__)), f"--netns={self.network.namespace_path}"]
-        prefix += [f"--bind={local}:{target}" for target, local in binds.items()]
+        for target, (local, read_only) in sorted(binds.items(), key=lambda item: len(Path(item[0]).parts)):
+            prefix.append(f"--bind{'-ro' if read_only else ''}={local}:{target}")
+        if working_dir:
+            prefix.append(f"--workdir={working_dir}")
         return [*prefix, "--"]
+
+    def rewrite_paths(self, text: str, mounts: list[Mount]) -> str:
+        """``rewrite_paths`` where there is no mount namespace; ``text`` as written where there is."""
+        return text if self.isolated else rewrite_paths(text, mounts)
 
     def remove(self, keep_logs: bool = True) -> None:
         """Delete the pod's volumes (never PVC or hostPath directories, which live elsewhere)."""
@@ -431,7 +459,7 @@ class PodSandbox:
     def container_env(self, container: Body, base_env: dict[str, str], mounts: list[Mount]) -> dict[str, str]:
         env = dict(base_env)
         env["HOSTNAME"] = self.pod["metadata"]["name"]
-        if self.network is not None and not self.pod["spec"].get("hostNetwork"):
+        if self.network is not None and self.isolated:
             # As on a real node: the `kubernetes` Service through kube-proxy, and the service
             # account files at their standard path (``launcher`` mounts them), so clients use
             # plain in-cluster config.
@@ -442,9 +470,7 @@ class PodSandbox:
             env["KUBERNETES_SERVICE_HOST"] = self.apiserver.host
             env["KUBERNETES_SERVICE_PORT"] = str(self.apiserver.port)
             env["KUBERNETES_SERVICE_PORT_HTTPS"] = str(self.apiserver.port)
-        if self.service_account_dir is not None and (
-            self.network is None or self.pod["spec"].get("hostNetwork")
-        ):
+        if self.service_account_dir is not None and not self.isolated:
             env["KUBECONFIG"] = str(
                 write_kubeconfig(
                     self.pod_dir / "in-cluster.kubeconfig",
@@ -467,7 +493,7 @@ class PodSandbox:
         for variable in container.get("env") or []:
             value = self._env_value(container, variable, env)
             if value is not None:
-                env[variable["name"]] = rewrite_paths(value, mounts)
+                env[variable["name"]] = self.rewrite_paths(value, mounts)
         return env
 
     def _env_value(self, container: Body, variable: Body, env: dict[str, str]) -> str | None:

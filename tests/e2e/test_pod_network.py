@@ -85,9 +85,7 @@ def _python_pod(
             "metadata": {"name": name, "labels": labels or {}},
             "spec": {
                 "restartPolicy": restart,
-                "containers": [
-                    {"name": "main", "image": "python:3.11", "command": ["python3", "-c", script]}
-                ],
+                "containers": [container],  # with the readiness probe, so endpoints wait for the server
             },
         }
     )
@@ -278,3 +276,89 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
     pids = [supervisor, *(int(pid) for pid in state["pids"])]
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
     assert str(workdir) not in Path("/proc/self/mountinfo").read_text()
+
+
+# The mount path is put together at run time, so no rewriting of command or env could find it:
+# only a volume really mounted at /var/lib/demo/data makes this work.
+HARD_CODED_WRITER = """
+set -e
+base=/var/lib/demo; dir=$base/data
+echo written-by-writer > $dir/file
+cat $dir/file
+if (echo nope > /demo-ro/refused) 2>/dev/null; then echo read-only-mount-was-writable; exit 1; fi
+echo read-only-refused
+test "$(cat /demo-ro/file)" = written-by-writer
+"""
+
+
+def _demo_pod(name: str, script: str, mounts: list[dict[str, object]], working_dir: str = "") -> str:
+    container: dict[str, object] = {
+        "name": "main",
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", script],
+        "volumeMounts": mounts,
+    }
+    if working_dir:
+        container["workingDir"] = working_dir
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [container],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "demo-data"}}],
+            },
+        }
+    )
+
+
+def _finished(cluster: SealedCluster, namespace: str, name: str) -> str:
+    phase = wait_for(
+        f"pod {name} to finish",
+        lambda: (p := _phase(cluster, namespace, name)) in ("Succeeded", "Failed") and p,
+    )
+    output = _pod_output(cluster, namespace, name)
+    assert phase == "Succeeded", output
+    return output
+
+
+def test_volumes_are_mounted_at_their_mount_path_and_nothing_lands_on_the_machine(
+    sealed_cluster: SealedCluster, namespace: str
+) -> None:
+    made_up = [Path("/var/lib/demo"), Path("/demo-ro"), Path("/demo")]
+    assert not [path for path in made_up if path.exists()], "left over from an earlier run"
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "demo-data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+    }
+    sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(claim))
+    writer = _demo_pod(
+        "writer",
+        HARD_CODED_WRITER,
+        [
+            {"name": "data", "mountPath": "/var/lib/demo/data"},  # /var/lib exists: a tmpfs shadow of it
+            {"name": "data", "mountPath": "/demo-ro", "readOnly": True},  # at the root: a new root
+        ],
+    )
+    sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=writer)
+    output = _finished(sealed_cluster, namespace, "writer")
+    assert "written-by-writer" in output and "read-only-refused" in output, output
+
+    # A second pod finds the file in the claim, with a relative path from its workingDir.
+    reader = _demo_pod("reader", "cat file", [{"name": "data", "mountPath": "/demo/data"}], "/demo/data")
+    sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=reader)
+    assert "written-by-writer" in _finished(sealed_cluster, namespace, "reader")
+
+    # The write went to the claim's volume, a directory of the cluster ...
+    volume_name = get_json(sealed_cluster, namespace, "pvc", "demo-data")["spec"]["volumeName"]
+    host_path = Path(get_json(sealed_cluster, "default", "pv", volume_name)["spec"]["hostPath"]["path"])
+    assert (host_path / "file").read_text() == "written-by-writer\n"
+    assert not (host_path / "refused").exists()
+    # ... and no mount point was made on the machine, nor in the cluster's own namespace.
+    assert not [path for path in made_up if path.exists()]
+    seen = _node_output(sealed_cluster, "sh", "-c", "ls -d /var/lib/demo /demo-ro /demo 2>/dev/null; true")
+    assert seen.strip() == ""
