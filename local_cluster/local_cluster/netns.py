@@ -139,7 +139,7 @@ def pod_namespace_name(uid: str) -> str:
 def add_pod_interface(uid: str, address: str, prefix: int = 24) -> Path:
     """Create the pod's network namespace with ``eth0`` at ``address``; returns the namespace path."""
     name = pod_namespace_name(uid)
-    host_side = f"veth{uid[:8]}"
+    host_side = f"veth{uid[:8]}"  # remove_pod_interface deletes it by this name
     remove_pod_interface(uid)  # a leftover from an agent that died mid-setup
     ip("netns", "add", name)
     try:
@@ -164,7 +164,12 @@ def add_pod_interface(uid: str, address: str, prefix: int = 24) -> Path:
 
 
 def remove_pod_interface(uid: str) -> None:
-    """Delete the pod's namespace; its veth pair goes with it. No error if it is not there."""
+    """Delete the pod's veth pair and namespace. No error if they are not there.
+
+    The host side goes first and explicitly: the namespace (and with it the pair) would outlive
+    ``ip netns del`` while anything still holds it, and its eth0 must never answer for an address
+    the pool hands to the next pod."""
+    subprocess.run(["ip", "link", "del", f"veth{uid[:8]}"], capture_output=True, timeout=30, check=False)
     name = pod_namespace_name(uid)
     if (NETNS_DIR / name).exists():
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
