@@ -21,6 +21,16 @@ operations on held messages). Order of checks on ``POST /soap``:
    changes nothing.
 5. Dispatch to the :class:`~broker_service.lifecycle.Broker`.
 
+With ``--admin-port`` the broker listens twice, so that a NetworkPolicy (which sees ports, never
+SOAP operations) can admit the operator's calls from the operator alone and ``SendMessages`` from
+the backend: the main port serves ``SendMessages``, the WSDL, ``/healthz``, ``/readyz`` and
+``/metrics``; the admin port serves ``Heartbeat``, the admin operations, the WSDL and ``/metrics``.
+An operation sent to the other port is a ``WRONG_PORT`` fault naming the right one, checked after
+the parse (one lookup of the request's type, and only an empty-dict test without an admin port,
+where both surfaces are one). The admin listener is a second aiohttp application on the same
+:class:`~broker_service.lifecycle.Broker`, started and stopped by the main one, so that the broker
+is started and drained once whichever port a call arrives on.
+
 Not here: any broker state or rules.
 """
 
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -67,6 +78,32 @@ def _fault_response(fault: SoapFaultError) -> web.Response:
 
 
 CREDENTIALS_KEY: web.AppKey[BrokerCredentials] = web.AppKey("credentials", BrokerCredentials)
+# The operations this listener refuses, by request type, each with its WRONG_PORT message; empty
+# when one port serves everything.
+REFUSED_KEY: web.AppKey[Mapping[type, str]] = web.AppKey("refused_operations", Mapping)
+_ADMIN_REQUESTS = (HeartbeatRequest, ListHeldRequest, HeldRefRequest)
+
+
+def _refused_on_main(admin_port: int) -> dict[type, str]:
+    message = (
+        "{} is served on this broker's admin port {} (--admin-port / BROKER_ADMIN_PORT), not on this "
+        "port, which serves SendMessages; send it to the pod's 'admin' port"
+    )
+    names = {
+        HeartbeatRequest: "Heartbeat",
+        ListHeldRequest: "ListHeld",
+        HeldRefRequest: "ReplayHeld/DiscardHeld",
+    }
+    return {kind: message.format(names[kind], admin_port) for kind in _ADMIN_REQUESTS}
+
+
+def _refused_on_admin(main_port: int) -> dict[type, str]:
+    return {
+        SendMessagesRequest: (
+            f"SendMessages is served on this broker's main port {main_port} (--port / BROKER_PORT, "
+            "the <cluster>-active Service), not on its admin port, which serves the operator's calls only"
+        )
+    }
 
 
 def _caller_role(request: web.Request, credentials: BrokerCredentials) -> Role:
@@ -117,6 +154,9 @@ async def soap_post(request: web.Request) -> web.Response:
                 f"request body exceeds the broker's limit of {broker.settings.body_limit_bytes} bytes",
             ) from None
         parsed = soap_codec.parse_request(body)
+        refused = request.app[REFUSED_KEY]
+        if refused and type(parsed) in refused:
+            raise SoapFaultError(FaultCode.WRONG_PORT, refused[type(parsed)])
         _check_role(parsed, role)
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
@@ -169,22 +209,57 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=broker.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-def build_app(broker: Broker) -> web.Application:
+def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[type, str]) -> web.Application:
     app = web.Application(client_max_size=broker.settings.body_limit_bytes)
     app[BROKER_KEY] = broker
-    app[CREDENTIALS_KEY] = BrokerCredentials.from_settings(broker.settings)
+    app[CREDENTIALS_KEY] = credentials
+    app[REFUSED_KEY] = refused
     app.router.add_post(SOAP_PATH, soap_post)
     app.router.add_get(SOAP_PATH, soap_get)
+    # On both ports: a scraper admitted to either (the NetworkPolicy admits the operator's pods to
+    # the admin port) can read them, and scrapers that knew only the one port keep working.
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def build_app(broker: Broker) -> web.Application:
+    """The main listener's application; with an admin port, it also runs the admin listener."""
+    settings = broker.settings
+    credentials = BrokerCredentials.from_settings(settings)
+    admin_port = settings.admin_port
+    app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    admin_runner: web.AppRunner | None = None
 
     async def on_startup(app: web.Application) -> None:
+        nonlocal admin_runner
         await broker.start()
+        if admin_port is not None:
+            admin_app = build_admin_app(broker, credentials)
+            # No signal handling of its own: the main listener's runner owns SIGTERM and stops this
+            # one first thing on shutdown (below), as it stops its own sites.
+            admin_runner = web.AppRunner(admin_app, access_log=None, shutdown_timeout=settings.drain_seconds)
+            await admin_runner.setup()
+            await web.TCPSite(admin_runner, settings.host, admin_port).start()
+            logger.info(
+                "admin port %d: Heartbeat and the admin operations; port %d: SendMessages",
+                admin_port,
+                settings.port,
+            )
 
     async def on_shutdown(app: web.Application) -> None:
+        if admin_runner is not None:
+            # Stop taking the operator's calls before draining, as the main port's runner has
+            # already stopped taking new connections when this runs.
+            await admin_runner.cleanup()
         await broker.stop()
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+def build_admin_app(broker: Broker, credentials: BrokerCredentials) -> web.Application:
+    """The admin listener's application: Heartbeat, the admin operations, the WSDL, /metrics."""
+    return _soap_app(broker, credentials, _refused_on_admin(broker.settings.port))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from broker_contracts.environment import BROKER_LEASE_SECONDS
+from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
 
 
 class PoisonPolicy(StrEnum):
@@ -37,6 +37,11 @@ class SettingsError(ValueError):
 class BrokerSettings:
     host: str = "0.0.0.0"
     port: int = 8080
+    # A second port for the operator's calls (Heartbeat, ListHeld/ReplayHeld/DiscardHeld, and
+    # /metrics too), so that a NetworkPolicy, which sees ports and not SOAP operations, can admit
+    # them from the operator alone while SendMessages stays open to the backend on ``port``.
+    # None: one port serves everything, as before (the local runner, tests, external endpoints).
+    admin_port: int | None = None
     name: str = "broker"
     cluster: str = "cluster"
     account: str = ""
@@ -101,6 +106,7 @@ class BrokerSettings:
 _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--host", "BROKER_HOST", "0.0.0.0"),
     ("--port", "BROKER_PORT", "8080"),
+    ("--admin-port", BROKER_ADMIN_PORT, ""),
     ("--name", "BROKER_NAME", None),
     ("--cluster", "BROKER_CLUSTER", None),
     ("--account", "BROKER_ACCOUNT", ""),
@@ -174,6 +180,8 @@ def parse_settings(
             "(--token-file / BROKER_TOKEN); give the backend a credential of its own, or whoever can "
             "send bundles could also switch the broker"
         )
+    port = int(_number(str(raw["port"]), "--port", "BROKER_PORT", int, 0))
+    admin_port = _admin_port(str(raw["admin_port"] or ""), port)
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
     except ValueError:
@@ -183,7 +191,8 @@ def parse_settings(
         ) from None
     return BrokerSettings(
         host=str(raw["host"]),
-        port=int(_number(str(raw["port"]), "--port", "BROKER_PORT", int, 0)),
+        port=port,
+        admin_port=admin_port,
         name=name,
         cluster=raw["cluster"] or name,
         account=str(raw["account"]),
@@ -218,6 +227,23 @@ def parse_settings(
         drain_seconds=args.drain_seconds,
         token_check_seconds=args.token_check_seconds,
     )
+
+
+def _admin_port(text: str, port: int) -> int | None:
+    """``--admin-port``: unset or empty is None (one port for everything); else a port other than
+    ``--port``, so that the two surfaces can never end up on one listener by accident."""
+    if not text.strip():
+        return None
+    admin_port = int(_number(text.strip(), "--admin-port", BROKER_ADMIN_PORT, int, 1))
+    if admin_port > 65535:
+        raise SettingsError(f"--admin-port / {BROKER_ADMIN_PORT} = {text!r} must be at most 65535")
+    if admin_port == port:
+        raise SettingsError(
+            f"--admin-port / {BROKER_ADMIN_PORT} = {admin_port} is the same as --port / BROKER_PORT; give "
+            "the operator's calls a port of their own, or leave the admin port unset to serve "
+            "everything on one"
+        )
+    return admin_port
 
 
 @dataclass(frozen=True)

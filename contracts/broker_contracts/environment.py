@@ -13,6 +13,8 @@ from typing import Final
 
 BROKER_HOST: Final = "BROKER_HOST"
 BROKER_PORT: Final = "BROKER_PORT"
+# The operator's port (Heartbeat, admin operations, /metrics), apart from SendMessages on BROKER_PORT.
+BROKER_ADMIN_PORT: Final = "BROKER_ADMIN_PORT"
 BROKER_NAME: Final = "BROKER_NAME"
 BROKER_CLUSTER: Final = "BROKER_CLUSTER"
 BROKER_ACCOUNT: Final = "BROKER_ACCOUNT"
@@ -31,6 +33,7 @@ BROKER_ON_POISON: Final = "BROKER_ON_POISON"
 POD_ENVIRONMENT: Final = (
     BROKER_HOST,
     BROKER_PORT,
+    BROKER_ADMIN_PORT,
     BROKER_NAME,
     BROKER_CLUSTER,
     BROKER_ACCOUNT,

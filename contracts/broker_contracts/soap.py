@@ -100,6 +100,9 @@ class FaultCode(StrEnum):
     WRONG_PAIR = "WRONG_PAIR"  # bundle for another (account, company)
     JOURNAL_ERROR = "JOURNAL_ERROR"
     NOT_FOUND = "NOT_FOUND"  # admin operation on a message that is not held
+    # An operation sent to the other port of a broker that serves two (--admin-port): Heartbeat
+    # and the admin operations on the admin port, SendMessages on the main one; nothing changed.
+    WRONG_PORT = "WRONG_PORT"
 
 
 # Codes are carried in a 30-character field; catch a too-long one at import time.

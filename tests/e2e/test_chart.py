@@ -157,6 +157,9 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
             "replicas": 2,
             "backend": {"url": simulators["backend"]},
             "cloud": {"url": simulators["cloud"]},
+            # The policy's create goes through the chart's RBAC, and the chart tells the operator
+            # who it is (OPERATOR_POD_NAMESPACE, OPERATOR_POD_LABELS) for the policy to admit.
+            "networkPolicy": {"enabled": True},
         },
     }
     kube_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest))
@@ -169,6 +172,13 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
     assert status["active"] == "charted-0"
     active_pods = get_json(kube_cluster, namespace, "pods", "-l", "role=active")["items"]
     assert [pod["metadata"]["name"] for pod in active_pods] == ["charted-0"]
+    # The policy admits the brokers' admin port from exactly the operator pod the chart runs.
+    policy = get_json(kube_cluster, namespace, "networkpolicy", "charted-brokers-ingress")
+    (operator_peer,) = policy["spec"]["ingress"][0]["from"]
+    assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    selected = operator_peer["podSelector"]["matchLabels"]
+    assert selected.items() <= operator_pod["metadata"]["labels"].items()
+    assert selected["app.kubernetes.io/component"] == "operator"
     kube_cluster.kubectl("-n", namespace, "delete", "bc", "charted", "--wait=true", "--timeout=60s")
 
     # Least privilege, checked against what the operator really asked the API server for.
@@ -188,6 +198,8 @@ GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
     ("get", "/pods"),  # whenScaled: Delete waits until a surplus pod is gone (claims.py)
     ("delete", "/persistentvolumeclaims"),  # spec.persistentVolumeClaimRetentionPolicy.whenScaled: Delete
     ("patch", "/persistentvolumeclaims"),  # a retention policy change re-owns existing claims
+    ("patch", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy changed, or an operator restart
+    ("delete", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy.enabled set back to false
 }
 
 

@@ -15,11 +15,13 @@ Waits are bounded failure limits, not performance assertions.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import re
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +32,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from broker_contracts import soap
 from broker_contracts.soap import BrokerState
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
@@ -121,11 +124,18 @@ def simulators(kube_cluster: LocalCluster, tmp_path: Path) -> Iterator[dict[str,
         cloud.stop()
 
 
+OPERATOR_POD_NAMESPACE = "broker-system"
+OPERATOR_POD_LABELS = "app.kubernetes.io/component=operator,app.kubernetes.io/name=broker-failover"
+
+
 def start_operator(cluster: LocalCluster, namespace: str, log: Path) -> LocalProcess:
     """``broker-operator`` as its own process, watching ``namespace`` only; returns once it serves."""
     metrics_port = free_port()
     argv = [str(VENV_BIN / "broker-operator"), "--namespace", namespace, "--operator-id", "e2e-operator"]
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--reconcile-seconds", "2"]
+    # Who the operator's pods would be, for NetworkPolicies (the chart sets these from the Deployment;
+    # this operator runs outside the cluster, and the local cluster enforces no policy).
+    argv += ["--pod-namespace", OPERATOR_POD_NAMESPACE, "--pod-labels", OPERATOR_POD_LABELS]
     process = LocalProcess(argv, log, env=cluster.env)
     wait_for(
         "operator metrics endpoint", lambda: listening(metrics_port) or process.process.poll() is not None
@@ -948,3 +958,113 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
     )
     assert ready["reason"] == "ActiveBrokerServing" and f"{name}-0 is active" in ready["message"]
     kube_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
+
+
+def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_the_admin_port(
+    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+) -> None:
+    """spec.networkPolicy on the real API server: the CRD takes and refuses peers, the API server
+    accepts the operator's NetworkPolicy, and the brokers go Active through the admin port (the
+    main port refuses Heartbeat). The local cluster does not enforce NetworkPolicies: what they
+    admit is their API server's business and the network plugin's, checked here as written."""
+    erp = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "erp"}}}
+    relay = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.9.0/24"]}}
+    refused = apply(
+        kube_cluster,
+        namespace,
+        broker_cluster("guarded", company="7100", networkPolicy={"enabled": True, "sendMessagesFrom": [{}]}),
+    )
+    assert refused.returncode != 0
+    assert "spec.networkPolicy.sendMessagesFrom[] entries must set podSelector" in refused.stderr
+    manifest = broker_cluster(
+        "guarded",
+        replicas=2,
+        company="7100",  # a pair of its own: the module's namespace holds other clusters
+        backend={"url": simulators["backend"]},
+        cloud={"url": simulators["cloud"]},
+        networkPolicy={"enabled": True, "sendMessagesFrom": [erp, relay]},
+    )
+    created = apply(kube_cluster, namespace, manifest)
+    assert created.returncode == 0, created.stderr
+    uid = get_json(kube_cluster, namespace, "bc", "guarded")["metadata"]["uid"]
+
+    policy = wait_for(
+        "networkpolicy/guarded-brokers-ingress",
+        lambda: get_json(kube_cluster, namespace, "networkpolicy", "guarded-brokers-ingress"),
+    )
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "guarded", uid)
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": OPERATOR_POD_NAMESPACE}},
+        "podSelector": {"matchLabels": dict(label.split("=") for label in OPERATOR_POD_LABELS.split(","))},
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": "admin"}]},
+        {"from": [erp, relay, operator_peer], "ports": [{"protocol": "TCP", "port": "soap"}]},
+    ]
+    listed = kube_cluster.kubectl("-n", namespace, "get", "networkpolicy", "-o", "name").stdout.split()
+    assert "networkpolicy.networking.k8s.io/guarded-brokers-ingress" in listed
+
+    # The brokers are heartbeated on their admin port: one goes Active, the other is a ready standby.
+    wait_for_row(
+        kube_cluster,
+        namespace,
+        "guarded",
+        "guarded-0 active and the cluster Healthy",
+        lambda row: row["ACTIVE"] == "guarded-0" and row["PHASE"] == "Healthy",
+        timeout=90,
+    )
+    body = pod(kube_cluster, namespace, "guarded-0")
+    assert body is not None
+    (container,) = body["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"soap": 8080, "admin": 8081}
+    # The main port refuses the operator's call, naming the admin port; so Healthy came through 8081.
+    ip = body["status"]["podIP"]
+    token = kube_cluster.kubectl(
+        "-n", namespace, "get", "secret", "guarded-broker-token", "-o", "jsonpath={.data.token}"
+    ).stdout
+    heartbeat = HEARTBEAT_CHECK.encode()
+    request = urllib.request.Request(
+        f"http://{ip}:8080/soap",
+        data=heartbeat,
+        headers={
+            "Content-Type": "text/xml; charset=utf-8",
+            "Authorization": f"Bearer {base64.b64decode(token).decode().strip()}",
+        },
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as fault:
+        urllib.request.urlopen(request, timeout=10)
+    text = fault.value.read().decode()
+    assert "WRONG_PORT" in text and "admin port 8081" in text, text
+    brokers = get_json(kube_cluster, namespace, "bc", "guarded")["status"]["brokers"]
+    assert {b["name"]: b["state"] for b in brokers} == {"guarded-0": "Active", "guarded-1": "Inactive"}
+
+    # Turned off, the policy goes; the brokers keep running.
+    kube_cluster.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "bc",
+        "guarded",
+        "--type=merge",
+        "-p",
+        '{"spec": {"networkPolicy": {"enabled": false}}}',
+    )
+    wait_for(
+        "networkpolicy/guarded-brokers-ingress deleted",
+        lambda: get_json(kube_cluster, namespace, "networkpolicy", "guarded-brokers-ingress") is None,
+        timeout=30,
+    )
+    assert "Deleted" in event_reasons(kube_cluster, namespace, "guarded")
+    kube_cluster.kubectl("-n", namespace, "delete", "bc", "guarded", "--wait=false")
+
+
+# A renewLease=false check: it would change nothing even where it were accepted.
+HEARTBEAT_CHECK = (
+    '<soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/" '
+    f'xmlns:t="{soap.NAMESPACE}"><soapenv:Body><t:Heartbeat><t:active>true</t:active><t:epoch>0</t:epoch>'
+    "<t:operatorId>e2e</t:operatorId><t:renewLease>false</t:renewLease></t:Heartbeat></soapenv:Body>"
+    "</soapenv:Envelope>"
+)

@@ -74,10 +74,10 @@ def backend_and_cloud(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def list_held_status(cluster: LocalCluster, namespace: str, broker: str, token: str) -> str:
-    """``ListHeld`` (changes nothing) with ``token`` at the pod IP: "ok", a fault code, or why not."""
+    """``ListHeld`` (changes nothing) with ``token`` at the admin port: "ok", a fault code, or why not."""
     ip = ((pod(cluster, namespace, broker) or {}).get("status") or {}).get("podIP")
     request = urllib.request.Request(
-        f"http://{ip}:8080/soap",
+        f"http://{ip}:8081/soap",  # the admin port: the main port refuses ListHeld (WRONG_PORT)
         data=LIST_HELD,
         headers={"Content-Type": "text/xml; charset=utf-8", AUTH_HEADER: f"{AUTH_SCHEME} {token}"},
         method="POST",

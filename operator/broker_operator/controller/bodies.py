@@ -86,8 +86,23 @@ class PodStatus(TypedDict, total=False):
     containerStatuses: list[ContainerStatus]
 
 
+class ContainerPort(TypedDict, total=False):
+    name: str
+    containerPort: int
+
+
+class Container(TypedDict, total=False):
+    name: str
+    ports: list[ContainerPort]
+
+
+class PodSpec(TypedDict, total=False):
+    containers: list[Container]
+
+
 class PodBody(TypedDict, total=False):
     metadata: ObjectMeta
+    spec: PodSpec  # read for the broker's admin port (observed.admin_port)
     status: PodStatus
 
 

@@ -1,4 +1,5 @@
-"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secrets.
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secrets,
+and the NetworkPolicy.
 
 Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
 takes, so every field can be unit-tested without Kubernetes. Pods are built
@@ -17,6 +18,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -62,6 +64,9 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         # The broker listens on its pod IP; the operator heartbeats exactly that address.
         {"name": environment.BROKER_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": environment.BROKER_PORT, "value": str(names.BROKER_PORT)},
+        # Heartbeat and the admin operations on a port of their own, so the NetworkPolicy can
+        # admit them from the operator only (see build_network_policy).
+        {"name": environment.BROKER_ADMIN_PORT, "value": str(names.BROKER_ADMIN_PORT)},
         {"name": environment.BROKER_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": environment.BROKER_CLUSTER, "value": cluster},
         {"name": environment.BROKER_ACCOUNT, "value": spec.account},
@@ -87,7 +92,16 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "env": env,
-        "ports": [{"name": names.BROKER_PORT_NAME, "containerPort": names.BROKER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": names.BROKER_PORT_NAME, "containerPort": names.BROKER_PORT, "protocol": "TCP"},
+            # The operator finds this port by its name on each pod (observed.admin_port).
+            {
+                "name": names.BROKER_ADMIN_PORT_NAME,
+                "containerPort": names.BROKER_ADMIN_PORT,
+                "protocol": "TCP",
+            },
+        ],
+        # Probes stay on the main port: the kubelet is not the operator.
         # /readyz is "process up and journal open", independent of Active: a standby is ready.
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": probe_port},
@@ -236,6 +250,57 @@ def build_active_service(owner: Mapping[str, Any]) -> Manifest:
         "spec": {
             "selector": {**cluster_labels(cluster), names.LABEL_ROLE: names.ROLE_ACTIVE},
             "ports": [_service_port()],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class OperatorPods:
+    """Who the operator is on the pod network: its pods' namespace and labels (from its settings)."""
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def peer(self) -> Manifest:
+        """The NetworkPolicyPeer of the operator's pods; every pod of its namespace without labels."""
+        peer: Manifest = {"namespaceSelector": {"matchLabels": {names.LABEL_NAMESPACE_NAME: self.namespace}}}
+        if self.labels:
+            peer["podSelector"] = {"matchLabels": dict(self.labels)}
+        return peer
+
+
+def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: OperatorPods) -> Manifest:
+    """``<cluster>-brokers-ingress``: the admin port from the operator only, the main port from the
+    listed sources (``spec.networkPolicy.sendMessagesFrom``; every source when it is absent).
+
+    Ingress only: brokers call the backend, the cloud and DNS, and a policy on their egress would
+    have to know all three. The operator is admitted to the main port too when sources are listed:
+    it sends nothing there (its token opens no SendMessages), but a pod created before brokers had
+    an admin port takes its heartbeats there until the rollout replaces it. Ports are named, so the
+    policy follows the container's ports. Probes come from the kubelet on the node, which most
+    network plugins admit whatever the policy says (docs/crd.md).
+    """
+    cluster = owner["metadata"]["name"]
+    policy = spec.network_policy
+    if policy is None:
+        raise ValueError(f"BrokerCluster {cluster} has no spec.networkPolicy enabled: no policy to build")
+    main_rule: Manifest = {"ports": [{"protocol": "TCP", "port": names.BROKER_PORT_NAME}]}
+    if policy.send_messages_from is not None:
+        main_rule["from"] = [*(dict(peer) for peer in policy.send_messages_from), operator.peer()]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _owned_meta(owner, names.network_policy_name(cluster), cluster_labels(cluster)),
+        "spec": {
+            "podSelector": {"matchLabels": cluster_labels(cluster)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [operator.peer()],
+                    "ports": [{"protocol": "TCP", "port": names.BROKER_ADMIN_PORT_NAME}],
+                },
+                main_rule,
+            ],
         },
     }
 

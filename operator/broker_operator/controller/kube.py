@@ -37,6 +37,7 @@ class KubeApi:
         self._client = api_client
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._custom = kubernetes.client.CustomObjectsApi(api_client)
+        self._networking = kubernetes.client.NetworkingV1Api(api_client)
 
     async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
         body = await asyncio.to_thread(
@@ -62,19 +63,43 @@ class KubeApi:
         )
 
     async def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a core/v1 object unless it exists; True if this call created it."""
+        """Create a core/v1 object (or the NetworkPolicy) unless it exists; True if this call created it."""
         namespace = manifest["metadata"]["namespace"]
         creators: dict[str, Callable[..., object]] = {
             "Pod": self._core.create_namespaced_pod,
             "PersistentVolumeClaim": self._core.create_namespaced_persistent_volume_claim,
             "Service": self._core.create_namespaced_service,
             "Secret": self._core.create_namespaced_secret,
+            "NetworkPolicy": self._networking.create_namespaced_network_policy,
         }
         create = creators[manifest["kind"]]
         try:
             await asyncio.to_thread(create, namespace, dict(manifest))
         except ApiException as error:
             if error.status == HTTP_CONFLICT:  # already there: creation is idempotent
+                return False
+            raise
+        return True
+
+    async def update_network_policy(self, manifest: Mapping[str, Any]) -> None:
+        """Bring an existing NetworkPolicy's spec and labels to ``manifest``'s (a merge patch: the
+        lists inside ``spec`` are replaced whole, so a peer removed from the spec is removed)."""
+        metadata = manifest["metadata"]
+        patch = {"metadata": {"labels": metadata["labels"]}, "spec": manifest["spec"]}
+        await asyncio.to_thread(
+            self._networking.patch_namespaced_network_policy,
+            metadata["name"],
+            metadata["namespace"],
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    async def delete_network_policy(self, namespace: str, name: str) -> bool:
+        """Delete NetworkPolicy ``name``; False if there was none."""
+        try:
+            await asyncio.to_thread(self._networking.delete_namespaced_network_policy, name, namespace)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
                 return False
             raise
         return True

@@ -37,6 +37,13 @@ KOPF_ANNOTATION_PREFIX: Final = f"kopf.{GROUP}"
 BROKER_CONTAINER: Final = "broker"
 BROKER_PORT: Final = 8080
 BROKER_PORT_NAME: Final = "soap"
+# The operator's port on managed pods: Heartbeat, the admin operations, /metrics. A port of its
+# own so that the cluster's NetworkPolicy can admit it from the operator alone (docs/broker.md).
+BROKER_ADMIN_PORT: Final = 8081
+BROKER_ADMIN_PORT_NAME: Final = "admin"
+# The label every namespace carries with its own name (Kubernetes sets it, users cannot change it):
+# what a NetworkPolicy's namespaceSelector names the operator's namespace by.
+LABEL_NAMESPACE_NAME: Final = "kubernetes.io/metadata.name"
 DATA_MOUNT: Final = "/var/lib/broker/data"
 TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover"
 TOKEN_FILE_KEY: Final = "token"
@@ -66,6 +73,10 @@ def active_service_name(cluster: str) -> str:
     return f"{cluster}-active"
 
 
+def network_policy_name(cluster: str) -> str:
+    return f"{cluster}-brokers-ingress"
+
+
 def generated_token_secret_name(cluster: str) -> str:
     return f"{cluster}-broker-token"
 
@@ -74,7 +85,8 @@ def generated_backend_token_secret_name(cluster: str) -> str:
     return f"{cluster}-backend-token"
 
 
-def broker_soap_url(pod_ip: str) -> str:
-    """The engine's ``BrokerTarget.url`` for a pod: its IP, the broker port, the SOAP path."""
+def broker_soap_url(pod_ip: str, port: int = BROKER_PORT) -> str:
+    """The engine's ``BrokerTarget.url`` for a pod: its IP, the port of the operator's calls (the
+    admin port where the pod has one, see ``observed.admin_port``), the SOAP path."""
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-    return f"http://{host}:{BROKER_PORT}{SOAP_PATH}"
+    return f"http://{host}:{port}{SOAP_PATH}"

@@ -49,6 +49,28 @@ def pod_ordinal(pod: PodBody) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
+def admin_port(pod: PodBody) -> int:
+    """The port the operator calls a broker pod on: its container's ``admin`` port, else its only one.
+
+    Read from each pod, not assumed from the operator's version: pods created before the admin port
+    existed (an operator upgrade rolls them one at a time) serve Heartbeat on the main port, and a
+    heartbeat to a port they do not have would look like a dead broker and fail over for nothing.
+    """
+    for container in pod.get("spec", {}).get("containers") or []:
+        if container.get("name") != names.BROKER_CONTAINER:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == names.BROKER_ADMIN_PORT_NAME and port.get("containerPort"):
+                return int(port["containerPort"])
+    return names.BROKER_PORT
+
+
+def admin_soap_url(pod: PodBody) -> str | None:
+    """The SOAP URL of a pod's Heartbeat and admin operations; None while it has no IP."""
+    ip = pod.get("status", {}).get("podIP")
+    return names.broker_soap_url(ip, admin_port(pod)) if ip else None
+
+
 def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTarget]:
     """The engine's targets: endpoints as written, or every managed pod that has an IP yet."""
     if spec.endpoints_mode:
@@ -56,10 +78,10 @@ def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTa
     targets = []
     for name, pod in pods.items():
         ordinal = pod_ordinal(pod)
-        ip = pod.get("status", {}).get("podIP")
-        if ordinal is None or not ip or pod.get("metadata", {}).get("deletionTimestamp"):
+        url = admin_soap_url(pod)
+        if ordinal is None or url is None or pod.get("metadata", {}).get("deletionTimestamp"):
             continue  # no address yet (or on its way out): nothing to heartbeat
-        targets.append(BrokerTarget(name, names.broker_soap_url(ip), ordinal))
+        targets.append(BrokerTarget(name, url, ordinal))
     return sorted(targets, key=lambda t: t.priority)
 
 
@@ -126,8 +148,9 @@ class ClusterObservations:
             self.pods.pop(name, None)
         else:
             self.pods[name] = pod
-        ip_before = (before or {}).get("status", {}).get("podIP")
-        ip_after = (pod or {}).get("status", {}).get("podIP")
+        # The URL, not only the IP: a pod replaced under its name may come back with an admin port.
+        url_before = admin_soap_url(before) if before is not None else None
+        url_after = admin_soap_url(pod) if pod is not None else None
         dead_before = before is None or container_terminated(before)
         dead_after = pod is None or container_terminated(pod)
-        return ip_before != ip_after or (before is None) != (pod is None), dead_before != dead_after
+        return url_before != url_after or (before is None) != (pod is None), dead_before != dead_after

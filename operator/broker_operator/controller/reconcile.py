@@ -1,5 +1,5 @@
-"""Bring one BrokerCluster's children in line with its spec: Secret, Services, PVCs, pods, rollout,
-and the journal claims' retention policy (``claims.py``).
+"""Bring one BrokerCluster's children in line with its spec: Secret, Services, NetworkPolicy, PVCs,
+pods, rollout, and the journal claims' retention policy (``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import builders, names
 from broker_operator.controller.claims import apply_claim_retention
@@ -131,6 +132,7 @@ async def reconcile_cluster(
         status_patch["observedGeneration"] = generation
 
     await ensure_children(context, ref, parsed)
+    await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
         await roll_out(context, ref, parsed, logger)
         await apply_claim_retention(context, ref, parsed, logger)
@@ -196,6 +198,78 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         pod = builders.build_pod(owner, ordinal, spec, active=name == active)
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+
+
+# The API server's answers that a NetworkPolicy cannot be made as asked: forbidden (a chart from
+# before the operator made policies), invalid (a peer the API server refuses). Reported, not raised:
+# the brokers run without the policy rather than not at all.
+_POLICY_REFUSED = {400, 403, 422}
+
+
+async def ensure_network_policy(
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: ClusterSpec,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> None:
+    """Create, update or delete ``<cluster>-brokers-ingress`` after ``spec.networkPolicy``, once per
+    spec generation (like the Services; a policy deleted by hand comes back with the next spec
+    change or operator restart).
+
+    A cluster without the policy gets one DELETE per generation (404 as a rule): that is what turns
+    the policy off when ``enabled`` is set back to false, even across an operator restart, without
+    a watch on NetworkPolicies.
+    """
+    observations = context.observations_for(ref.namespace, ref.name)
+    key = f"NetworkPolicy/{names.network_policy_name(ref.name)}"
+    if key in observations.ensured:
+        return
+    try:
+        problem = await _apply_network_policy(context, ref, spec, key)
+    except ApiException as error:
+        if error.status not in _POLICY_REFUSED:
+            raise
+        if spec.network_policy is None:
+            # Nothing asked for: an RBAC without networkpolicies (an older chart) is not worth a warning.
+            logger.debug("cannot delete %s: %s %s", key, error.status, error.reason)
+            observations.ensured.add(key)  # not again every pass: once per generation
+            problem = None
+        else:
+            problem = f"{key} could not be applied: the API server answered {error.status} {error.reason}"
+            problem += f": {error.body}" if error.body else ""
+            observations.ensured.discard(key)  # tried again on the next pass
+    if problem is not None:
+        if observations.first_report("NetworkPolicyNotCreated", problem):
+            kopf.warn(ref.kopf_body, reason="NetworkPolicyNotCreated", message=problem)
+        logger.warning("%s", problem)
+
+
+async def _apply_network_policy(
+    context: ControllerContext, ref: ClusterRef, spec: ClusterSpec, key: str
+) -> str | None:
+    """One attempt at the wanted state; returns what stopped it (None: done, and remembered)."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    owner = ref.kopf_body
+    operator_namespace = context.settings.pod_namespace
+    if spec.network_policy is None or spec.endpoints_mode:
+        if await context.api.delete_network_policy(ref.namespace, names.network_policy_name(ref.name)):
+            kopf.info(owner, reason="Deleted", message=f"deleted {key}: spec.networkPolicy is not enabled")
+        observations.ensured.add(key)
+        return None
+    observations.ensured.add(key)  # a missing namespace is reported once per generation
+    if operator_namespace is None:
+        return (
+            f"spec.networkPolicy.enabled is true but {key} was not created: the operator does not know "
+            "its own namespace, so the policy could not admit its heartbeats; set OPERATOR_POD_NAMESPACE "
+            "and OPERATOR_POD_LABELS (the Helm chart does) or --pod-namespace/--pod-labels"
+        )
+    operator = builders.OperatorPods(operator_namespace, context.settings.pod_labels)
+    manifest = builders.build_network_policy(owner, spec, operator)
+    if await context.api.create(manifest):
+        kopf.info(owner, reason="Created", message=f"created {key}")
+    else:
+        await context.api.update_network_policy(manifest)
+    return None
 
 
 def token_secrets(owner: Mapping[str, Any], spec: ClusterSpec) -> list[dict[str, Any]]:

@@ -42,6 +42,25 @@ class ControllerSettings:
     # How often a running cluster's token Secret is read again, so a rotated token reaches the
     # heartbeats without a restart (a broker refusing every token known also triggers a read).
     token_recheck_seconds: float = 30.0
+    # Who the operator is, for the NetworkPolicy of a cluster with spec.networkPolicy.enabled: its
+    # pods' namespace and labels (the chart sets both). The policy admits the admin port from pods
+    # with these labels in this namespace; without a namespace no policy is made (an operator run
+    # outside the cluster has no pod a policy could name).
+    pod_namespace: str | None = None
+    pod_labels: tuple[tuple[str, str], ...] = ()
+
+
+def parse_pod_labels(text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` (the chart's OPERATOR_POD_LABELS) as sorted pairs; raises ValueError naming a bad one."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--pod-labels / OPERATOR_POD_LABELS: {item!r} is not key=value")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(sorted(pairs))
 
 
 def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerSettings:
@@ -92,7 +111,21 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         default=float(env("OPERATOR_TOKEN_RECHECK_SECONDS", "30")),
         help="how often each cluster's operator-token Secret is read again (rotation without restart)",
     )
+    parser.add_argument(
+        "--pod-namespace",
+        default=env("OPERATOR_POD_NAMESPACE", "") or None,
+        help="the operator pods' namespace, which NetworkPolicies admit (env OPERATOR_POD_NAMESPACE)",
+    )
+    parser.add_argument(
+        "--pod-labels",
+        default=env("OPERATOR_POD_LABELS", ""),
+        help="the operator pods' labels as k=v,k=v, which NetworkPolicies admit (env OPERATOR_POD_LABELS)",
+    )
     args = parser.parse_args(argv)
+    try:
+        pod_labels = parse_pod_labels(args.pod_labels)
+    except ValueError as error:
+        parser.error(str(error))
     namespaces = args.namespace or [ns for ns in env("OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
     if args.metrics_port < 0 or args.metrics_port > 65535:
         parser.error(f"--metrics-port ({args.metrics_port}) must be 0..65535 (0 = no metrics server)")
@@ -115,6 +148,8 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         reconcile_seconds=args.reconcile_seconds,
         startup_grace_seconds=args.startup_grace_seconds,
         token_recheck_seconds=args.token_recheck_seconds,
+        pod_namespace=args.pod_namespace,
+        pod_labels=pod_labels,
     )
 
 

@@ -84,6 +84,26 @@ class ClaimRetention:
         return self.when_deleted == "Delete"
 
 
+# The fields of a NetworkPolicyPeer (networking.k8s.io/v1); the API server checks what is inside
+# each when the operator creates the policy, this parser only their shape and combination.
+_PEER_SELECTORS: Final = ("podSelector", "namespaceSelector")
+_PEER_FIELDS: Final = (*_PEER_SELECTORS, "ipBlock")
+
+
+@dataclass(frozen=True)
+class NetworkPolicySpec:
+    """``spec.networkPolicy`` when enabled: who may reach the brokers' main port.
+
+    The admin port (Heartbeat, admin operations) always admits the operator only; that part is not
+    the user's to widen. ``send_messages_from`` is None when the field is absent: the main port is
+    then open to every source (as a NetworkPolicy rule without ``from``), so turning the policy on
+    never cuts off a backend nobody listed; listed peers are the only sources admitted besides the
+    operator.
+    """
+
+    send_messages_from: tuple[Mapping[str, Any], ...] | None = None
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     account: str
@@ -106,6 +126,7 @@ class ClusterSpec:
     on_poison: str
     message_log_claim: str | None
     message_log_mount: str
+    network_policy: NetworkPolicySpec | None = None  # None: no NetworkPolicy (the default)
 
     @property
     def endpoints_mode(self) -> bool:
@@ -132,6 +153,7 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
     message_log = _mapping(spec, "messageLog", problems)
     auth = _mapping(spec, "auth", problems)
     retention = _mapping(spec, "persistentVolumeClaimRetentionPolicy", problems)
+    network_policy = _network_policy(_mapping(spec, "networkPolicy", problems), problems)
 
     account = _text(spec.get("account"), "spec.account", problems)
     company = _text(spec.get("company"), "spec.company", problems)
@@ -193,6 +215,7 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         on_poison=on_poison,
         message_log_claim=message_log.get("claimName") or None,
         message_log_mount=str(message_log.get("mountPath") or fields.MESSAGE_LOG_MOUNT.default),
+        network_policy=network_policy,
     )
     if problems:
         raise SpecError(cluster, problems)
@@ -247,6 +270,45 @@ def _endpoints(raw: object, problems: list[str]) -> tuple[Endpoint, ...]:
     if repeated:
         problems.append(f"spec.endpoints priorities must be unique; repeated: {', '.join(repeated)}")
     return tuple(sorted(endpoints, key=lambda e: e.priority))
+
+
+def _network_policy(raw: Mapping[str, Any], problems: list[str]) -> NetworkPolicySpec | None:
+    """``spec.networkPolicy``: None unless enabled; the peers checked for shape as the CRD's CEL does."""
+    enabled = fields.NETWORK_POLICY_ENABLED.read(raw, problems)
+    peers = raw.get("sendMessagesFrom")
+    if peers is None:
+        return NetworkPolicySpec() if enabled else None
+    if not isinstance(peers, Sequence) or isinstance(peers, str) or not peers:
+        problems.append(
+            f"spec.networkPolicy.sendMessagesFrom must be a non-empty list of NetworkPolicyPeers "
+            f"(podSelector, namespaceSelector, ipBlock), got {peers!r}; leave it out to admit every source"
+        )
+        return NetworkPolicySpec() if enabled else None
+    checked: list[Mapping[str, Any]] = []
+    for index, peer in enumerate(peers):
+        path = f"spec.networkPolicy.sendMessagesFrom[{index}]"
+        if not isinstance(peer, Mapping):
+            problems.append(f"{path} must be a NetworkPolicyPeer object, got {peer!r}")
+            continue
+        given = {name: peer[name] for name in _PEER_FIELDS if peer.get(name) is not None}
+        if not given:
+            problems.append(f"{path} must set podSelector, namespaceSelector or ipBlock")
+        if "ipBlock" in given and any(name in given for name in _PEER_SELECTORS):
+            problems.append(f"{path}: ipBlock cannot be combined with podSelector or namespaceSelector")
+        for name, value in given.items():
+            if not isinstance(value, Mapping):
+                problems.append(f"{path}.{name} must be an object, got {value!r}")
+        checked.append(_plain(given))
+    return NetworkPolicySpec(tuple(checked)) if enabled else None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy (plain dicts and lists) of a mapping read from a kopf body."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _secret_ref(raw: object, key: fields.TextField, problems: list[str]) -> SecretRef | None:

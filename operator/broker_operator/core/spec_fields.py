@@ -11,7 +11,7 @@ not the other fails the tests.
 Each constrained field also reads itself out of a spec section (``read``), so that a range is
 checked, and its message worded, the same way by both parsers. A field is an ``IntegerField``
 (``type: integer``), a ``NumberField`` (``type: number``: the heartbeat durations, which take
-decimal seconds such as 0.2), a ``ChoiceField`` (an enum) or a ``TextField``.
+decimal seconds such as 0.2), a ``ChoiceField`` (an enum), a ``TextField`` or a ``BooleanField``.
 
 What it does not hold: the cross-field rules (lease longer than interval times failureThreshold, and
 so on), which are code in the parsers and CEL in the CRD, checked against each other by the same
@@ -118,6 +118,30 @@ class ChoiceField:
 
 
 @dataclass(frozen=True)
+class BooleanField:
+    """A boolean field with a default (``type: boolean``)."""
+
+    path: str
+    default: bool
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
+
+    def read(self, section: Mapping[str, Any], problems: list[str]) -> bool:
+        """The field's value in ``section``, or its default; anything but true or false is a problem."""
+        value = section.get(self.name, self.default)
+        if not isinstance(value, bool):
+            problems.append(f"{self.parent}.{self.name} ({value!r}) must be true or false")
+            return self.default
+        return value
+
+
+@dataclass(frozen=True)
 class TextField:
     """A string field with a default and no enum."""
 
@@ -159,11 +183,14 @@ FAILBACK_STABLE: Final = IntegerField("failbackStableSeconds", 0, 86400, 30, sec
 MAX_DELIVERIES: Final = IntegerField("delivery.maxDeliveries", 1, 100, 5)
 ON_POISON: Final = ChoiceField("delivery.onPoison", ("BlockStream", "Hold"), "BlockStream")
 MESSAGE_LOG_MOUNT: Final = TextField("messageLog.mountPath", "/var/lib/broker/message-log")
+# Off unless asked for: a policy that admits SendMessages from listed sources only would cut off a
+# backend nobody listed, so an upgrade never turns it on for a running cluster.
+NETWORK_POLICY_ENABLED: Final = BooleanField("networkPolicy.enabled", False)
 # In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
 # cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
 MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
 
-FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField, ...]] = (
+FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField | BooleanField, ...]] = (
     REPLICAS,
     ENDPOINT_PRIORITY,
     IMAGE,
@@ -186,6 +213,7 @@ FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField, ...]] 
     ON_POISON,
     MESSAGE_LOG_MOUNT,
     MESSAGE_LOG_SCHEDULE,
+    NETWORK_POLICY_ENABLED,
 )
 """Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
 

@@ -116,9 +116,13 @@ class BrokerAdmin:
 
 _REACH_HINT: Final = (
     "; brokers are reached at their pod IPs, which only work from inside the pod network: from "
-    "elsewhere run `kubectl port-forward pod/BROKER 18080:8080` and pass --url http://127.0.0.1:18080/soap"
+    "elsewhere run `kubectl port-forward pod/BROKER 18081:8081` (its admin port; 8080 for a pod "
+    "without one) and pass --url http://127.0.0.1:18081/soap"
 )
 _FAULT_HINTS: Final = {
+    FaultCode.WRONG_PORT.value: (
+        " (this broker takes the admin operations on its 'admin' port only: give --url that port)"
+    ),
     FaultCode.UNAUTHENTICATED.value: (
         " (the operator's token from the cluster's Secret did not open it: rotated just now, or the "
         "broker was given another Secret?)"

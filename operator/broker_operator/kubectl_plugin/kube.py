@@ -32,6 +32,7 @@ from urllib3.exceptions import HTTPError
 
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody, PodBody
+from broker_operator.controller.observed import admin_soap_url
 from broker_operator.controller.spec import ClusterSpec, SecretRef, SpecError, parse_spec
 from broker_operator.kubectl_plugin.errors import PluginError, UsageError
 
@@ -109,14 +110,12 @@ class Kube:
         spec = cluster_spec(body)
         if spec.endpoints_mode:
             return [BrokerAddress(e.name, e.url) for e in sorted(spec.endpoints, key=lambda e: e.priority)]
-        ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in self.broker_pods(name)}
+        # The admin operations go where the operator's heartbeats go: the pod's admin port if it has one.
+        urls = {p["metadata"]["name"]: admin_soap_url(p) for p in self.broker_pods(name)}
         wanted = [names.pod_name(name, ordinal) for ordinal in range(spec.replicas)]
         # Pods beyond replicas (a scale-down under way) are still brokers someone may ask.
-        extra = sorted(set(ips) - set(wanted), key=_ordinal)
-        return [
-            BrokerAddress(pod, names.broker_soap_url(ip) if (ip := ips.get(pod)) else None)
-            for pod in [*wanted, *extra]
-        ]
+        extra = sorted(set(urls) - set(wanted), key=_ordinal)
+        return [BrokerAddress(pod, urls.get(pod)) for pod in [*wanted, *extra]]
 
     def operator_token(self, body: BrokerClusterBody) -> str:
         """The operator's token for admin calls: ``spec.auth.tokenSecretRef`` or ``<name>-broker-token``."""

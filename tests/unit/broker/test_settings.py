@@ -41,6 +41,20 @@ def test_the_backends_credential_is_read_like_the_operators_and_is_its_own(tmp_p
         parse_settings([], {**env, "BROKER_BACKEND_TOKEN": "t"})
 
 
+def test_the_admin_port_is_off_unless_set_and_must_differ_from_the_port(tmp_path: Path) -> None:
+    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"}
+    assert parse_settings([], env).admin_port is None  # one port for everything, as before
+    assert parse_settings([], {**env, "BROKER_ADMIN_PORT": ""}).admin_port is None
+    assert parse_settings([], {**env, "BROKER_ADMIN_PORT": "8081"}).admin_port == 8081
+    assert parse_settings(["--admin-port", "9001"], {**env, "BROKER_ADMIN_PORT": "8081"}).admin_port == 9001
+    with pytest.raises(SettingsError, match="--admin-port / BROKER_ADMIN_PORT = 8080 is the same as --port"):
+        parse_settings(["--admin-port", "8080"], env)
+    with pytest.raises(SettingsError, match="'admin' is not a int"):
+        parse_settings(["--admin-port", "admin"], env)
+    with pytest.raises(SettingsError, match="must be at most 65535"):
+        parse_settings(["--admin-port", "70000"], env)
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [

@@ -68,6 +68,9 @@ def declare_resources(api: kmock.KubernetesEmulator) -> None:
         ("events", "Event"),
     ]:
         api.resources[f"v1/{plural}"] = kmock.ResourceInfo(kind=kind, namespaced=True, verbs=VERBS)
+    api.resources["networking.k8s.io/v1/networkpolicies"] = kmock.ResourceInfo(
+        kind="NetworkPolicy", namespaced=True, verbs=VERBS
+    )
     # kopf's backbone: it waits for these to be discoverable before it starts any watch.
     api.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=VERBS)
     api.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
@@ -83,7 +86,7 @@ def kube_api(kmock: kmock.KubernetesEmulator) -> KubeApi:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    api: kmock.KubernetesEmulator, kube_api: KubeApi
+    api: kmock.KubernetesEmulator, kube_api: KubeApi, **settings_given: Any
 ) -> AsyncIterator[ControllerContext]:
     """The controller's handlers in a kopf operator task against kmock, stopped on exit.
 
@@ -103,7 +106,7 @@ async def running_operator(
     settings.scanning.disabled = True  # kmock serves the resources it was told about; nothing to discover
     context = ControllerContext(
         settings=ControllerSettings(
-            namespaces=(NAMESPACE,), operator_id="unit-test", daemon_poll_seconds=0.5
+            namespaces=(NAMESPACE,), operator_id="unit-test", daemon_poll_seconds=0.5, **settings_given
         ),
         api=kube_api,
     )

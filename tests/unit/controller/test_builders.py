@@ -178,3 +178,58 @@ def test_template_hash_follows_the_spec_not_the_role() -> None:
     key = names.ANNOTATION_TEMPLATE_HASH
     assert active["metadata"]["annotations"][key] == standby["metadata"]["annotations"][key]
     assert builders.template_hash("orders", base) != builders.template_hash("orders", changed)
+
+
+def test_broker_pods_serve_the_operator_on_a_named_admin_port_and_probes_stay_on_the_main_one() -> None:
+    pod = builders.build_pod(OWNER, 0, parse_spec("orders", {"account": "a", "company": "c"}), active=False)
+    (container,) = pod["spec"]["containers"]
+    assert container["ports"] == [
+        {"name": "soap", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "admin", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    assert env_of(pod)["BROKER_ADMIN_PORT"] == "8081"
+    assert (
+        container["readinessProbe"]["httpGet"]["port"]
+        == container["livenessProbe"]["httpGet"]["port"]
+        == "soap"
+    )
+    # Producers reach the main port only: the Services keep the one port.
+    for service in (builders.build_active_service(OWNER), builders.build_headless_service(OWNER)):
+        assert [p["name"] for p in service["spec"]["ports"]] == ["soap"]
+
+
+OPERATOR_PODS = builders.OperatorPods("broker-system", (("app.kubernetes.io/instance", "bf"),))
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "broker-system"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "bf"}},
+}
+
+
+def test_the_network_policy_admits_the_admin_port_from_the_operator_and_send_messages_from_the_sources() -> (
+    None
+):
+    backend = {"ipBlock": {"cidr": "10.20.0.0/16"}}
+    spec = parse_spec(
+        "orders",
+        {"account": "a", "company": "c", "networkPolicy": {"enabled": True, "sendMessagesFrom": [backend]}},
+    )
+    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["metadata"]["name"] == "orders-brokers-ingress"
+    (ref,) = policy["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"]) == ("BrokerCluster", "orders", "uid-1")
+    assert policy["spec"]["podSelector"] == {"matchLabels": builders.cluster_labels("orders")}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (backend, cloud, DNS) stays open
+    assert policy["spec"]["ingress"] == [
+        {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": "admin"}]},
+        # The operator too: a pod from before the admin port takes its heartbeats on the main port.
+        {"from": [backend, OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": "soap"}]},
+    ]
+
+
+def test_without_sources_the_main_port_admits_everyone_and_without_labels_the_operators_namespace() -> None:
+    spec = parse_spec("orders", {"account": "a", "company": "c", "networkPolicy": {"enabled": True}})
+    policy = builders.build_network_policy(OWNER, spec, builders.OperatorPods("ops"))
+    admin, main = policy["spec"]["ingress"]
+    assert admin["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
+    assert main == {"ports": [{"protocol": "TCP", "port": "soap"}]}  # no `from`: every source

@@ -8,6 +8,7 @@ from broker_operator.controller import names
 from broker_operator.controller.bodies import PodBody
 from broker_operator.controller.observed import (
     ClusterObservations,
+    admin_port,
     container_terminated,
     facts_for,
     targets_for,
@@ -104,3 +105,28 @@ def test_the_engine_starts_when_every_broker_is_ready() -> None:
     # An operator restart renews the recorded active's lease at once.
     restart = {"expected": expected, "recorded_active": "orders-1", "grace": 30.0}
     assert may_start(addressed={"orders-1"}, ready=set(), waited=0.0, **restart)
+
+
+def with_ports(body: PodBody, *ports: tuple[str, int]) -> PodBody:
+    containers = [{"name": "broker", "ports": [{"name": n, "containerPort": p} for n, p in ports]}]
+    return {**body, "spec": {"containers": containers}}  # type: ignore[typeddict-item]
+
+
+def test_the_operator_calls_each_pod_on_its_admin_port_if_it_has_one() -> None:
+    pods = {
+        "orders-0": with_ports(pod(0, "127.0.0.10"), ("soap", 8080), ("admin", 8081)),
+        # Created by an operator from before the admin port: heartbeats go to its one port.
+        "orders-1": with_ports(pod(1, "127.0.0.11"), ("soap", 8080)),
+    }
+    assert admin_port(pods["orders-0"]) == 8081
+    assert targets_for(SPEC, pods) == [
+        BrokerTarget("orders-0", "http://127.0.0.10:8081/soap", 0),
+        BrokerTarget("orders-1", "http://127.0.0.11:8080/soap", 1),
+    ]
+
+
+def test_a_pod_replaced_with_an_admin_port_retargets_the_engine() -> None:
+    observations = ClusterObservations()
+    observations.observe("orders-0", pod(0, "127.0.0.10"))
+    targets_changed, _ = observations.observe("orders-0", with_ports(pod(0, "127.0.0.10"), ("admin", 8081)))
+    assert targets_changed

@@ -254,3 +254,62 @@ async def test_when_deleted_sets_and_takes_back_the_claims_owner_reference(
         assert response.status == 200
         for name in ("journal-orders-0", "journal-orders-1"):
             await eventually(lambda name=name: claim_owners(kmock, name) == [])
+
+
+POLICIES = "networking.k8s.io/v1/networkpolicies"
+
+
+async def test_the_network_policy_follows_spec_network_policy_and_names_the_operators_pods(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    erp = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "erp-backend"}}}
+    operator = {
+        "pod_namespace": "broker-system",
+        "pod_labels": (("app.kubernetes.io/name", "broker-failover"),),
+    }
+    async with running_operator(kmock, kube_api, **operator):
+        await create_cluster(
+            kmock, cluster_body("orders", networkPolicy={"enabled": True, "sendMessagesFrom": [erp]})
+        )
+        await eventually(lambda: "orders-brokers-ingress" in objects_of(kmock, POLICIES))
+        policy = objects_of(kmock, POLICIES)["orders-brokers-ingress"]
+        (owner,) = policy["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("BrokerCluster", "orders")
+        admin, main = policy["spec"]["ingress"]
+        operator_peer = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "broker-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "broker-failover"}},
+        }
+        assert admin == {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": "admin"}]}
+        assert main == {"from": [erp, operator_peer], "ports": [{"protocol": "TCP", "port": "soap"}]}
+
+        # A changed source list reaches the policy; turning it off deletes it. (kmock does not count
+        # generations; the API server would, and the operator applies the policy once per generation.)
+        response = await kmock.patch(
+            f"{CLUSTERS_URL}/orders",
+            json={"metadata": {"generation": 2}, "spec": {"networkPolicy": {"sendMessagesFrom": None}}},
+        )
+        assert response.status < 300, await response.text()
+        await eventually(
+            lambda: "from" not in objects_of(kmock, POLICIES)["orders-brokers-ingress"]["spec"]["ingress"][1]
+        )
+        response = await kmock.patch(
+            f"{CLUSTERS_URL}/orders",
+            json={"metadata": {"generation": 3}, "spec": {"networkPolicy": {"enabled": False}}},
+        )
+        assert response.status < 300, await response.text()
+        await eventually(lambda: "orders-brokers-ingress" not in objects_of(kmock, POLICIES))
+
+
+async def test_without_its_namespace_the_operator_makes_no_policy_and_says_why(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    async with running_operator(kmock, kube_api):
+        await create_cluster(kmock, cluster_body("orders", networkPolicy={"enabled": True}))
+        await eventually(
+            lambda: any(e["reason"] == "NetworkPolicyNotCreated" for e in events_of(kmock, "orders"))
+        )
+        (event,) = [e for e in events_of(kmock, "orders") if e["reason"] == "NetworkPolicyNotCreated"]
+        assert "OPERATOR_POD_NAMESPACE" in event["message"]
+        assert len(objects_of(kmock, "v1/pods")) == 2  # the brokers run all the same
+        assert objects_of(kmock, POLICIES) == {}

@@ -39,3 +39,18 @@ def test_bad_values_are_refused(argv: list[str], capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         parse_settings(argv, {})
     assert argv[0] in capsys.readouterr().err
+
+
+def test_the_operators_pod_identity_for_network_policies() -> None:
+    # The chart passes both through the environment (downward API for the namespace).
+    env = {"OPERATOR_POD_NAMESPACE": "broker-system", "OPERATOR_POD_LABELS": "b=2, a=1,,"}
+    settings = parse_settings([], env)
+    assert (settings.pod_namespace, settings.pod_labels) == ("broker-system", (("a", "1"), ("b", "2")))
+    assert parse_settings(["--pod-namespace", "ops", "--pod-labels", "x=y"], env).pod_labels == (("x", "y"),)
+    assert (ControllerSettings().pod_namespace, ControllerSettings().pod_labels) == (None, ())
+
+
+def test_a_pod_label_without_a_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(["--pod-labels", "app"], {})
+    assert "'app' is not key=value" in capsys.readouterr().err

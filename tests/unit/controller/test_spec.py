@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -151,3 +152,41 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(SpecError) as caught:
         parse_spec("orders", {"replicas": 0, "failback": "x"})
     assert len(caught.value.problems) >= 4  # account, company, replicas, failback
+
+
+def test_the_network_policy_is_off_unless_enabled_and_its_sources_are_peers() -> None:
+    base = {"account": "a", "company": "c"}
+    assert parse_spec("x", base).network_policy is None
+    peers = [
+        {"ipBlock": {"cidr": "10.20.0.0/16"}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"a": "b"}}},
+    ]
+    off = parse_spec("x", {**base, "networkPolicy": {"sendMessagesFrom": peers}})
+    assert off.network_policy is None  # sources alone do not turn it on
+    on = parse_spec("x", {**base, "networkPolicy": {"enabled": True, "sendMessagesFrom": peers}})
+    assert on.network_policy is not None and list(on.network_policy.send_messages_from or ()) == peers
+    anywhere = parse_spec("x", {**base, "networkPolicy": {"enabled": True}})
+    assert anywhere.network_policy is not None and anywhere.network_policy.send_messages_from is None
+
+
+@pytest.mark.parametrize(
+    ("network_policy", "message"),
+    [
+        ({"enabled": "yes"}, "spec.networkPolicy.enabled ('yes') must be true or false"),
+        ({"enabled": True, "sendMessagesFrom": []}, "sendMessagesFrom must be a non-empty list"),
+        ({"enabled": True, "sendMessagesFrom": [{}]}, "sendMessagesFrom[0] must set podSelector"),
+        (
+            {"enabled": True, "sendMessagesFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]},
+            "sendMessagesFrom[0]: ipBlock cannot be combined",
+        ),
+        (
+            {"enabled": True, "sendMessagesFrom": [{"podSelector": "app=erp"}]},
+            "podSelector must be an object",
+        ),
+    ],
+)
+def test_bad_network_policies_are_refused_naming_the_field(
+    network_policy: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_spec("x", {"account": "a", "company": "c", "networkPolicy": network_policy})

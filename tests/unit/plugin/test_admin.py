@@ -107,5 +107,5 @@ def test_a_broker_that_is_not_there_says_how_to_reach_it() -> None:
         BrokerAdmin("orders-0", url, "t", timeout=2).list_held()
     message = str(unreachable.value)
     assert message.startswith(f"broker orders-0 unreachable at {url} (Connection refused)")
-    assert "kubectl port-forward pod/BROKER 18080:8080" in message
+    assert "kubectl port-forward pod/BROKER 18081:8081" in message
     assert unreachable.value.exit_code == 1
