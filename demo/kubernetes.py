@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings
 from local_cluster.relay import (
     CHART,
@@ -192,7 +193,7 @@ def simulators(messages: int) -> list[dict[str, Any]]:
     ]
     token_env = [
         {
-            "name": "BROKER_BACKEND_TOKEN",
+            "name": environment.BROKER_BACKEND_TOKEN,
             "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
         }
     ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
 
 
@@ -104,23 +105,23 @@ class BrokerSettings:
 
 # (flag, env var, default) for the fixed interface; see the brief in docs/broker.md.
 _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
-    ("--host", "BROKER_HOST", "0.0.0.0"),
-    ("--port", "BROKER_PORT", "8080"),
+    ("--host", environment.BROKER_HOST, "0.0.0.0"),
+    ("--port", environment.BROKER_PORT, "8080"),
     ("--admin-port", BROKER_ADMIN_PORT, ""),
-    ("--name", "BROKER_NAME", None),
-    ("--cluster", "BROKER_CLUSTER", None),
-    ("--account", "BROKER_ACCOUNT", ""),
-    ("--company", "BROKER_COMPANY", ""),
-    ("--data-dir", "BROKER_DATA_DIR", None),
-    ("--message-log-dir", "BROKER_MESSAGE_LOG_DIR", None),
-    ("--backend-url", "BROKER_BACKEND_URL", ""),
-    ("--cloud-url", "BROKER_CLOUD_URL", ""),
-    ("--token-file", "BROKER_TOKEN_FILE", None),
-    ("--backend-token-file", "BROKER_BACKEND_TOKEN_FILE", None),
-    ("--token-grace-seconds", "BROKER_TOKEN_GRACE_SECONDS", "30"),
+    ("--name", environment.BROKER_NAME, None),
+    ("--cluster", environment.BROKER_CLUSTER, None),
+    ("--account", environment.BROKER_ACCOUNT, ""),
+    ("--company", environment.BROKER_COMPANY, ""),
+    ("--data-dir", environment.BROKER_DATA_DIR, None),
+    ("--message-log-dir", environment.BROKER_MESSAGE_LOG_DIR, None),
+    ("--backend-url", environment.BROKER_BACKEND_URL, ""),
+    ("--cloud-url", environment.BROKER_CLOUD_URL, ""),
+    ("--token-file", environment.BROKER_TOKEN_FILE, None),
+    ("--backend-token-file", environment.BROKER_BACKEND_TOKEN_FILE, None),
+    ("--token-grace-seconds", environment.BROKER_TOKEN_GRACE_SECONDS, "30"),
     ("--lease-seconds", BROKER_LEASE_SECONDS, "5"),
-    ("--max-deliveries", "BROKER_MAX_DELIVERIES", "5"),
-    ("--on-poison", "BROKER_ON_POISON", PoisonPolicy.BLOCK_STREAM.value),
+    ("--max-deliveries", environment.BROKER_MAX_DELIVERIES, "5"),
+    ("--on-poison", environment.BROKER_ON_POISON, PoisonPolicy.BLOCK_STREAM.value),
 )
 
 
@@ -180,7 +181,7 @@ def parse_settings(
             "(--token-file / BROKER_TOKEN); give the backend a credential of its own, or whoever can "
             "send bundles could also switch the broker"
         )
-    port = int(_number(str(raw["port"]), "--port", "BROKER_PORT", int, 0))
+    port = int(_number(str(raw["port"]), "--port", environment.BROKER_PORT, int, 0))
     admin_port = _admin_port(str(raw["admin_port"] or ""), port)
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
@@ -206,11 +207,15 @@ def parse_settings(
         token_file=Path(raw["token_file"]) if raw["token_file"] else None,
         backend_token_file=Path(raw["backend_token_file"]) if raw["backend_token_file"] else None,
         token_grace_seconds=_number(
-            str(raw["token_grace_seconds"]), "--token-grace-seconds", "BROKER_TOKEN_GRACE_SECONDS", float, 0
+            str(raw["token_grace_seconds"]),
+            "--token-grace-seconds",
+            environment.BROKER_TOKEN_GRACE_SECONDS,
+            float,
+            0,
         ),
         lease_seconds=_number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1),
         max_deliveries=int(
-            _number(str(raw["max_deliveries"]), "--max-deliveries", "BROKER_MAX_DELIVERIES", int, 1)
+            _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
         on_poison=on_poison,
         body_limit_bytes=args.body_limit_bytes,
@@ -255,10 +260,16 @@ class _Credential:
 
 
 _OPERATOR_CREDENTIAL = _Credential(
-    "--token-file", "BROKER_TOKEN_FILE", "BROKER_TOKEN", "Heartbeat and the admin operations refuse"
+    "--token-file",
+    environment.BROKER_TOKEN_FILE,
+    environment.BROKER_TOKEN,
+    "Heartbeat and the admin operations refuse",
 )
 _BACKEND_CREDENTIAL = _Credential(
-    "--backend-token-file", "BROKER_BACKEND_TOKEN_FILE", "BROKER_BACKEND_TOKEN", "SendMessages refuses"
+    "--backend-token-file",
+    environment.BROKER_BACKEND_TOKEN_FILE,
+    environment.BROKER_BACKEND_TOKEN,
+    "SendMessages refuses",
 )
 
 

@@ -30,6 +30,12 @@ BROKER_LEASE_SECONDS: Final = "BROKER_LEASE_SECONDS"
 BROKER_MAX_DELIVERIES: Final = "BROKER_MAX_DELIVERIES"
 BROKER_ON_POISON: Final = "BROKER_ON_POISON"
 
+# Read by the broker (and the simulators) but never set by the operator in a pod, which mounts
+# the credentials as files (the *_FILE names above) and leaves the grace period at its default.
+BROKER_TOKEN: Final = "BROKER_TOKEN"  # the operator's credential as a value (local runs)
+BROKER_BACKEND_TOKEN: Final = "BROKER_BACKEND_TOKEN"  # the backend's credential as a value
+BROKER_TOKEN_GRACE_SECONDS: Final = "BROKER_TOKEN_GRACE_SECONDS"
+
 POD_ENVIRONMENT: Final = (
     BROKER_HOST,
     BROKER_PORT,

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
 
@@ -258,7 +259,7 @@ def deploy_relay(
         backend_args.append(f"--request-timeout-seconds={request_timeout_seconds}")
     token_env = [
         {
-            "name": "BROKER_BACKEND_TOKEN",
+            "name": environment.BROKER_BACKEND_TOKEN,
             "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
         }
     ]

@@ -1,6 +1,6 @@
 """The chaos soak: faults under traffic on the sealed cluster, checked by two independent checkers.
 
-``make soak`` (``python -m local_cluster.soak --faults 200``) and, with 21 faults, a test in
+``make soak`` (``python -m local_cluster.soak --faults 200``) and, with 30 faults, a test in
 ``make test``. Setup is the user's path (``local_cluster.relay``): the chart's operator pod, the
 example's two brokers (failback Automatic, so failbacks add planned switchovers to the faults),
 the backend and cloud simulator pods, the backend sending to the ``-active`` Service by DNS.

@@ -39,6 +39,7 @@ from typing import TextIO
 
 import yaml
 
+from broker_contracts import environment
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import (
     BrokerTarget,
@@ -276,7 +277,7 @@ def _mtime(path: Path) -> int | None:
 def _token(args: argparse.Namespace) -> str:
     if args.token_file:
         return Path(args.token_file).read_text(encoding="utf-8").strip()
-    return os.environ.get("BROKER_TOKEN", "")
+    return os.environ.get(environment.BROKER_TOKEN, "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,7 @@ import aiohttp
 from aiohttp import web
 from lxml import etree
 
-from broker_contracts import relay, soap
+from broker_contracts import environment, relay, soap
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_simulators.target_rules import (
     BadRequestError,
@@ -591,7 +591,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
     environ = os.environ if environ is None else environ
-    token = read_backend_token(args.backend_token_file or environ.get("BROKER_BACKEND_TOKEN_FILE"), environ)
+    token = read_backend_token(
+        args.backend_token_file or environ.get(environment.BROKER_BACKEND_TOKEN_FILE), environ
+    )
     if args.broker_url and not token:
         parser.error(
             "--broker-url needs the backend's credential: --backend-token-file FILE, "
@@ -628,7 +630,7 @@ def read_backend_token(path: str | None, environ: Mapping[str, str]) -> str:
             raise SystemExit(
                 f"backend-simulator: --backend-token-file {path!r} cannot be read: {error}"
             ) from None
-    return environ.get("BROKER_BACKEND_TOKEN", "").strip()
+    return environ.get(environment.BROKER_BACKEND_TOKEN, "").strip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

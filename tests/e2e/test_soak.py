@@ -1,4 +1,4 @@
-"""The chaos soak's short form (``make soak`` runs 200 faults): 21 faults under traffic, two checkers.
+"""The chaos soak's short form (``make soak`` runs 200 faults): 30 faults under traffic, two checkers.
 
 Faults cycle through kill -9 of the active and of the standby, SIGSTOP of the active, real
 network partitions of the active and of the standby, kill -9 of the operator and kill -9 of
@@ -18,11 +18,11 @@ import pytest
 from local_cluster.sealed_cluster import SealedCluster
 from local_cluster.soak import FAULTS, run_soak
 
-SHORT_FORM_FAULTS = 21  # each of the seven kinds three times: the suite's time budget
+SHORT_FORM_FAULTS = 30  # issue 13: at least 30; each of the seven kinds four times or more
 
 
 @pytest.mark.timeout(1800)  # about 15 s a fault on two cores, twice that under load
-def test_twenty_one_faults_under_traffic_are_recovered_with_nothing_lost_duplicated_or_reordered(
+def test_thirty_faults_under_traffic_are_recovered_with_nothing_lost_duplicated_or_reordered(
     sealed_cluster: SealedCluster, tmp_path: Path
 ) -> None:
     lines: list[str] = []
@@ -33,7 +33,7 @@ def test_twenty_one_faults_under_traffic_are_recovered_with_nothing_lost_duplica
 
     result = run_soak(sealed_cluster, SHORT_FORM_FAULTS, tmp_path / "report", say=say)
     log = "\n".join(lines)
-    assert 3 * len(FAULTS) <= SHORT_FORM_FAULTS  # every kind of fault, several times
+    assert 4 * len(FAULTS) <= SHORT_FORM_FAULTS  # every kind of fault, several times
     assert result.recovered == result.faults == SHORT_FORM_FAULTS, log
     assert result.records == {"lost": 0, "twice": 0, "out-of-order": 0}, log
     assert result.validator == {}, log

@@ -161,6 +161,9 @@ def test_every_variable_the_operator_sets_in_a_broker_pod_is_read_by_the_broker(
     names = [variable["name"] for variable in container["env"]]
     assert set(names) <= set(environment.POD_ENVIRONMENT)
     assert set(environment.POD_ENVIRONMENT) <= {env for _, env, _ in broker_settings._ENV_FLAGS}
+    # Every variable the broker reads is named in the contract module, none typed on its own.
+    declared = {value for name, value in vars(environment).items() if name.startswith("BROKER_")}
+    assert {env for _, env, _ in broker_settings._ENV_FLAGS} <= declared
     # And the values round-trip: the broker reads what the operator meant (files and fields
     # resolved here as the kubelet would).
     (tmp_path / "token").write_text("operator")
