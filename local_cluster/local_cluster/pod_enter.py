@@ -13,7 +13,9 @@ The binds are every volumeMount of the container at its mountPath (emptyDir, PVC
 ConfigMap, service account, ...) plus the pod's ``/etc/resolv.conf`` and ``/etc/hosts``, as on a
 real node: a program that hard-codes ``/var/lib/app/data`` finds its volume there. Shorter
 targets are mounted first, so nested mounts land inside their parents, and every source is
-opened before anything is mounted, so a volume at ``/tmp`` cannot hide the next one's source.
+opened before anything is mounted, so a volume at ``/tmp`` cannot hide the next one's source;
+nor the container's program: the repository and the Python environment that every image maps to
+are bound back on top of any volume mounted over one of their ancestors.
 
 A missing mount point (or workdir) is made without touching the machine's filesystem:
 
@@ -63,6 +65,16 @@ KEPT_FLAGS = os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC | os.ST_NOATIME | os.ST_N
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 WRITABLE_ROOT = Path("/run")
 SCRATCH = WRITABLE_ROOT / "pod-enter"
+
+
+def _image_paths() -> list[Path]:
+    """The containers' "image": this repository and the Python environment running it (the node
+    agent maps every image to a command of theirs). Topmost only: one bind covers what is inside."""
+    paths = sorted(
+        {Path(__file__).resolve().parents[2], Path(sys.prefix).resolve()}, key=lambda p: len(p.parts)
+    )
+    return [p for i, p in enumerate(paths) if not any(p.is_relative_to(q) for q in paths[:i])]
+
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -242,12 +254,23 @@ def enter(netns: str, binds: list[Bind], workdir: str | None = None) -> None:
             sources[bind] = os.open(bind.source, os.O_PATH | os.O_CLOEXEC)
         except OSError as error:
             raise OSError(f"volume source {bind.source} for {bind.target}: {error.strerror}") from error
+    # A volume over an ancestor of the image (an emptyDir at /tmp, with this repository cloned
+    # under /tmp) would hide the program itself, as no volume can hide a real container's image:
+    # such image paths are bound back on top, inside the volume.
+    targets = [Path(os.path.normpath(bind.target)) for bind in binds]
+    hidden = {
+        path: os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path in _image_paths()
+        if any(path.is_relative_to(target) for target in targets)
+    }
     read_only = []
     # Parents before children: a nested mount lands inside the volume mounted above it.
     for bind in sorted(binds, key=lambda b: len(Path(os.path.normpath(b.target)).parts)):
         target = tree.bind(sources[bind], bind.target)
         if bind.read_only:
             read_only.append(target)
+    for path, fd in hidden.items():
+        tree.bind(fd, path)
     for target in read_only:  # last, so mount points of nested mounts could still be made
         tree.remount_read_only(target)
     if workdir:

@@ -362,3 +362,32 @@ def test_volumes_are_mounted_at_their_mount_path_and_nothing_lands_on_the_machin
     assert not [path for path in made_up if path.exists()]
     seen = _node_output(sealed_cluster, "sh", "-c", "ls -d /var/lib/demo /demo-ro /demo 2>/dev/null; true")
     assert seen.strip() == ""
+
+
+def test_a_volume_over_the_repository_s_directory_does_not_hide_the_image(
+    sealed_cluster: SealedCluster, namespace: str
+) -> None:
+    """The node agent's images are this repository's programs: a volume mounted over a directory
+    that holds the repository (an emptyDir at /tmp when CI clones under /tmp) must not hide them."""
+    repository = Path(__file__).resolve().parents[2]
+    if repository.parent == Path("/"):
+        pytest.skip("the repository sits directly under /: no ancestor a volume could cover")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "covered"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "broker-failover/backend-simulator",  # a console script of the venv
+                    "args": ["--help"],
+                    "volumeMounts": [{"name": "scratch", "mountPath": str(repository.parent)}],
+                }
+            ],
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+        },
+    }
+    sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    assert "--broker-url" in _finished(sealed_cluster, namespace, "covered")
