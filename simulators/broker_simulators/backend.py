@@ -20,7 +20,7 @@ required when ``--broker-url`` is given: a broker refuses SendMessages without i
 Retries: a request that timed out is retried at once, on a new connection:
 the timeout has already waited, and the old connection may be pinned (by
 kube-proxy) to a frozen pod. A connect has a timeout of its own
-(``--connect-timeout-seconds``, 0.25 s): while a Service has no ready
+(``--connect-timeout-seconds``, 0.1 s): while a Service has no ready
 endpoint (the old active gone, the new one not yet labelled), kube-proxy
 rejects a pod's SYN with an ICMP error that the kernel sends at most once a
 second per destination, so a later SYN is dropped silently and TCP would
@@ -108,7 +108,7 @@ class BackendSettings:
     payload_bytes: int = 500
     lanes: int = 4
     request_timeout_seconds: float = 10.0
-    connect_timeout_seconds: float = 0.25
+    connect_timeout_seconds: float = 0.1
     record_dir: Path | None = None
     autostart: bool = False
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
@@ -575,7 +575,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     parser.add_argument(
         "--connect-timeout-seconds",
         type=float,
-        default=0.25,
+        default=0.1,
         help="give up a TCP connect after this long and retry at once (a lost SYN is resent only after 1 s)",
     )
     parser.add_argument("--record-dir", type=Path, default=None)

@@ -55,7 +55,12 @@ def event_counts(relay: Relay) -> Counter[str]:
 
 
 def template_hashes(relay: Relay) -> dict[str, str]:
-    return {name: relay.pod(name)["metadata"]["annotations"].get(TEMPLATE_HASH, "") for name in BROKERS}
+    """Each broker pod's template hash; "" while the pod is being replaced (deleted, not yet made)."""
+    pods = {name: relay.get("pod", name) or {} for name in BROKERS}
+    return {
+        name: ((pod.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH, "")
+        for name, pod in pods.items()
+    }
 
 
 def labelled_active(relay: Relay) -> int:
