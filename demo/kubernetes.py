@@ -65,6 +65,7 @@ STORE_CLAIM = MESSAGE_LOG_CLAIM  # the example's spec.messageLog.claimName
 CRONJOB = f"{RELEASE}-broker-failover-validator"
 ACTIVE_URL = f"http://{CLUSTER}-active.{NAMESPACE}.svc:8080"  # what the backend sends to
 STEPS = 7
+INBOUND_STREAMS = 2  # the cloud's streams toward the backend (the backend sends on four)
 
 
 class DemoError(Exception):
@@ -201,7 +202,7 @@ def simulators(messages: int) -> list[dict[str, Any]]:
         *simulator_objects(
             "cloud",
             "broker-failover/cloud-simulator",
-            ["--inbound-streams=2", f"--inbound-messages-per-stream={per_stream}"],
+            [f"--inbound-streams={INBOUND_STREAMS}", f"--inbound-messages-per-stream={per_stream}"],
         ),
         *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
     ]
@@ -253,6 +254,7 @@ def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
         RELEASE,
         backend_url=f"http://{kubectl.cluster_ip('backend')}:{SIM_PORT}",
         cloud_url=f"http://{kubectl.cluster_ip('cloud')}:{SIM_PORT}",
+        inbound_streams=INBOUND_STREAMS,
     )
     note(f"the backend sends to {ACTIVE_URL}: the -active Service, through CoreDNS and kube-proxy")
     note(f"(their control API is reached at {relay.backend_url} and {relay.cloud_url}, inside the cluster)")

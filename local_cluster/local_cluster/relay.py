@@ -87,7 +87,7 @@ class Relay:
     release: str
     backend_url: str  # ClusterIP URLs of the simulators, for their /sim API
     cloud_url: str
-    streams: int  # per direction
+    inbound_streams: int  # the cloud's streams toward the backend, for judging inbound
 
     def sim(self, url: str, payload: dict[str, Any] | None = None) -> Any:
         def call() -> Any:
@@ -114,14 +114,14 @@ class Relay:
         produced: call it once the cloud reports every inbound message confirmed.
         """
         cursors = self.backend("/sim/status")["cursors"]
-        inbound_per_stream = int(self.cloud("/sim/status")["inboundTotal"]) // self.streams
+        inbound_per_stream = int(self.cloud("/sim/status")["inboundTotal"]) // self.inbound_streams
         outbound, inbound = self.cloud("/sim/received"), self.backend("/sim/received")
         lost = sum(
             len(set(range(1, int(cursor))) - set(outbound.get(stream, [])))
             for stream, cursor in cursors.items()
         )
         lost += sum(len(set(range(1, inbound_per_stream + 1)) - set(seqs)) for seqs in inbound.values())
-        lost += (self.streams - len(inbound)) * inbound_per_stream  # streams the backend never saw
+        lost += (self.inbound_streams - len(inbound)) * inbound_per_stream  # streams the backend never saw
         received = [*outbound.values(), *inbound.values()]
         return {
             "lost": lost,
@@ -275,7 +275,7 @@ def deploy_relay(
     brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     brokercluster["spec"].update(spec or {})
     kubectl("apply", "-f", "-", input=json.dumps(brokercluster))
-    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="", streams=streams)
+    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="", inbound_streams=streams)
 
     wait_until(
         "the BrokerCluster Healthy with an active broker",
