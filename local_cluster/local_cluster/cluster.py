@@ -1,4 +1,4 @@
-"""A whole local cluster (real control plane + node agent), and the ``make cluster-up/down`` CLI.
+"""A whole local cluster (real control plane + node agent), as a library.
 
 ``start_local_cluster`` is what the e2e fixture uses: it starts the control plane
 (``control_plane``), then the node agent as a child process, waits until the Node is
@@ -7,27 +7,20 @@ kubeconfig, an env for subprocesses and a ``kubectl`` runner. ``stop`` stops the
 first (it kills its pods), sweeps any pod process group it left behind, then stops
 controller-manager, apiserver and etcd.
 
-The CLI gives developers a ``kind create cluster`` experience:
-``python -m local_cluster.cluster up --workdir W --tools-dir T`` starts a detached
-supervisor (``run``) that owns the cluster, waits for it, and prints the
-``export KUBECONFIG=...`` line; ``down --workdir W`` stops it and everything it started.
+The ``make cluster-up/down`` CLI is ``cluster_cli``; ``python -m local_cluster.cluster``
+runs it, as it always has.
 
-What it does not do: more than one node, persistence across ``down`` (the workdir is
-recreated by the next ``up``), or any network beyond loopback.
+What it does not do: more than one node, or any network beyond loopback (pod-network mode,
+``pod_network``, runs only inside the sealed namespace ``sealed_cluster`` makes).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,19 +41,12 @@ from local_cluster.control_plane import (
     start_control_plane,
 )
 from local_cluster.images import DEFAULT_IMAGES_FILE
-from local_cluster.node_agent import random_pod_subnet
-from local_cluster.processes import (
-    ManagedProcess,
-    kill_process_group,
-    process_group_alive,
-    reap_on_exit,
-    wait_group_gone,
-)
+from local_cluster.node_settings import random_pod_subnet
+from local_cluster.processes import ManagedProcess, kill_process_group
 from local_cluster.provisioner import DEFAULT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("kube-apiserver", "kube-controller-manager", "etcd", "helm", "kube-proxy", "coredns")
-STATE_FILE = "cluster.json"
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -270,184 +256,8 @@ def start_local_cluster(settings: LocalClusterSettings) -> LocalCluster:
     return cluster
 
 
-# ---- the CLI (make cluster-up / cluster-down) ------------------------------------------
-
-
-def read_state(workdir: Path) -> dict[str, object] | None:
-    """The running cluster's state file (supervisor pid, its children, kubeconfigs), if any."""
-    try:
-        state = json.loads((workdir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def stop_supervisor(
-    workdir: Path, state: dict[str, object], popen: subprocess.Popen[bytes] | None = None
-) -> list[int]:
-    """SIGTERM the supervisor, SIGKILL what is left of it and its children; the groups still alive.
-
-    ``popen``: the supervisor when this process started it; it must be reaped here, or its
-    zombie keeps the process group alive in the eyes of ``wait_group_gone``.
-    """
-    supervisor = int(str(state["supervisor"]))
-    kill_process_group(supervisor, signal.SIGTERM)
-    if popen is not None:
-        try:
-            popen.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            kill_process_group(supervisor, signal.SIGKILL)
-            popen.wait(timeout=30)
-    elif not wait_group_gone(supervisor, 45):
-        kill_process_group(supervisor, signal.SIGKILL)
-    # If the supervisor died without tearing down, its children are still ours to stop.
-    pids = state.get("pids")
-    groups = [int(pid) for pid in pids] if isinstance(pids, list) else []
-    for pid in groups:
-        kill_process_group(pid, signal.SIGKILL)
-    groups += sweep_pod_process_groups(workdir / "node")
-    (workdir / STATE_FILE).unlink(missing_ok=True)
-    # SIGKILL is not instant on a loaded machine: the groups still there after a grace.
-    return [pid for pid in [supervisor, *groups] if not wait_group_gone(pid, 15)]
-
-
-def _run_supervisor(workdir: Path, tools_dir: Path) -> int:
-    """Own the cluster until SIGTERM; ``up`` starts this detached."""
-    reap_on_exit()
-    stop_requested = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
-    cluster = start_local_cluster(LocalClusterSettings(tools_dir=tools_dir, workdir=workdir))
-    try:
-        state = {
-            "supervisor": os.getpid(),
-            "pids": cluster.pids(),
-            "kubeconfig": str(cluster.kubeconfig),
-            "readySeconds": round(cluster.ready_seconds, 1),
-            "podSubnet": cluster.settings.pod_subnet,
-        }
-        (workdir / STATE_FILE).write_text(json.dumps(state))
-        while not stop_requested.wait(1.0):
-            if cluster.node_agent.exited():
-                print(f"node agent exited; log {cluster.node_agent.log_path}", file=sys.stderr)
-                break
-    finally:
-        cluster.stop()
-        (workdir / STATE_FILE).unlink(missing_ok=True)
-    return 0
-
-
-def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
-    workdir = workdir.resolve()
-    state = read_state(workdir)
-    if state and process_group_alive(int(str(state["supervisor"]))):
-        print(f"cluster already running (supervisor pid {state['supervisor']})", file=sys.stderr)
-        print(f"export KUBECONFIG={state['kubeconfig']}")
-        return 0
-    if workdir.exists():
-        shutil.rmtree(workdir)  # a stopped cluster's leftovers: certificates, etcd data, pod dirs
-    workdir.mkdir(parents=True)
-    if pod_network:
-        from local_cluster.sealed_cluster import start_sealed_cluster  # imports this module
-
-        try:
-            sealed = start_sealed_cluster(LocalClusterSettings(tools_dir=tools_dir, workdir=workdir))
-        except ControlPlaneStartError as error:
-            print(error, file=sys.stderr)
-            return 1
-        print(
-            f"local cluster ready in {sealed.ready_seconds}s, pods on {netns.POD_CIDR} in a sealed "
-            "namespace; `make shell` enters it; stop it with `make cluster-down`",
-            file=sys.stderr,
-        )
-        print(f"export KUBECONFIG={sealed.kubeconfig}")
-        return 0
-    with (workdir / "supervisor.log").open("ab") as log:
-        supervisor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "local_cluster.cluster",
-                "run",
-                f"--workdir={workdir}",
-                f"--tools-dir={tools_dir}",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 120
-    while (state := read_state(workdir)) is None:
-        if supervisor.poll() is not None or time.monotonic() > deadline:
-            print(f"cluster did not start; see {workdir / 'supervisor.log'}:", file=sys.stderr)
-            print((workdir / "supervisor.log").read_text(errors="replace")[-4000:], file=sys.stderr)
-            kill_process_group(supervisor.pid, signal.SIGTERM)
-            return 1
-        time.sleep(0.2)
-    print(
-        f"local cluster ready in {state['readySeconds']}s; stop it with `make cluster-down`", file=sys.stderr
-    )
-    print(f"export KUBECONFIG={state['kubeconfig']}")
-    return 0
-
-
-def _down(workdir: Path) -> int:
-    workdir = workdir.resolve()
-    state = read_state(workdir)
-    if state is None:
-        print(f"no cluster running in {workdir}", file=sys.stderr)
-        sweep_pod_process_groups(workdir / "node")
-        return 0
-    lingering = stop_supervisor(workdir, state)
-    if lingering:
-        print(f"process groups still alive after SIGKILL: {lingering}", file=sys.stderr)
-        return 1
-    print("local cluster stopped", file=sys.stderr)
-    return 0
-
-
-def _shell(workdir: Path, argv: Sequence[str]) -> int:
-    """Run ``argv`` (default: an interactive shell) in the sealed cluster's network and mounts."""
-    state = read_state(workdir.resolve())
-    if state is None or "nodeKubeconfig" not in state:
-        print(f"no pod-network cluster running in {workdir}: run `make cluster-up`", file=sys.stderr)
-        return 1
-    pid = int(str(state["supervisor"]))
-    command = list(argv) or [os.environ.get("SHELL", "/bin/bash")]
-    env = {**os.environ, "KUBECONFIG": str(state["nodeKubeconfig"]), "PS1": "(local-cluster) \\w\\$ "}
-    nsenter = ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--", *command]
-    return subprocess.run(nsenter, env=env, check=False).returncode
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Local Kubernetes cluster for broker-failover (see docs)")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "run"):
-        command = commands.add_parser(name)
-        command.add_argument("--workdir", type=Path, required=True)
-        command.add_argument("--tools-dir", type=Path, default=None)
-    commands.choices["up"].add_argument(
-        "--pod-network",
-        action="store_true",
-        help="real pod network (kube-proxy, CoreDNS) in a sealed namespace",
-    )
-    commands.add_parser("down").add_argument("--workdir", type=Path, required=True)
-    shell = commands.add_parser("shell", help="a shell (or COMMAND) inside the pod-network cluster")
-    shell.add_argument("--workdir", type=Path, required=True)
-    shell.add_argument("command_args", nargs=argparse.REMAINDER, metavar="COMMAND")
-    options = parser.parse_args(argv)
-    if options.command == "down":
-        return _down(options.workdir)
-    if options.command == "shell":
-        return _shell(options.workdir, [arg for arg in options.command_args if arg != "--"])
-    tools_dir = options.tools_dir or built_tools_dir()
-    if options.command == "up":
-        return _up(options.workdir, tools_dir, options.pod_network)
-    return _run_supervisor(options.workdir.resolve(), tools_dir)
-
-
 if __name__ == "__main__":
+    # `python -m local_cluster.cluster up|run|down|shell`: the Makefile's entry point.
+    from local_cluster.cluster_cli import main
+
     sys.exit(main())

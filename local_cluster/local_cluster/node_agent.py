@@ -5,22 +5,25 @@ agent registers a Node, binds every unscheduled pod (default scheduler) to it th
 the real ``pods/binding`` API, and runs the pods bound to it as local process groups
 (``pod_runtime``) with files and env prepared as a kubelet would (``pod_sandbox``).
 It reports status through ``pods/status`` (Running, Ready, Terminated with exit code,
-restart count), honours ``restartPolicy``, and on deletion kills each process group
-within the grace period before completing the delete, as the kubelet does.
+restart count; ``pod_status_reporter``), honours ``restartPolicy``, and on deletion kills
+each process group within the grace period before completing the delete, as the kubelet
+does. This module is the reconcile loop; the Node object is ``node_registration``, the pod
+list and watch ``pod_watch``, the settings ``node_settings``.
 
 Why a Python process watching pods, not a real kubelet: there is no container engine,
 no cgroups and no CNI here; what the operator's tests need from a node is that pods
 run, get an address, report status and die on request.
 
-What is fake, plainly: no images (``images.yaml`` maps image names to local
-commands), no isolation (every container runs as this user on this host), volume
-mount paths are rewritten into env values and args, each pod gets its own 127.x.y.z
-loopback address but no network namespace (a process can still bind any address),
-no kube-proxy or DNS (ClusterIPs and service names do not resolve), node selectors,
-taints, affinity and resources are ignored (one node, everything fits), and the
-kubelet API serves container logs only (``kubelet_api``: ``kubectl logs`` works,
-``exec``/``port-forward`` fail; logs are files under
-``<state-dir>/pods/<namespace>_<name>_<uid>/logs``).
+What is fake, plainly: no images (``images.yaml`` maps image names to local commands), no
+isolation (every container runs as this user on this host), node selectors, taints, affinity
+and resources are ignored (one node, everything fits), and the kubelet API serves container
+logs only (``kubelet_api``: ``kubectl logs`` works, ``exec``/``port-forward`` fail; logs are
+files under ``<state-dir>/pods/<namespace>_<name>_<uid>/logs``). In loopback mode, also:
+volume mount paths are rewritten into env values and args, each pod gets its own 127.x.y.z
+loopback address but no network namespace (a process can still bind any address), and
+there is no kube-proxy or DNS (ClusterIPs and service names do not resolve). Pod-network
+mode (``--pod-network``, ``netns``) gives each pod a network namespace on the cluster's
+bridge and its volumes at their mount paths; the cluster adds kube-proxy and CoreDNS.
 
 Volumes: a thread of this process is the node's dynamic provisioner (``provisioner``: the default
 StorageClass ``standard``, a hostPath PV per claim, deleted with its claim under ``Delete``); the
@@ -33,124 +36,34 @@ Run: ``python -m local_cluster.node_agent --kubeconfig K --state-dir D [--pod-su
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import queue
-import random
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
-from urllib.parse import urlparse
 
-import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from local_cluster import netns
+from local_cluster.container_logs import PodLogFinder
 from local_cluster.images import DEFAULT_IMAGES_FILE, ImageTable
-from local_cluster.kubelet_api import KubeletApi, PodLogFinder, start_kubelet_api
-from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env, rfc3339
-from local_cluster.pod_sandbox import ApiServerAddress, Body, PodNetwork, PodSandbox
+from local_cluster.kubelet_api import KubeletApi, start_kubelet_api
+from local_cluster.node_registration import register_node
+from local_cluster.node_settings import NodeAgentSettings, apiserver_address
+from local_cluster.pod_launcher import PodNetwork
+from local_cluster.pod_references import Body
+from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_base_env
+from local_cluster.pod_sandbox import PodSandbox
+from local_cluster.pod_status_reporter import PodStatusReporter
+from local_cluster.pod_watch import watch_pods
 from local_cluster.provisioner import LocalPathProvisioner
 
 log = logging.getLogger("node-agent")
-HOST_IP = "127.0.0.1"
 DEFAULT_SCHEDULER = "default-scheduler"
-
-
-@dataclass(frozen=True)
-class NodeAgentSettings:
-    kubeconfig: Path
-    state_dir: Path
-    node_name: str = "local-node"
-    # First three octets of the pod addresses; pods get .2 to .254. A random /24 per
-    # cluster keeps two clusters on one machine from handing out the same address.
-    pod_subnet: str = "127.0.0"
-    images_file: Path = DEFAULT_IMAGES_FILE
-    loop_interval_seconds: float = 0.1
-    volume_resync_seconds: float = 3.0  # how often Secret/ConfigMap volumes follow their objects
-    # The kubelet API (kubectl logs; kubelet_api.py): 0 picks a free port. Certificate and key
-    # default to kubelet.crt/kubelet.key next to the kubeconfig's CA, where pki.py writes them.
-    kubelet_port: int = 0
-    kubelet_cert: Path | None = None
-    kubelet_key: Path | None = None
-    # Pod-network mode (netns.py): each pod in a network namespace of its own on the cluster's
-    # bridge; the agent must then run inside the cluster's sealed namespace.
-    pod_network: bool = False
-
-    @property
-    def host_ip(self) -> str:
-        return netns.NODE_ADDRESS if self.pod_network else HOST_IP
-
-    @property
-    def pgid_dir(self) -> Path:
-        return self.state_dir / "pgids"
-
-
-def random_pod_subnet() -> str:
-    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
-
-
-def apiserver_address(kubeconfig: Path) -> ApiServerAddress:
-    document = yaml.safe_load(kubeconfig.read_text())
-    cluster = document["clusters"][0]["cluster"]
-    server = urlparse(cluster["server"])
-    if server.hostname is None or server.port is None:
-        raise ValueError(f"kubeconfig {kubeconfig}: server {cluster['server']!r} needs a host and a port")
-    return ApiServerAddress(
-        host=server.hostname, port=server.port, ca_cert=Path(cluster["certificate-authority"])
-    )
-
-
-def node_body(settings: NodeAgentSettings) -> client.V1Node:
-    labels = {
-        "kubernetes.io/hostname": settings.node_name,
-        "kubernetes.io/os": "linux",
-        "broker-failover.dev/node-agent": "true",
-    }
-    return client.V1Node(metadata=client.V1ObjectMeta(name=settings.node_name, labels=labels))
-
-
-def node_status(settings: NodeAgentSettings) -> Body:
-    now = rfc3339(time.time())
-    resources = {"cpu": "8", "memory": "32Gi", "pods": "250", "ephemeral-storage": "100Gi"}
-    return {
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "addresses": [
-                {"type": "InternalIP", "address": settings.host_ip},
-                {"type": "Hostname", "address": "localhost"},
-            ],
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "NodeAgentReady",
-                    "message": "broker-failover node agent (fake kubelet) is running",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "v0.0.0-node-agent",
-                "kubeProxyVersion": "",
-                "containerRuntimeVersion": "local://processes",
-                "kernelVersion": "",
-                "osImage": "local processes",
-                "bootID": "",
-                "machineID": "",
-                "systemUUID": "",
-            },
-        }
-    }
 
 
 class NodeAgent:
@@ -175,7 +88,7 @@ class NodeAgent:
         )
         self.pods: dict[str, PodRuntime] = {}
         self.finished: set[str] = set()  # uids whose processes are done; the object may linger (finalizers)
-        self.last_status: dict[str, Body] = {}
+        self.status_reporter = PodStatusReporter(self.core)
         self.events: queue.Queue[tuple[str, Body]] = queue.Queue()
         self.stopping = threading.Event()
         self.kubelet_api: KubeletApi | None = None
@@ -185,15 +98,9 @@ class NodeAgent:
     # ---- registration and scheduling ----------------------------------------------
 
     def register_node(self) -> None:
-        try:
-            self.core.create_node(node_body(self.settings))
-        except ApiException as error:
-            if error.status != 409:
-                raise
-        status = node_status(self.settings)
-        if self.kubelet_api is not None:  # where the apiserver finds this node's kubelet API
-            status["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_api.port}}
-        self.core.patch_node_status(self.settings.node_name, status)
+        register_node(
+            self.core, self.settings, self.kubelet_api.port if self.kubelet_api is not None else None
+        )
 
     def bind(self, pod: Body) -> None:
         metadata = pod["metadata"]
@@ -221,34 +128,6 @@ class NodeAgent:
             client_ca=self.apiserver.ca_cert,
             lookup=PodLogFinder(self.pods.values, self.settings.state_dir / "pods"),
         )
-
-    # ---- the watch (its own thread, its own API client) -----------------------------
-
-    def watch_pods(self) -> None:
-        api = client.CoreV1Api(config.new_client_from_config(config_file=str(self.settings.kubeconfig)))
-        while not self.stopping.is_set():
-            try:
-                raw: Any = api.list_pod_for_all_namespaces(_preload_content=False)  # urllib3 response
-                listing = json.loads(raw.data)
-                self.events.put(("SYNC", listing))
-                stream = watch.Watch().stream(
-                    api.list_pod_for_all_namespaces,
-                    resource_version=listing["metadata"]["resourceVersion"],
-                    timeout_seconds=30,
-                    deserialize=False,
-                )
-                for event in stream:
-                    if self.stopping.is_set():
-                        return
-                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self.events.put((event["type"], event["object"]))
-                    elif event["type"] == "ERROR":
-                        break  # e.g. 410 Gone: relist
-            except Exception as error:  # keep watching through apiserver restarts and timeouts
-                if self.stopping.is_set():
-                    return
-                log.warning("pod watch failed (%s); relisting in 1s", error)
-                time.sleep(1)
 
     # ---- reconciliation --------------------------------------------------------------
 
@@ -319,7 +198,7 @@ class NodeAgent:
             runtime.kill_now()
             runtime.sandbox.remove()
         self._release_address(uid)
-        self.last_status.pop(uid, None)
+        self.status_reporter.forget(uid)
         self.finished.discard(uid)
 
     def _release_address(self, uid: str) -> None:
@@ -334,35 +213,7 @@ class NodeAgent:
         runtime.sandbox.remove()
         self._release_address(runtime.uid)
         log.info("pod %s/%s stopped; completing its deletion", metadata["namespace"], metadata["name"])
-        try:
-            # The kubelet's last word: grace 0 and the uid precondition, so a new pod
-            # with the same name (StatefulSet) is never deleted by mistake.
-            self.core.delete_namespaced_pod(
-                metadata["name"],
-                metadata["namespace"],
-                # In the body, not the query: the apiserver ignores query options when a body is sent.
-                body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=runtime.uid)
-                ),
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if error.status not in (404, 409):
-                log.warning("final delete of %s failed: %s", metadata["name"], error.reason)
-
-    def _report(self, runtime: PodRuntime) -> None:
-        status = runtime.status()
-        if self.last_status.get(runtime.uid) == status:
-            return
-        metadata = runtime.pod["metadata"]
-        try:
-            self.core.patch_namespaced_pod_status(
-                metadata["name"], metadata["namespace"], {"status": status}, _preload_content=False
-            )
-            self.last_status[runtime.uid] = status
-        except ApiException as error:
-            if error.status != 404:
-                log.warning("status of %s/%s not written: %s", metadata["namespace"], metadata["name"], error)
+        self.status_reporter.delete_stopped(runtime)
 
     def _drain_events(self) -> None:
         deadline = time.monotonic() + self.settings.loop_interval_seconds
@@ -386,7 +237,12 @@ class NodeAgent:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.start_kubelet_api()
         self.register_node()
-        watcher = threading.Thread(target=self.watch_pods, name="pod-watch", daemon=True)
+        watcher = threading.Thread(
+            target=watch_pods,
+            args=(self.settings.kubeconfig, self.events, self.stopping),
+            name="pod-watch",
+            daemon=True,
+        )
         watcher.start()
         self.provisioner = LocalPathProvisioner(
             self.settings.kubeconfig, self.settings.state_dir, self.settings.node_name, self.stopping
@@ -404,7 +260,7 @@ class NodeAgent:
                             self._complete_deletion(runtime)
                         continue
                     runtime.step(now)
-                    self._report(runtime)
+                    self.status_reporter.report(runtime)
                 except Exception:
                     # One pod's surprise must not take the node (and every other pod) down.
                     log.exception("node agent error on pod %s", runtime.uid)

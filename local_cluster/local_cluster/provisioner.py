@@ -17,7 +17,7 @@ class's name and reclaim policy, node affinity to this node, and the annotation
 Where the data lives: ``<state-dir>/claims/<namespace>/<claim>``, the directory callers (the
 validator's e2e test, the demo) read the message-log store from; if a retained volume of an earlier
 claim of that name still holds it, ``<state-dir>/volumes/<pv-name>``. The node agent's pods reach it
-through the bound PV's path (``pod_sandbox``), never by the claim's name.
+through the bound PV's path (``pod_volumes``), never by the claim's name.
 
 Reclaim: a volume of ours that turns ``Released`` (its claim is gone) under ``Delete`` loses its
 directory, then its PV object; under ``Retain`` both stay, as on a real cluster, and an admin deletes

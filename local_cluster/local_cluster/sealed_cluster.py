@@ -43,16 +43,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from local_cluster import netns
-from local_cluster.cluster import (
-    REPO_ROOT,
-    STATE_FILE,
-    ClusterAccess,
-    LocalClusterSettings,
-    read_state,
-    start_local_cluster,
-    stop_supervisor,
-)
+from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings, start_local_cluster
 from local_cluster.cluster_services import LoopbackForwarder
+from local_cluster.cluster_state import STATE_FILE, read_state, stop_supervisor
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.pki import ClientCertificate, write_kubeconfig
 from local_cluster.processes import ManagedProcess, kill_process_group, reap_on_exit

@@ -14,17 +14,13 @@ from typing import Any
 
 import pytest
 
+from local_cluster.atomic_writer import write_atomically
+from local_cluster.container_env import ApiServerAddress, expand_references
+from local_cluster.container_state import describe_exit
 from local_cluster.images import ImageNotMappedError, ImageTable, image_key
 from local_cluster.netns import PodAddressPool
-from local_cluster.pod_runtime import describe_exit
-from local_cluster.pod_sandbox import (
-    ApiServerAddress,
-    Mount,
-    PodSandbox,
-    expand_references,
-    rewrite_paths,
-    write_atomically,
-)
+from local_cluster.pod_sandbox import PodSandbox
+from local_cluster.pod_volumes import Mount, rewrite_paths
 
 
 @pytest.mark.parametrize(

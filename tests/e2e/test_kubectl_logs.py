@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from local_cluster.cluster import LocalCluster
-from local_cluster.kubelet_api import LogRequestError, PodLogFinder, instance_spans, safe_length
+from local_cluster.container_logs import LogRequestError, PodLogFinder, instance_spans, safe_length
 from tests.e2e.support import get_json, wait_for
 
 pytestmark = pytest.mark.e2e
