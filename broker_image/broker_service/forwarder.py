@@ -52,6 +52,7 @@ class OutboundForwarder:
         message_log: MessageLogWriter,
         metrics: BrokerMetrics,
         epoch: Callable[[], int],
+        may_relay: Callable[[], bool],
         fence: Callable[[str], None],
     ) -> None:
         self.settings = settings
@@ -61,6 +62,7 @@ class OutboundForwarder:
         self.log = message_log
         self.metrics = metrics
         self._epoch = epoch
+        self._may_relay = may_relay
         self._fence = fence
         self._ready = asyncio.Event()
         self._dirty: set[str] = set()
@@ -116,9 +118,13 @@ class OutboundForwarder:
             bundle = table.take_bundle(self.settings.forward_bundle_max)
             if not bundle:
                 continue
+            checked = now_ts()  # taken before the check: the records say when the term was last held
+            if not self._may_relay():
+                table.release(bundle)
+                return  # fenced or deactivated: the next active broker's resend covers the rest
             epoch = self._epoch()
             wire = [m for _, messages in bundle for m in messages]
-            self._log_forwarded(epoch, bundle, wire)
+            self._log_forwarded(epoch, bundle, wire, checked)
             try:
                 reply = await self.relay.forward_outbound(epoch, wire)
             except StaleEpochError as error:
@@ -153,13 +159,12 @@ class OutboundForwarder:
             self._dirty.update(stream.name for stream, _ in bundle)
             self._dirty_event.set()
 
-    def _log_forwarded(self, epoch: int, bundle: Bundle, wire: list[JournalMessage]) -> None:
+    def _log_forwarded(self, epoch: int, bundle: Bundle, wire: list[JournalMessage], ts: str) -> None:
         """One ``forwarded`` record per message with its attempt number; one log call per bundle
         in the common case (every stream on its first attempt) rather than one per stream."""
         if not any(stream.attempts for stream, _ in bundle):
-            self.log.messages(Event.FORWARDED, epoch, Direction.OUTBOUND, wire, attempt=1)
+            self.log.messages(Event.FORWARDED, epoch, Direction.OUTBOUND, wire, attempt=1, ts=ts)
             return
-        ts = now_ts()
         for stream, messages in bundle:
             self.log.messages(
                 Event.FORWARDED, epoch, Direction.OUTBOUND, messages, attempt=stream.attempts + 1, ts=ts
@@ -206,6 +211,10 @@ class OutboundForwarder:
             marks = self.table.watermarks(names)
             if not marks:
                 continue
+            checked = now_ts()
+            if not self._may_relay():
+                self._dirty.update(marks)
+                return  # fenced or deactivated: the backend resends what it has no confirmation of
             epoch = self._epoch()
             try:
                 await self.relay.confirm_outbound(epoch, marks)
@@ -225,5 +234,5 @@ class OutboundForwarder:
             done = self.table.confirmed(marks)
             self.journal.append_lazily(confirmed_frame(marks))
             if done:
-                self.log.messages(Event.CONFIRMED, epoch, Direction.OUTBOUND, done, final=True)
+                self.log.messages(Event.CONFIRMED, epoch, Direction.OUTBOUND, done, final=True, ts=checked)
                 self.metrics.confirmed.labels("outbound").inc(len(done))

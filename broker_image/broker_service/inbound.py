@@ -37,7 +37,7 @@ from broker_contracts.message_log import Direction, Event, format_ts
 from broker_contracts.relay import DeliveryStatus
 from broker_service.holds import HeldEntry, HoldQueue, Release
 from broker_service.journal import HoldKey, Journal, held_frame, released_frame
-from broker_service.message_log_writer import MessageLogWriter
+from broker_service.message_log_writer import MessageLogWriter, now_ts
 from broker_service.metrics import BrokerMetrics
 from broker_service.relay_client import RelayClient, RelayMessage, StaleEpochError, TargetUnreachableError
 from broker_service.settings import BrokerSettings, PoisonPolicy
@@ -55,6 +55,7 @@ class InboundPoller:
         message_log: MessageLogWriter,
         metrics: BrokerMetrics,
         epoch: Callable[[], int],
+        may_relay: Callable[[], bool],
         fence: Callable[[str], None],
     ) -> None:
         self.settings = settings
@@ -63,6 +64,7 @@ class InboundPoller:
         self.log = message_log
         self.metrics = metrics
         self._epoch = epoch
+        self._may_relay = may_relay
         self._fence = fence
         self.holds = HoldQueue()
         self._attempts: dict[tuple[str, int], int] = {}
@@ -150,6 +152,9 @@ class InboundPoller:
     async def _poll_loop(self) -> None:
         failures = 0
         while self._running:
+            # Each call to a target asks the term first; a record carries the time of that check.
+            if not self._may_relay():
+                return  # fenced or deactivated: what is not confirmed stays with the cloud
             epoch = self._epoch()
             try:
                 polled = await self.relay.poll_inbound(epoch, self.settings.poll_max)
@@ -157,13 +162,21 @@ class InboundPoller:
                 if not messages:
                     await self._idle(self.settings.poll_idle_seconds)
                     continue
-                self._log_accepted(epoch, messages)
-                self._log_forwarded(epoch, messages)
+                checked = now_ts()  # taken before the check: no later than the last instant in term
+                if not self._may_relay():
+                    return
+                self._log_accepted(epoch, messages, checked)
+                self._log_forwarded(epoch, messages, checked)
                 reply = await self.relay.deliver_inbound(epoch, messages)
                 taken = self._settle(epoch, messages, reply["results"], reply["reasons"])
                 if taken:
+                    checked = now_ts()
+                    if not self._may_relay():
+                        return  # the cloud offers them again to the next active broker
                     await self.relay.confirm_inbound(epoch, [[m[0], m[1]] for m in taken])
-                    self.log.messages(Event.CONFIRMED, epoch, Direction.INBOUND, taken, final=True)
+                    self.log.messages(
+                        Event.CONFIRMED, epoch, Direction.INBOUND, taken, final=True, ts=checked
+                    )
                     self.metrics.confirmed.labels("inbound").inc(len(taken))
                 failures = 0
                 if len(polled) < self.settings.poll_max:
@@ -177,17 +190,19 @@ class InboundPoller:
                 logger.warning("inbound relay failed (retry %d): %s", failures, error)
                 await self._idle(self._backoff(failures))
 
-    def _log_forwarded(self, epoch: int, messages: list[RelayMessage]) -> None:
+    def _log_forwarded(self, epoch: int, messages: list[RelayMessage], ts: str) -> None:
         first_tries = []
         for message in messages:
             tried = self._attempts.get((message[0], message[1]), 0)
             if tried:
-                self.log.messages(Event.FORWARDED, epoch, Direction.INBOUND, [message], attempt=tried + 1)
+                self.log.messages(
+                    Event.FORWARDED, epoch, Direction.INBOUND, [message], attempt=tried + 1, ts=ts
+                )
             else:
                 first_tries.append(message)
-        self.log.messages(Event.FORWARDED, epoch, Direction.INBOUND, first_tries, attempt=1)
+        self.log.messages(Event.FORWARDED, epoch, Direction.INBOUND, first_tries, attempt=1, ts=ts)
 
-    def _log_accepted(self, epoch: int, messages: list[RelayMessage]) -> None:
+    def _log_accepted(self, epoch: int, messages: list[RelayMessage], ts: str) -> None:
         fresh = []
         for message in messages:
             stream, seq = message[0], message[1]
@@ -195,7 +210,7 @@ class InboundPoller:
                 self._logged_accepted[stream] = seq
                 fresh.append(message)
         if fresh:
-            self.log.messages(Event.ACCEPTED, epoch, Direction.INBOUND, fresh, first=True)
+            self.log.messages(Event.ACCEPTED, epoch, Direction.INBOUND, fresh, first=True, ts=ts)
 
     def _settle(
         self, epoch: int, messages: list[RelayMessage], results: list[str], reasons: dict[str, str]

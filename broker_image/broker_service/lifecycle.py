@@ -117,6 +117,7 @@ class Broker:
             message_log=self.message_log,
             metrics=self.metrics,
             epoch=lambda: self.term.epoch,
+            may_relay=self.may_relay,
             fence=self.fence,
         )
         self.inbound = InboundPoller(
@@ -126,6 +127,7 @@ class Broker:
             message_log=self.message_log,
             metrics=self.metrics,
             epoch=lambda: self.term.epoch,
+            may_relay=self.may_relay,
             fence=self.fence,
         )
         self.intake = BundleIntake(
@@ -301,6 +303,18 @@ class Broker:
         return None
 
     # ---- fencing, the lease watcher, effects ---------------------------------------------------
+
+    def may_relay(self) -> bool:
+        """Asked by the relays right before each call to a target (:meth:`TermMachine.may_relay`).
+
+        An Active broker whose lease ran out or whose loop stalled fences itself here at once,
+        rather than at the lease watcher's next tick, which may come after the relays' turn.
+        """
+        now = time.monotonic()
+        if self.term.may_relay(now):
+            return True
+        self._perform_now(self.term.refuse_bundle(now))
+        return False
 
     def fence(self, reason: str) -> None:
         """A target saw a higher epoch, or the journal failed: deactivate without waiting for anyone."""

@@ -5,7 +5,9 @@ The hot path. It does not take the heartbeat lock: it asks the term
 broker is Active, in lease and not stalled on entry, and refuses with ``BROKER_INACTIVE``
 otherwise (an Active broker whose lease ran out or whose loop stalled fences itself then).
 Deactivation waits (:meth:`BundleIntake.idle`) for the bundles already past that check
-to be journaled, so every acknowledged message is durable. A ``Duplicate`` is an
+to be journaled, so every acknowledged message is durable, and asks the term again
+(:meth:`~broker_service.term.TermMachine.may_relay`) once the bundle is journaled: a broker
+paused meanwhile acknowledges nothing after its term ran out. A ``Duplicate`` is an
 acknowledgement too: a bundle whose duplicates name seqs still being journaled by another
 bundle answers only once the journal has them.
 
@@ -24,7 +26,7 @@ from typing import NoReturn
 from broker_contracts.message_log import Direction, Event
 from broker_contracts.soap import FaultCode
 from broker_service.journal import Journal, JournalError, bundle_frame
-from broker_service.message_log_writer import MessageLogWriter
+from broker_service.message_log_writer import MessageLogWriter, now_ts
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import OutboundTable
 from broker_service.settings import BrokerSettings
@@ -74,6 +76,7 @@ class BundleIntake:
                 f"bundle is for account {request.account!r} company {request.company!r}; this broker serves "
                 f"account {settings.account!r} company {settings.company!r}",
             )
+        stamp: str | None = None
         results, accepted, indices, unsettled_duplicate = self._outbound.reserve(
             request.streams, request.seqs, request.msg_ids, request.payloads
         )
@@ -95,9 +98,19 @@ class BundleIntake:
                 self._accepting -= 1
                 if not self._accepting:
                     self._accepts_idle.set()
+            # Asked again after the wait: a broker paused while journaling may no longer hold
+            # the term, and then it acknowledges nothing (the backend resends to the active one).
+            # The record's time is taken first, so it is no later than the check that allowed it.
+            stamp = now_ts()
+            now = time.monotonic()
+            if not term.may_relay(now):
+                self._outbound.commit(accepted)  # durable all the same, like any journaled message
+                self._refuse(now)
         if accepted:
             self._outbound.commit(accepted)
-            self._message_log.messages(Event.ACCEPTED, term.epoch, Direction.OUTBOUND, accepted, first=True)
+            self._message_log.messages(
+                Event.ACCEPTED, term.epoch, Direction.OUTBOUND, accepted, first=True, ts=stamp
+            )
             self._metrics.accepted.inc(len(accepted))
         if len(accepted) != len(results):
             self._count_refusals(results)

@@ -9,12 +9,15 @@ planned switchover. The simulators' own records of what the targets took are the
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
+from broker_contracts.message_log import CLOSED_SEGMENT_SUFFIX, decode
 from broker_simulators.local_processes import ProcessSet, free_port, loopback_host
 from broker_validator.job import validate_store
 from broker_validator.report_schema import Anomaly
@@ -24,6 +27,7 @@ from tests.integration.broker.helpers import (
     cloud_received,
     get_json,
     heartbeat,
+    keep_renewing,
     start_sending,
     wait_until,
 )
@@ -115,3 +119,81 @@ def test_kill_9_and_switchover_logs_validate_clean_and_match_the_targets(
         summary = by_stream[("inbound", name)]
         assert (summary["delivered"], summary["lastSeq"]) == (len(seqs), max(seqs))
     assert cluster["latencyMs"]["outbound"]["count"] > 0
+
+
+def test_a_paused_active_reading_its_last_answer_late_is_no_split_brain(
+    spark: SparkSession, processes: ProcessSet, tmp_path: Path
+) -> None:
+    """The active is stopped (SIGSTOP, as a long GC pause or a frozen VM would) with a bundle at the
+    cloud; the cloud answers into its socket; the operator waits out the lease and activates
+    another. Resumed, the old active reads the answer and logs ``delivered`` after the new term
+    began, then must do nothing more: the log shows a late record, and the validator, which
+    dates a broker's effects by its term checks, finds no split brain."""
+    store = tmp_path / "store"
+    first, second = ((host, free_port(host)) for host in (loopback_host(), loopback_host()))
+    cloud = processes.start_cloud_simulator(tmp_path)
+    backend = processes.start_backend_simulator(
+        tmp_path,
+        broker_urls=[f"http://{host}:{port}" for host, port in (first, second)],
+        streams=STREAMS,
+        messages_per_stream=PER_STREAM,
+        extra_args=["--request-timeout-seconds", "1"],
+    )
+    common: dict[str, Any] = {
+        "backend_url": backend.url,
+        "cloud_url": cloud.url,
+        "cluster": "acme-1000",
+        "message_log_dir": store,
+        "lease_seconds": 1.0,
+    }
+    a, b = (
+        processes.start_broker(tmp_path, name=f"broker-{i}", host=host, port=port, **common)
+        for i, (host, port) in enumerate((first, second))
+    )
+    assert heartbeat(a, active=True, epoch=1).state == "Active"
+    renewing_a = threading.Event()
+    renewals = threading.Thread(target=lambda: keep_renewing(a, 1, renewing_a), daemon=True)
+    renewals.start()
+    start_sending(backend)
+    wait_until(lambda: outbound_taken(cloud.url) > STREAMS * PER_STREAM // 4, 60, 0.02, what="traffic")
+
+    cloud.kill(signal.SIGSTOP)
+    try:
+        time.sleep(0.3)  # a's forwarder sends its next bundle into the stopped cloud's socket (setup)
+        renewing_a.set()  # the operator loses a...
+        renewals.join(timeout=5)
+        a.kill(signal.SIGSTOP)  # ...which is paused with that bundle in flight
+    finally:
+        cloud.kill(signal.SIGCONT)  # the cloud takes the bundle and answers into a's socket
+    time.sleep(1.5)  # the operator waits out a's 1 s lease (setup, not an assertion)
+    assert heartbeat(b, active=True, epoch=2).state == "Active"
+    a.kill(signal.SIGCONT)
+
+    renewing_b = threading.Event()
+    renewals = threading.Thread(target=lambda: keep_renewing(b, 2, renewing_b), daemon=True)
+    renewals.start()
+    try:
+        wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via b")
+    finally:
+        renewing_b.set()
+        renewals.join(timeout=5)
+    assert_complete_and_ordered(cloud_received(cloud), STREAMS, PER_STREAM, "orders-")
+    assert heartbeat(b, active=False, epoch=2).state == "Inactive"
+    for broker in (a, b):
+        broker.stop()
+
+    records = [
+        decode(line)
+        for path in sorted(store.rglob("*" + CLOSED_SEGMENT_SUFFIX))
+        for line in path.read_bytes().splitlines()
+    ]
+    (b_activated,) = [r["ts"] for r in records if r["event"] == "activated" and r["broker"] == "broker-1"]
+    late = [r for r in records if r["broker"] == "broker-0" and r["ts"] > b_activated]
+    assert {r["event"] for r in late} <= {"delivered", "deduplicated", "deactivated", "held"}, late[:5]
+    assert any(r["event"] == "delivered" for r in late)  # the scenario happened: a read its answer late
+
+    report = validate_store(spark, store, tmp_path / "report", full=True, settle_seconds=60)
+    cluster = report["clusters"]["acme-1000"]
+    assert report["result"] == "Passed", cluster["examples"]
+    assert cluster["anomalies"][Anomaly.SPLIT_BRAIN] == 0
+    assert cluster["messages"]["outbound"] == STREAMS * PER_STREAM

@@ -229,3 +229,9 @@ def _first_bad(seqs: list[int]) -> int:
         if seq != index + 1:
             return index
     return len(seqs)
+
+
+def keep_renewing(broker: RunningProcess, epoch: int, stop: threading.Event) -> None:
+    """Heartbeat ``broker`` with ``active=true`` every 0.2 s until ``stop``, as the operator would."""
+    while not stop.wait(0.2):
+        heartbeat(broker, active=True, epoch=epoch)

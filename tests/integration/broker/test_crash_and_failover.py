@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker_simulators.backend import build_envelope
-from broker_simulators.local_processes import ProcessSet, RunningProcess
+from broker_simulators.local_processes import ProcessSet
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
     assert_complete_and_ordered,
@@ -20,6 +20,7 @@ from tests.integration.broker.helpers import (
     get_json,
     get_text,
     heartbeat,
+    keep_renewing,
     metric,
     post_bundle,
     start_sending,
@@ -149,12 +150,6 @@ def test_failover_to_second_broker_replays_unconfirmed_without_gap_or_duplicate(
     # The first broker's epoch is now stale at the targets: it cannot come back as a second active.
     reply = heartbeat(broker_a, active=True, epoch=1)
     assert (reply.state, reply.unavailabilityCode) == ("Unavailable", "STALE_EPOCH")
-
-
-def keep_renewing(broker: RunningProcess, epoch: int, stop: threading.Event) -> None:
-    """Heartbeat ``broker`` with ``active=true`` every 0.2 s until ``stop``, as the operator would."""
-    while not stop.wait(0.2):
-        heartbeat(broker, active=True, epoch=epoch)
 
 
 def test_partitioned_active_fences_itself_and_the_new_active_carries_on(

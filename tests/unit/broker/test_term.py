@@ -301,3 +301,28 @@ def test_bundles_are_admitted_only_while_active_in_lease_and_not_stalled() -> No
     assert not term.admits_bundle(T0 + LEASE + 0.1)
     effects = term.refuse_bundle(T0 + LEASE + 0.1)
     assert isinstance(effects[0], SelfFenced) and effects[0].reason.startswith("lease expired")
+
+
+def test_relays_act_while_active_or_draining_a_planned_deactivation_never_after_a_self_fence() -> None:
+    assert not machine().may_relay(T0)  # never activated: no lease
+    term = active_at(1)
+    term.watch_from(T0 + 1)
+    assert term.may_relay(T0 + 1.5)
+    assert not term.may_relay(T0 + 1.7)  # the loop stalled (a SIGSTOP): nothing goes to a target
+
+    term = active_at(1)
+    term.release(1, "op-1")  # the operator's active=false: it activates no one before the drain answers
+    term.watch_from(T0 + 1)
+    assert term.may_relay(T0 + 1) and not term.admits_bundle(T0 + 1)
+    assert not term.may_relay(T0 + LEASE + 0.1)  # nor past the lease, drain or not
+
+    term = active_at(1)
+    term.watch_from(T0 + 1)
+    term.fence("the cloud saw epoch 2")
+    assert not term.may_relay(T0 + 1)  # in lease, but the operator may have activated another
+    release = term.release(3, "op-1")  # a later active=false storing a higher epoch changes nothing
+    assert release.awaiting == StoreEpoch(3)
+    term.epoch_stored(3)
+    assert not term.may_relay(T0 + 1)
+    assert code(renew(term, 4, T0 + 2).reply) == ("Active", None)
+    assert term.may_relay(T0 + 2)  # a new term relays again
