@@ -99,9 +99,21 @@ def _failed_over(relay: Relay, away_from: str) -> Callable[[], bool]:
     return lambda: relay.status().get("active") not in (None, away_from)
 
 
+def _active_broker(relay: Relay) -> str:
+    """The active broker the status names. Two operator replicas that started at the same instant
+    both run until kopf's peering pauses one (the epochs keep them from granting one epoch twice),
+    and meanwhile the status can name no active for a moment: wait for one, bounded, and say so."""
+    started = time.monotonic()
+    wait_until("an active broker in the status", lambda: bool(relay.status().get("active")), 60, 0.1)
+    waited = time.monotonic() - started
+    if waited > 1:
+        print(f"  (the status named no active broker for {waited:.1f}s before this fault)", flush=True)
+    return str(relay.status()["active"])
+
+
 def inject(relay: Relay, fault: str) -> str:
     """Break something, wait for what the fault must cause, and undo what needs undoing; a note."""
-    active = str(relay.status()["active"])
+    active = _active_broker(relay)
     standby = next(name for name in BROKERS if name != active)
     if fault == "restart-apiserver":
         killed = relay.cluster.kill_apiserver()
