@@ -64,12 +64,27 @@ def simulator_objects(
         "args": ["--host=0.0.0.0", f"--port={SIM_PORT}", *args],
         "readinessProbe": {"tcpSocket": {"port": SIM_PORT}, "periodSeconds": 1},
         "env": env or [],
+        # As the chart's pods and the brokers: the simulators write nothing (no --record-dir here).
+        "securityContext": {
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [container]},
+        "spec": {
+            # Not enforced by the local node agent (docs/local-cluster.md); what a real node would run.
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+        },
     }
     service = {
         "apiVersion": "v1",

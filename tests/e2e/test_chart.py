@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from local_cluster.cluster import REPO_ROOT, LocalCluster
+from local_cluster.cluster import REPO_ROOT, LocalCluster, built_tools_dir
 from tests.e2e.support import free_port, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +44,62 @@ def test_chart_lints_and_renders_the_crd_from_crds_folder(kube_cluster: LocalClu
     )
     source = yaml.safe_load((REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml").read_text())
     assert crd == source
+
+
+def render_pod_specs(*values: str) -> dict[str, dict[str, Any]]:
+    """``helm template`` (the built helm; no cluster needed): every pod spec the chart renders, by
+    where it comes from, including the executor pod template Spark reads from a ConfigMap."""
+    helm = built_tools_dir() / "helm"
+    rendered = subprocess.run(
+        [str(helm), "template", "bf", str(CHART), *values], capture_output=True, text=True, check=True
+    ).stdout
+    specs: dict[str, dict[str, Any]] = {}
+    for doc in yaml.safe_load_all(rendered):
+        if not doc:
+            continue
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "Deployment":
+            specs[where] = doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":
+            specs[where] = doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        elif doc["kind"] == "ConfigMap":
+            for key, text in doc["data"].items():
+                embedded = yaml.safe_load(text)
+                if isinstance(embedded, dict) and embedded.get("kind") == "Pod":
+                    specs[f"{where}/{key}"] = embedded["spec"]
+    return specs
+
+
+def test_every_pod_the_chart_renders_is_non_root_with_a_read_only_root() -> None:
+    """The "restricted" Pod Security Standard's fields, as the operator gives the broker pods
+    (tests/unit/controller/test_builders.py): uid/gid 10001, no escalation, no capabilities, the
+    runtime's seccomp profile, a read-only root with an emptyDir for /tmp."""
+    specs = render_pod_specs(
+        "--set", "validator.enabled=true", "--set", "validator.store.claimName=logs",
+        "--set", "validator.executors=2",
+    )  # fmt: skip
+    assert set(specs) == {
+        "Deployment/bf-broker-failover",
+        "CronJob/bf-broker-failover-validator",
+        "ConfigMap/bf-broker-failover-validator-executor/executor-pod-template.yaml",
+    }
+    for where, spec in specs.items():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True, where
+        assert (pod["runAsUser"], pod["runAsGroup"]) == (10001, 10001), where
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec["containers"]:
+            assert container["securityContext"] == {
+                "readOnlyRootFilesystem": True,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            }, where
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]], where
+    # The validator's pods write into the store the brokers write: the same group owns it.
+    validator = [where for where in specs if "validator" in where]
+    assert [specs[where]["securityContext"]["fsGroup"] for where in validator] == [10001, 10001]
 
 
 @pytest.mark.parametrize(

@@ -827,6 +827,53 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
+    kube_cluster: LocalCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
+) -> None:
+    """Pod Security admission of the real API server, in a namespace that enforces "restricted":
+    a pod without the operator's security contexts (non-root, no escalation, no capabilities,
+    RuntimeDefault seccomp) would be refused and the cluster would never get a broker. The node
+    agent does not enforce the contexts themselves (docs/local-cluster.md): the brokers start
+    as before."""
+    namespace = new_namespace(kube_cluster, "restricted")
+    kube_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    # The namespace really refuses what the standard forbids (a dry run: nothing starts).
+    bare = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "main", "image": "broker-failover/broker:0.1.0"}]},
+    }
+    refused = kube_cluster.kubectl(
+        "-n", namespace, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(bare), check=False
+    )
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:' in refused.stderr, refused.stderr
+    operator = start_operator(kube_cluster, namespace, tmp_path / "operator.log")
+    try:
+        manifest = broker_cluster(
+            "locked", replicas=2, backend={"url": simulators["backend"]}, cloud={"url": simulators["cloud"]}
+        )
+        created = apply(kube_cluster, namespace, manifest)
+        assert created.returncode == 0, created.stderr
+        wait_for_row(
+            kube_cluster,
+            namespace,
+            "locked",
+            "locked-0 active and the cluster Healthy in a restricted namespace",
+            lambda row: row["ACTIVE"] == "locked-0" and row["PHASE"] == "Healthy",
+            timeout=90,
+        )
+        body = pod(kube_cluster, namespace, "locked-1")
+        assert body is not None
+        assert body["spec"]["securityContext"]["runAsUser"] == 10001
+        assert body["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    finally:
+        operator.stop()
+        print(operator.tail())  # shown by pytest on failure
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 def claim_names(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
     """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by the local provisioner)."""
     listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")

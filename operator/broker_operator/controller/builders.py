@@ -7,6 +7,18 @@ directly rather than through a StatefulSet so that the operator, not a
 controller it cannot steer, decides when each pod is replaced (standbys first,
 the active last, after a switchover; see ``rollout.py``).
 
+Broker pods run as the chart's own pods do (its operator Deployment and validator
+CronJob): as user and group 10001, the broker image's user, never root, with a
+read-only root filesystem, no privilege escalation, no capabilities and the
+runtime's default seccomp profile, so they pass the "restricted" Pod Security
+Standard. ``fsGroup`` 10001 makes the journal claim and the message-log claim the
+broker's on storage whose driver applies it (an NFS store must be writable by
+10001 itself: charts/README.md). The broker writes to those two volumes
+only (the journal, the stored epoch, the segments), so there is no /tmp volume:
+a writable path it does not need would only hide a stray write.
+``spec.podSecurityContext`` and ``spec.securityContext`` replace these defaults
+whole (docs/crd.md), for platforms that assign their own user ids.
+
 Every builder stamps the owner reference itself (``kopf.build_owner_reference``)
 so that deleting the BrokerCluster garbage-collects its children. Nothing here
 creates, patches or reads anything.
@@ -14,12 +26,13 @@ creates, patches or reads anything.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 
@@ -29,6 +42,25 @@ from broker_operator.controller.bodies import OwnerReference
 from broker_operator.controller.spec import ClusterSpec, Connection
 
 Manifest = dict[str, Any]
+
+# The broker image's user and group (broker_image/Dockerfile: USER 10001:10001); the validator
+# runs as the same ids, so both read and write the shared message-log store.
+BROKER_UID: Final = 10001
+DEFAULT_POD_SECURITY_CONTEXT: Final[Mapping[str, Any]] = {
+    "runAsNonRoot": True,
+    "runAsUser": BROKER_UID,
+    "runAsGroup": BROKER_UID,
+    "fsGroup": BROKER_UID,
+    # The message-log store is shared and holds many segments: re-own it recursively only when its
+    # root is not the group's yet, not on every pod start (as the chart's validator does).
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+DEFAULT_CONTAINER_SECURITY_CONTEXT: Final[Mapping[str, Any]] = {
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def cluster_labels(cluster: str) -> dict[str, str]:
@@ -56,6 +88,18 @@ def _connection_env(variable: str, connection: Connection) -> list[Manifest]:
     if connection.url is not None:
         return [{"name": variable, "value": connection.url}]
     return []
+
+
+def pod_security_context(spec: ClusterSpec) -> Manifest:
+    """The broker pod's securityContext: ``spec.podSecurityContext`` if given, else the default."""
+    given = spec.pod_security_context
+    return copy.deepcopy(dict(DEFAULT_POD_SECURITY_CONTEXT if given is None else given))
+
+
+def container_security_context(spec: ClusterSpec) -> Manifest:
+    """The broker container's securityContext: ``spec.securityContext`` if given, else the default."""
+    given = spec.container_security_context
+    return copy.deepcopy(dict(DEFAULT_CONTAINER_SECURITY_CONTEXT if given is None else given))
 
 
 def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
@@ -114,6 +158,7 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
             "failureThreshold": 3,
         },
         "resources": dict(spec.resources),
+        "securityContext": container_security_context(spec),
         "volumeMounts": [
             {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
             {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
@@ -155,9 +200,14 @@ def template_hash(cluster: str, spec: ClusterSpec) -> str:
     """A digest of everything in a pod that comes from the spec; a changed spec changes it.
 
     The ordinal and the role label are left out: they differ between pods of the
-    same template, and the role moves on every failover without a restart.
+    same template, and the role moves on every failover without a restart. The pod's
+    securityContext is in: a changed ``spec.podSecurityContext`` replaces the pods.
     """
-    template = {"container": broker_container(cluster, spec), "volumes": pod_volumes(cluster, 0, spec)}
+    template = {
+        "container": broker_container(cluster, spec),
+        "volumes": pod_volumes(cluster, 0, spec),
+        "securityContext": pod_security_context(spec),
+    }
     encoded = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -185,6 +235,7 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
             "restartPolicy": "Always",
             # SIGTERM makes the broker deactivate and drain before it exits 0.
             "terminationGracePeriodSeconds": 30,
+            "securityContext": pod_security_context(spec),
             "containers": [broker_container(cluster, spec)],
             "volumes": pod_volumes(cluster, ordinal, spec),
         },

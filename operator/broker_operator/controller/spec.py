@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from broker_operator.controller import names
 from broker_operator.core import spec_fields as fields
@@ -127,6 +127,11 @@ class ClusterSpec:
     message_log_claim: str | None
     message_log_mount: str
     network_policy: NetworkPolicySpec | None = None  # None: no NetworkPolicy (the default)
+    # spec.podSecurityContext and spec.securityContext as written; None: the operator's defaults
+    # (builders.DEFAULT_POD_SECURITY_CONTEXT, DEFAULT_CONTAINER_SECURITY_CONTEXT). A given one
+    # replaces the default whole, never merged into it, so a field of the default can be left out.
+    pod_security_context: Mapping[str, Any] | None = None
+    container_security_context: Mapping[str, Any] | None = None
 
     @property
     def endpoints_mode(self) -> bool:
@@ -216,6 +221,8 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         message_log_claim=message_log.get("claimName") or None,
         message_log_mount=str(message_log.get("mountPath") or fields.MESSAGE_LOG_MOUNT.default),
         network_policy=network_policy,
+        pod_security_context=_security_context(spec, "podSecurityContext", "PodSecurityContext", problems),
+        container_security_context=_security_context(spec, "securityContext", "SecurityContext", problems),
     )
     if problems:
         raise SpecError(cluster, problems)
@@ -300,6 +307,26 @@ def _network_policy(raw: Mapping[str, Any], problems: list[str]) -> NetworkPolic
                 problems.append(f"{path}.{name} must be an object, got {value!r}")
         checked.append(_plain(given))
     return NetworkPolicySpec(tuple(checked)) if enabled else None
+
+
+def _security_context(
+    spec: Mapping[str, Any], field: str, kind: str, problems: list[str]
+) -> Mapping[str, Any] | None:
+    """``spec.<field>`` as a JSON-ready object, or None when absent (the operator's default).
+
+    Only its shape is checked: what is inside is a core/v1 ``kind``, which the API server
+    validates, field by field and with its own messages, when the operator creates the pod.
+    """
+    value = spec.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        problems.append(
+            f"spec.{field} must be an object (a Kubernetes {kind}), got {value!r}; "
+            "leave it out for the operator's non-root, read-only defaults"
+        )
+        return None
+    return cast(Mapping[str, Any], _plain(value))
 
 
 def _plain(value: Any) -> Any:

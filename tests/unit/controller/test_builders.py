@@ -233,3 +233,84 @@ def test_without_sources_the_main_port_admits_everyone_and_without_labels_the_op
     admin, main = policy["spec"]["ingress"]
     assert admin["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
     assert main == {"ports": [{"protocol": "TCP", "port": "soap"}]}  # no `from`: every source
+
+
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER = {
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def test_broker_pods_run_as_the_images_non_root_user_on_a_read_only_root() -> None:
+    pod = builders.build_pod(OWNER, 0, parse_spec("orders", {"account": "a", "company": "c"}), active=True)
+    assert pod["spec"]["securityContext"] == RESTRICTED_POD
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"] == RESTRICTED_CONTAINER
+    # Read-only root: the broker writes to its journal and message-log volumes only, and both are
+    # writable volumes (fsGroup makes them the broker's); nothing else is mounted writable.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {names.DATA_MOUNT, "/var/lib/broker/message-log"}
+    for mount in container["volumeMounts"]:
+        if mount["mountPath"] in writable:
+            assert {"persistentVolumeClaim", "emptyDir"} & volumes[mount["name"]].keys(), mount
+    env = env_of(pod)
+    assert {env["BROKER_DATA_DIR"], env["BROKER_MESSAGE_LOG_DIR"]} == writable
+
+
+def test_every_pod_gets_its_own_copy_of_the_default_security_context() -> None:
+    spec = parse_spec("orders", {"account": "a", "company": "c"})
+    first = builders.build_pod(OWNER, 0, spec, active=True)
+    first["spec"]["securityContext"]["seccompProfile"]["type"] = "Unconfined"
+    first["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"].clear()
+    second = builders.build_pod(OWNER, 1, spec, active=False)
+    assert second["spec"]["securityContext"] == RESTRICTED_POD
+    assert second["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
+
+
+def test_a_given_security_context_replaces_the_default_whole_and_rolls_the_pods() -> None:
+    # OpenShift's restricted SCC assigns the user id itself: the fixed ids must be droppable.
+    assigned = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {**RESTRICTED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
+    base = parse_spec("orders", {"account": "a", "company": "c"})
+    given = parse_spec(
+        "orders",
+        {"account": "a", "company": "c", "podSecurityContext": assigned, "securityContext": container},
+    )
+    pod = builders.build_pod(OWNER, 0, given, active=False)
+    assert pod["spec"]["securityContext"] == assigned
+    assert pod["spec"]["containers"][0]["securityContext"] == container
+    # Each field is part of the pod template: changing either one replaces the pods.
+    pod_only = parse_spec("orders", {"account": "a", "company": "c", "podSecurityContext": assigned})
+    container_only = parse_spec("orders", {"account": "a", "company": "c", "securityContext": container})
+    hashes = {builders.template_hash("orders", s) for s in (base, given, pod_only, container_only)}
+    assert len(hashes) == 4
+    # Spelling out the default is the default: no roll.
+    explicit = parse_spec(
+        "orders",
+        {
+            "account": "a",
+            "company": "c",
+            "podSecurityContext": RESTRICTED_POD,
+            "securityContext": RESTRICTED_CONTAINER,
+        },
+    )
+    assert builders.template_hash("orders", explicit) == builders.template_hash("orders", base)
+
+
+def test_an_empty_security_context_means_none_not_the_default() -> None:
+    spec = parse_spec(
+        "orders", {"account": "a", "company": "c", "podSecurityContext": {}, "securityContext": {}}
+    )
+    pod = builders.build_pod(OWNER, 0, spec, active=False)
+    assert pod["spec"]["securityContext"] == {}
+    assert pod["spec"]["containers"][0]["securityContext"] == {}

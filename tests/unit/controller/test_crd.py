@@ -315,7 +315,8 @@ def test_the_operator_reads_every_field_the_crd_declares() -> None:
         for end in range(1, len(parts))
     }
     # Inside an object the CRD keeps as written (x-kubernetes-preserve-unknown-fields: a
-    # NetworkPolicyPeer's selectors), every field is the user's and passes through as it is.
+    # NetworkPolicyPeer's selectors, the security contexts), every field is the user's and passes
+    # through as it is.
     opaque = tuple(
         f"{path}."
         for path, leaf in crd_leaves(schema).items()

@@ -140,6 +140,14 @@ def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
             ),
             "spec.auth.backendTokenSecretRef names the same Secret key as spec.auth.tokenSecretRef",
         ),
+        (
+            minimal(podSecurityContext="restricted"),
+            "spec.podSecurityContext must be an object (a Kubernetes PodSecurityContext), got 'restricted'",
+        ),
+        (
+            minimal(securityContext=[{"readOnlyRootFilesystem": True}]),
+            "spec.securityContext must be an object (a Kubernetes SecurityContext)",
+        ),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
