@@ -1,9 +1,10 @@
-"""The node agent's kubelet API: enough of it for ``kubectl logs``, over mutual TLS.
+"""The node agent's kubelet API: enough for ``kubectl logs`` and ``port-forward``, over mutual TLS.
 
 ``kubectl logs`` asks the apiserver, which proxies to the kubelet of the pod's node
 (the Node's InternalIP and ``status.daemonEndpoints.kubeletEndpoint.Port``) as
-``GET /containerLogs/{namespace}/{pod}/{container}?follow=..&previous=..``. This module
-serves that endpoint over HTTPS from a thread of the node agent (stdlib ``http.server``
+``GET /containerLogs/{namespace}/{pod}/{container}?follow=..&previous=..``; ``kubectl
+port-forward`` as an upgrade of ``/portForward/{namespace}/{pod}`` to SPDY/3.1. This module
+serves those endpoints over HTTPS from a thread of the node agent (stdlib ``http.server``
 with one thread per connection, TLS handshake in that thread):
 
 - TLS with the kubelet serving certificate (``pki.py``: SANs 127.0.0.1, 10.244.0.1,
@@ -14,9 +15,13 @@ with one thread per connection, TLS handshake in that thread):
 - Which file a request means is ``container_logs`` (404 ``pod "p" does not exist``,
   ``container "c" not found in pod "p"``); what it gets from it, and following it, is
   ``log_streaming``.
+- ``/portForward`` checks the upgrade, answers 101 and hands the connection (and its thread)
+  to ``port_forward``, which connects to the pod's ports inside its network namespace. The
+  upgrade request's headers are logged at INFO: which protocol reaches the kubelet is visible
+  in the node agent's log.
 
-What it does not do: ``exec``, ``attach``, ``port-forward``, ``/stats``,
-``/metrics``, ``/pods``: only ``/containerLogs`` and ``/healthz``.
+What it does not do: ``exec``, ``attach``, ``/stats``, ``/metrics``, ``/pods``: only
+``/containerLogs``, ``/portForward`` and ``/healthz``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ from urllib.parse import unquote, urlsplit
 
 from local_cluster.container_logs import ContainerLogSource, LogLookup, LogRequestError
 from local_cluster.log_streaming import LogOptions, LogStream, select_log
+from local_cluster.port_forward import (
+    PodEndpointLookup,
+    PortForwardSession,
+    negotiate,
+    upgrade_response,
+)
 
 log = logging.getLogger("node-agent.kubelet-api")
 
@@ -55,6 +66,9 @@ class _LogHandler(BaseHTTPRequestHandler):
             self._reply_text(200, "ok")
             return
         parts = url.path.split("/")
+        if len(parts) >= 2 and parts[1] == "portForward":
+            self._port_forward([unquote(part) for part in parts[2:4]])
+            return
         if len(parts) < 2 or parts[1] != "containerLogs":
             self._reply_text(404, "404 page not found")
             return
@@ -73,6 +87,39 @@ class _LogHandler(BaseHTTPRequestHandler):
             self._reply_text(error.status, error.message)
         except (BrokenPipeError, ConnectionResetError, TimeoutError, ssl.SSLError):
             pass  # the client went away
+
+    def do_POST(self) -> None:
+        # kubectl's SPDY dialer (and the API server after it) upgrade with POST; WebSocket with GET.
+        if urlsplit(self.path).path.split("/")[1:2] == ["portForward"]:
+            self.do_GET()
+        else:
+            self._reply_text(404, "404 page not found")
+
+    def _port_forward(self, names: list[str]) -> None:
+        namespace, pod = ([*names, "", ""])[:2]
+        upgrade_headers = {
+            name: self.headers.get_all(name) or []
+            for name in ("Connection", "Upgrade", "X-Stream-Protocol-Version", "Sec-WebSocket-Protocol")
+        }
+        log.info("port-forward %s %s: %s", self.command, self.path, upgrade_headers)
+        try:
+            if not (namespace and pod):
+                raise LogRequestError(
+                    400, "pod namespace and name are required: /portForward/{namespace}/{pod}"
+                )
+            if self.server.endpoints is None:
+                raise LogRequestError(501, "port-forward is not served by this node agent")
+            protocol = negotiate({name.lower(): values for name, values in upgrade_headers.items()})
+            endpoint = self.server.endpoints(namespace, pod)
+        except LogRequestError as error:
+            self._reply_text(error.status, error.message)
+            return
+        self.close_connection = True
+        self.wfile.write(upgrade_response(protocol))
+        description = f"port-forward {namespace}/{pod} from {self.client_address[0]}:{self.client_address[1]}"
+        log.info("%s: upgraded (%s)", description, protocol or "no protocol version")
+        reason = PortForwardSession(self.connection, endpoint, description, self.server.stopping).run()
+        log.info("%s: ended: %s", description, reason)
 
     def _reply_text(self, status: int, text: str) -> None:
         body = text.encode()
@@ -108,10 +155,17 @@ class KubeletApiServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], context: ssl.SSLContext, lookup: LogLookup) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        context: ssl.SSLContext,
+        lookup: LogLookup,
+        endpoints: PodEndpointLookup | None = None,
+    ) -> None:
         super().__init__(address, _LogHandler)
         self.context = context
         self.lookup = lookup
+        self.endpoints = endpoints
         self.stopping = threading.Event()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -161,12 +215,22 @@ def server_tls_context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext
 
 
 def start_kubelet_api(
-    *, host: str, port: int, cert: Path, key: Path, client_ca: Path, lookup: LogLookup
+    *,
+    host: str,
+    port: int,
+    cert: Path,
+    key: Path,
+    client_ca: Path,
+    lookup: LogLookup,
+    endpoints: PodEndpointLookup | None = None,
 ) -> KubeletApi:
-    """Serve ``/containerLogs`` on ``host:port`` (0: a free port) in a daemon thread."""
-    server = KubeletApiServer((host, port), server_tls_context(cert, key, client_ca), lookup)
+    """Serve ``/containerLogs`` and ``/portForward`` on ``host:port`` (0: a free port) in a daemon thread.
+
+    ``endpoints`` finds a pod's network for port-forward (None: port-forward answers 501).
+    """
+    server = KubeletApiServer((host, port), server_tls_context(cert, key, client_ca), lookup, endpoints)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="kubelet-api")
     thread.daemon = True
     thread.start()
-    log.info("kubelet API (container logs) on https://%s:%d", host, server.server_address[1])
+    log.info("kubelet API (container logs, port-forward) on https://%s:%d", host, server.server_address[1])
     return KubeletApi(server=server, thread=thread)

@@ -17,7 +17,7 @@ run, get an address, report status and die on request.
 What is fake, plainly: no images (``images.yaml`` maps image names to local commands), no
 isolation (every container runs as this user on this host), node selectors, taints, affinity
 and resources are ignored (one node, everything fits), and the kubelet API serves container
-logs only (``kubelet_api``: ``kubectl logs`` works, ``exec``/``port-forward`` fail; logs are
+logs and port-forward (``kubelet_api``: ``kubectl logs`` and ``port-forward`` work, ``exec`` fails; logs are
 files under ``<state-dir>/pods/<namespace>_<name>_<uid>/logs``). In loopback mode, also:
 volume mount paths are rewritten into env values and args, each pod gets its own 127.x.y.z
 loopback address but no network namespace (a process can still bind any address), and
@@ -60,6 +60,7 @@ from local_cluster.pod_runtime import PodRuntime, PodRuntimeContext, minimal_bas
 from local_cluster.pod_sandbox import PodSandbox
 from local_cluster.pod_status_reporter import PodStatusReporter
 from local_cluster.pod_watch import watch_pods
+from local_cluster.port_forward import PodEndpointFinder
 from local_cluster.provisioner import LocalPathProvisioner
 
 log = logging.getLogger("node-agent")
@@ -118,7 +119,7 @@ class NodeAgent:
                 log.warning("binding %s/%s failed: %s", metadata["namespace"], metadata["name"], error.reason)
 
     def start_kubelet_api(self) -> None:
-        """Serve container logs on the node's InternalIP, for CA-signed clients (the apiserver)."""
+        """Serve container logs and port-forward on the node's InternalIP, for CA-signed clients."""
         pki_dir = self.apiserver.ca_cert.parent
         self.kubelet_api = start_kubelet_api(
             host=self.settings.host_ip,
@@ -127,6 +128,7 @@ class NodeAgent:
             key=self.settings.kubelet_key or pki_dir / "kubelet.key",
             client_ca=self.apiserver.ca_cert,
             lookup=PodLogFinder(self.pods.values, self.settings.state_dir / "pods"),
+            endpoints=PodEndpointFinder(self.pods.values),
         )
 
     # ---- reconciliation --------------------------------------------------------------

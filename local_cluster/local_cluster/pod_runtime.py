@@ -9,7 +9,7 @@ counts; ``container_state``). On deletion it sends SIGTERM to every process grou
 SIGKILL at the end of the grace period.
 
 What it does not do: init containers, sidecars, startup probes,
-resource limits, ``kubectl exec`` (``kubectl logs`` works: ``kubelet_api`` serves the log files),
+resource limits, ``kubectl exec`` (``kubectl logs`` and ``port-forward`` work: ``kubelet_api``),
 security contexts or user namespaces.
 """
 
