@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from broker_operator import metrics
 from broker_operator.controller import names
@@ -38,6 +39,7 @@ from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.conflicts import PairClaim, pair_key
 from broker_operator.controller.context import context_from
 from broker_operator.controller.daemon import run_cluster_heartbeats
+from broker_operator.controller.peering import join_peering, own_identity
 from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
 from broker_operator.controller.settings import ControllerSettings, peering_priority_from
 
@@ -96,14 +98,39 @@ def _ref(body: Mapping[str, Any], status: Mapping[str, Any]) -> ClusterRef:
     return ClusterRef(namespace=meta["namespace"], name=meta["name"], body=body, status=status)
 
 
-def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
-    """Register every handler of the controller into ``registry``; children are re-checked every
-    ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
+def _register_startup(registry: kopf.OperatorRegistry) -> None:
+    """kopf's settings, then (with peering) this replica's early peering record; in this order."""
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         # Startup handlers run before kopf starts its peering keep-alives and watches.
         configure_kopf(settings, peering=context_from(memo).settings)
+
+    @kopf.on.startup(registry=registry)
+    async def announce_peer(
+        settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, **_: Any
+    ) -> None:
+        # After configure (startup handlers run in order) and before kopf's own peering: see peering.py.
+        context = context_from(memo)
+        if context.settings.peering is None:
+            return
+        try:
+            await join_peering(
+                context.api,
+                context.settings.peering,
+                context.settings.namespaces,
+                priority=settings.peering.priority,
+                lifetime_seconds=settings.peering.lifetime,
+                identity=own_identity(),
+            )
+        except ApiException as error:  # a courtesy: kopf's own peering still runs without it
+            logger.warning("peering %r: no early announcement: %s", context.settings.peering, error)
+
+
+def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
+    """Register every handler of the controller into ``registry``; children are re-checked every
+    ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
+    _register_startup(registry)
 
     @kopf.index(*RESOURCE, id="pair_claims", registry=registry)  # the id is the kwarg name handlers get
     def pair_claims(

@@ -62,6 +62,53 @@ class KubeApi:
             dict(patch),
         )
 
+    async def peering_exists(self, name: str, namespace: str | None) -> bool:
+        """Whether kopf's peering object ``name`` exists (listed by name: the chart grants list, not get)."""
+        selector = f"metadata.name={name}"
+        if namespace is None:
+            result = await asyncio.to_thread(
+                self._custom.list_cluster_custom_object,
+                names.KOPF_GROUP,
+                names.KOPF_VERSION,
+                names.CLUSTER_PEERINGS,
+                field_selector=selector,
+            )
+        else:
+            result = await asyncio.to_thread(
+                self._custom.list_namespaced_custom_object,
+                names.KOPF_GROUP,
+                names.KOPF_VERSION,
+                namespace,
+                names.PEERINGS,
+                field_selector=selector,
+            )
+        return bool(cast(Mapping[str, Any], result).get("items"))
+
+    async def write_peer(
+        self, name: str, namespace: str | None, identity: str, record: Mapping[str, Any]
+    ) -> None:
+        """Merge this replica's record into the peering object's status, as kopf's keep-alive does."""
+        patch = {"status": {identity: dict(record)}}
+        if namespace is None:
+            await asyncio.to_thread(
+                self._custom.patch_cluster_custom_object,
+                names.KOPF_GROUP,
+                names.KOPF_VERSION,
+                names.CLUSTER_PEERINGS,
+                name,
+                patch,
+            )
+        else:
+            await asyncio.to_thread(
+                self._custom.patch_namespaced_custom_object,
+                names.KOPF_GROUP,
+                names.KOPF_VERSION,
+                namespace,
+                names.PEERINGS,
+                name,
+                patch,
+            )
+
     async def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create a core/v1 object (or the NetworkPolicy) unless it exists; True if this call created it."""
         namespace = manifest["metadata"]["namespace"]

@@ -16,6 +16,11 @@ VERSION: Final = "v1alpha1"
 PLURAL: Final = "brokerclusters"
 KIND: Final = "BrokerCluster"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
+# kopf's peering objects (crds/kopf.dev_peerings.yaml): one per watched namespace, or one cluster-wide.
+KOPF_GROUP: Final = "kopf.dev"
+KOPF_VERSION: Final = "v1"
+PEERINGS: Final = "kopfpeerings"
+CLUSTER_PEERINGS: Final = "clusterkopfpeerings"
 
 # Labels on every managed pod; `role` is what the `<name>-active` Service selects on.
 LABEL_APP: Final = "app.kubernetes.io/name"
