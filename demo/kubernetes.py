@@ -321,10 +321,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
         )
         wait_for(
             "every message confirmed, both ways",
-            lambda: (
-                bool(relay.backend("/sim/status")["allConfirmed"])
-                and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
-            ),
+            relay.all_confirmed,
             240,
             interval=1,
         )

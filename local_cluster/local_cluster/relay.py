@@ -119,6 +119,12 @@ class Relay:
     def cloud(self, path: str, payload: dict[str, Any] | None = None) -> Any:
         return self.sim(f"{self.cloud_url}{path}", payload)
 
+    def all_confirmed(self) -> bool:
+        """Every message confirmed to its source, both ways, as the simulators see it."""
+        return bool(self.backend("/sim/status")["allConfirmed"]) and bool(
+            self.cloud("/sim/status")["inboundAllConfirmed"]
+        )
+
     def record_violations(self) -> dict[str, int]:
         """Messages lost, taken twice and taken out of order by the targets, both directions, from
         the simulators' own records.

@@ -289,9 +289,7 @@ def run_soak(
         feeder.stop.set()
     wait_until(
         "every message confirmed, both ways",
-        lambda: (
-            relay.backend("/sim/status")["allConfirmed"] and relay.cloud("/sim/status")["inboundAllConfirmed"]
-        ),
+        relay.all_confirmed,
         240,
         1,
     )

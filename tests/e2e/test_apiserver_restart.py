@@ -85,10 +85,7 @@ def test_a_kill_9_of_the_api_server_under_traffic_is_recovered_and_the_operator_
         feeder.stop.set()
     wait_for(
         "every message confirmed, both ways",
-        lambda: (
-            bool(relay.backend("/sim/status")["allConfirmed"])
-            and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
-        ),
+        relay.all_confirmed,
         timeout=240,
         interval=1,
     )

@@ -183,10 +183,7 @@ def test_two_replicas_one_handles_the_other_takes_over_after_kill_9(relay: Relay
         assert int(after["epoch"]) > epoch_at_broker_kill
         wait_for(
             "every message confirmed, both ways",
-            lambda: (
-                bool(relay.backend("/sim/status")["allConfirmed"])
-                and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
-            ),
+            relay.all_confirmed,
             timeout=300,
             interval=1,
         )

@@ -66,10 +66,7 @@ def _fail_over_under_traffic(relay: Relay, fault: Callable[[Relay, str], None]) 
     )
     wait_for(
         "every message confirmed, both ways",
-        lambda: (
-            bool(relay.backend("/sim/status")["allConfirmed"])
-            and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
-        ),
+        relay.all_confirmed,
         timeout=240,
         interval=1,
     )

@@ -76,10 +76,7 @@ def assert_records_clean_after(relay: Relay, feeder: Feeder) -> None:
     feeder.stop.set()
     wait_for(
         "every message confirmed, both ways",
-        lambda: (
-            bool(relay.backend("/sim/status")["allConfirmed"])
-            and bool(relay.cloud("/sim/status")["inboundAllConfirmed"])
-        ),
+        relay.all_confirmed,
         timeout=240,
         interval=1,
     )

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_contracts.message_log import CLOSED_SEGMENT_SUFFIX, decode
-from broker_simulators.local_processes import ProcessSet, free_port, loopback_host
+from broker_simulators.local_processes import ProcessSet, RunningProcess, free_port, loopback_host
 from broker_validator.job import validate_store
 from broker_validator.report_schema import Anomaly
 from tests.integration.broker.helpers import (
@@ -38,19 +38,18 @@ STREAMS, PER_STREAM = 12, 300
 INBOUND_STREAMS, INBOUND_PER_STREAM = 4, 150
 
 
-def outbound_taken(cloud_url: str) -> int:
-    return int(get_json(cloud_url + "/sim/status")["outboundTaken"])
-
-
-def test_kill_9_and_switchover_logs_validate_clean_and_match_the_targets(
-    spark: SparkSession, processes: ProcessSet, tmp_path: Path
-) -> None:
-    store = tmp_path / "store"
-    addresses = [(loopback_host(), 0) for _ in range(3)]
-    addresses = [(host, free_port(host)) for host, _ in addresses]
-    cloud = processes.start_cloud_simulator(
-        tmp_path, inbound_streams=INBOUND_STREAMS, inbound_messages_per_stream=INBOUND_PER_STREAM
-    )
+def start_relay_with_brokers(
+    processes: ProcessSet,
+    tmp_path: Path,
+    count: int,
+    *,
+    lease_seconds: float | None = None,
+    **cloud_args: Any,
+) -> tuple[RunningProcess, RunningProcess, list[RunningProcess]]:
+    """The cloud and backend simulators and ``count`` brokers of cluster acme-1000 sharing the
+    message-log store ``tmp_path / "store"``; the backend knows every broker."""
+    addresses = [(host, free_port(host)) for host in (loopback_host() for _ in range(count))]
+    cloud = processes.start_cloud_simulator(tmp_path, **cloud_args)
     backend = processes.start_backend_simulator(
         tmp_path,
         broker_urls=[f"http://{host}:{port}" for host, port in addresses],
@@ -62,12 +61,27 @@ def test_kill_9_and_switchover_logs_validate_clean_and_match_the_targets(
         "backend_url": backend.url,
         "cloud_url": cloud.url,
         "cluster": "acme-1000",
-        "message_log_dir": store,
+        "message_log_dir": tmp_path / "store",
     }
-    a, b, c = (
+    if lease_seconds is not None:
+        common["lease_seconds"] = lease_seconds
+    brokers = [
         processes.start_broker(tmp_path, name=f"broker-{i}", host=host, port=port, **common)
         for i, (host, port) in enumerate(addresses)
-    )
+    ]
+    return cloud, backend, brokers
+
+
+def outbound_taken(cloud_url: str) -> int:
+    return int(get_json(cloud_url + "/sim/status")["outboundTaken"])
+
+
+def test_kill_9_and_switchover_logs_validate_clean_and_match_the_targets(
+    spark: SparkSession, processes: ProcessSet, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    cloud_args = {"inbound_streams": INBOUND_STREAMS, "inbound_messages_per_stream": INBOUND_PER_STREAM}
+    cloud, backend, (a, b, c) = start_relay_with_brokers(processes, tmp_path, 3, **cloud_args)
     assert heartbeat(a, active=True, epoch=1).state == "Active"
     start_sending(backend)
     total = STREAMS * PER_STREAM
@@ -130,26 +144,7 @@ def test_a_paused_active_reading_its_last_answer_late_is_no_split_brain(
     began, then must do nothing more: the log shows a late record, and the validator, which
     dates a broker's effects by its term checks, finds no split brain."""
     store = tmp_path / "store"
-    first, second = ((host, free_port(host)) for host in (loopback_host(), loopback_host()))
-    cloud = processes.start_cloud_simulator(tmp_path)
-    backend = processes.start_backend_simulator(
-        tmp_path,
-        broker_urls=[f"http://{host}:{port}" for host, port in (first, second)],
-        streams=STREAMS,
-        messages_per_stream=PER_STREAM,
-        extra_args=["--request-timeout-seconds", "1"],
-    )
-    common: dict[str, Any] = {
-        "backend_url": backend.url,
-        "cloud_url": cloud.url,
-        "cluster": "acme-1000",
-        "message_log_dir": store,
-        "lease_seconds": 1.0,
-    }
-    a, b = (
-        processes.start_broker(tmp_path, name=f"broker-{i}", host=host, port=port, **common)
-        for i, (host, port) in enumerate((first, second))
-    )
+    cloud, backend, (a, b) = start_relay_with_brokers(processes, tmp_path, 2, lease_seconds=1.0)
     assert heartbeat(a, active=True, epoch=1).state == "Active"
     renewing_a = threading.Event()
     renewals = threading.Thread(target=lambda: keep_renewing(a, 1, renewing_a), daemon=True)
