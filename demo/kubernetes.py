@@ -319,12 +319,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
             f"Service {CLUSTER}-active: EndpointSlice {active_ip} ({active}) -> {successor_ip} "
             f"({successor}); the backend follows it by its DNS name"
         )
-        wait_for(
-            "every message confirmed, both ways",
-            relay.all_confirmed,
-            240,
-            interval=1,
-        )
+        wait_for("every message confirmed, both ways", relay.all_confirmed, 240, interval=1)
         note("every message confirmed; waiting for the brokers to close their log segments (30 s bound)")
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)
 

@@ -125,6 +125,10 @@ class Relay:
             self.cloud("/sim/status")["inboundAllConfirmed"]
         )
 
+    def wait_all_confirmed(self, timeout: float = 240) -> None:
+        """Wait (bounded) until :meth:`all_confirmed`: the traffic is over, both ways."""
+        wait_until("every message confirmed, both ways", self.all_confirmed, timeout, 1)
+
     def record_violations(self) -> dict[str, int]:
         """Messages lost, taken twice and taken out of order by the targets, both directions, from
         the simulators' own records.

@@ -287,12 +287,7 @@ def run_soak(
             say(f"  [{index}/{faults}] {fault:18} {outcome} ({time.monotonic() - began:.0f}s)")
     finally:
         feeder.stop.set()
-    wait_until(
-        "every message confirmed, both ways",
-        relay.all_confirmed,
-        240,
-        1,
-    )
+    relay.wait_all_confirmed()
     records = relay.record_violations()
     store = cluster.state_dir / "claims" / namespace / MESSAGE_LOG_CLAIM
     say("traffic stopped, all confirmed; waiting for the brokers to close their log segments (bounded)")

@@ -83,12 +83,7 @@ def test_a_kill_9_of_the_api_server_under_traffic_is_recovered_and_the_operator_
         wait_recovered(relay)
     finally:
         feeder.stop.set()
-    wait_for(
-        "every message confirmed, both ways",
-        relay.all_confirmed,
-        timeout=240,
-        interval=1,
-    )
+    relay.wait_all_confirmed()
     assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
     assert relay.active_service_addresses() == [relay.pod(str(relay.status()["active"]))["status"]["podIP"]]
     # The operator rode out the outage: reconnected its watches, no crash and restart of its pod.

@@ -181,12 +181,7 @@ def test_two_replicas_one_handles_the_other_takes_over_after_kill_9(relay: Relay
             timeout=120,
         )
         assert int(after["epoch"]) > epoch_at_broker_kill
-        wait_for(
-            "every message confirmed, both ways",
-            relay.all_confirmed,
-            timeout=300,
-            interval=1,
-        )
+        relay.wait_all_confirmed(timeout=300)
 
     # The killed operator came back as a container restart in the same pod, and stands by.
     assert _restart_count(relay, handler) > handler_restarts

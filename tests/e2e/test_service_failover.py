@@ -64,12 +64,7 @@ def _fail_over_under_traffic(relay: Relay, fault: Callable[[Relay, str], None]) 
         lambda: (s := relay.status()).get("active") not in (None, active) and s,
         timeout=90,
     )
-    wait_for(
-        "every message confirmed, both ways",
-        relay.all_confirmed,
-        timeout=240,
-        interval=1,
-    )
+    relay.wait_all_confirmed()
     assert relay.active_service_addresses() == [relay.pod(str(after["active"]))["status"]["podIP"]]
     outbound, inbound = relay.cloud("/sim/received"), relay.backend("/sim/received")
     assert len(outbound) == STREAMS and len(inbound) == STREAMS

@@ -74,12 +74,7 @@ def confirmed(relay: Relay) -> int:
 
 def assert_records_clean_after(relay: Relay, feeder: Feeder) -> None:
     feeder.stop.set()
-    wait_for(
-        "every message confirmed, both ways",
-        relay.all_confirmed,
-        timeout=240,
-        interval=1,
-    )
+    relay.wait_all_confirmed()
     assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
 
 

@@ -9,7 +9,6 @@ planned switchover. The simulators' own records of what the targets took are the
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,12 @@ from broker_simulators.local_processes import ProcessSet, RunningProcess, free_p
 from broker_validator.job import validate_store
 from broker_validator.report_schema import Anomaly
 from tests.integration.broker.helpers import (
+    Renewals,
     assert_complete_and_ordered,
     backend_status,
     cloud_received,
     get_json,
     heartbeat,
-    keep_renewing,
     start_sending,
     wait_until,
 )
@@ -146,17 +145,14 @@ def test_a_paused_active_reading_its_last_answer_late_is_no_split_brain(
     store = tmp_path / "store"
     cloud, backend, (a, b) = start_relay_with_brokers(processes, tmp_path, 2, lease_seconds=1.0)
     assert heartbeat(a, active=True, epoch=1).state == "Active"
-    renewing_a = threading.Event()
-    renewals = threading.Thread(target=lambda: keep_renewing(a, 1, renewing_a), daemon=True)
-    renewals.start()
+    renewals_of_a = Renewals(a, 1).start()  # stopped below, when the operator loses a
     start_sending(backend)
     wait_until(lambda: outbound_taken(cloud.url) > STREAMS * PER_STREAM // 4, 60, 0.02, what="traffic")
 
     cloud.kill(signal.SIGSTOP)
     try:
         time.sleep(0.3)  # a's forwarder sends its next bundle into the stopped cloud's socket (setup)
-        renewing_a.set()  # the operator loses a...
-        renewals.join(timeout=5)
+        renewals_of_a.stop()  # the operator loses a...
         a.kill(signal.SIGSTOP)  # ...which is paused with that bundle in flight
     finally:
         cloud.kill(signal.SIGCONT)  # the cloud takes the bundle and answers into a's socket
@@ -164,14 +160,8 @@ def test_a_paused_active_reading_its_last_answer_late_is_no_split_brain(
     assert heartbeat(b, active=True, epoch=2).state == "Active"
     a.kill(signal.SIGCONT)
 
-    renewing_b = threading.Event()
-    renewals = threading.Thread(target=lambda: keep_renewing(b, 2, renewing_b), daemon=True)
-    renewals.start()
-    try:
+    with Renewals(b, 2):
         wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via b")
-    finally:
-        renewing_b.set()
-        renewals.join(timeout=5)
     assert_complete_and_ordered(cloud_received(cloud), STREAMS, PER_STREAM, "orders-")
     assert heartbeat(b, active=False, epoch=2).state == "Inactive"
     for broker in (a, b):

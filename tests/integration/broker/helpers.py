@@ -231,7 +231,28 @@ def _first_bad(seqs: list[int]) -> int:
     return len(seqs)
 
 
-def keep_renewing(broker: RunningProcess, epoch: int, stop: threading.Event) -> None:
-    """Heartbeat ``broker`` with ``active=true`` every 0.2 s until ``stop``, as the operator would."""
-    while not stop.wait(0.2):
-        heartbeat(broker, active=True, epoch=epoch)
+class Renewals:
+    """The operator's part in a test without one: ``active=true`` heartbeats to ``broker`` every
+    0.2 s on a thread, from entering the ``with`` block until :meth:`stop` or its end."""
+
+    def __init__(self, broker: RunningProcess, epoch: int) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(broker, epoch), daemon=True)
+
+    def _run(self, broker: RunningProcess, epoch: int) -> None:
+        while not self._stop.wait(0.2):
+            heartbeat(broker, active=True, epoch=epoch)
+
+    def start(self) -> Renewals:
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> Renewals:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

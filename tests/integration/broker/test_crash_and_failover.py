@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,13 +13,13 @@ from broker_simulators.backend import build_envelope
 from broker_simulators.local_processes import ProcessSet
 from tests.integration.broker.conftest import reserve_address, start_relay
 from tests.integration.broker.helpers import (
+    Renewals,
     assert_complete_and_ordered,
     backend_status,
     cloud_received,
     get_json,
     get_text,
     heartbeat,
-    keep_renewing,
     metric,
     post_bundle,
     start_sending,
@@ -179,14 +178,8 @@ def test_partitioned_active_fences_itself_and_the_new_active_carries_on(
     broker_a.kill(signal.SIGCONT)  # the partition heals with A still believing it is active
 
     # The operator's part: renew B's 1 s lease while the rest goes through it (however slow CI is).
-    delivered = threading.Event()
-    renewals = threading.Thread(target=lambda: keep_renewing(broker_b, 2, delivered), daemon=True)
-    renewals.start()
-    try:
+    with Renewals(broker_b, 2):
         wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via B")
-    finally:
-        delivered.set()
-        renewals.join(timeout=5)
     assert_complete_and_ordered(cloud_received(cloud), streams, per_stream, "orders-")
     # A fences itself: its lease ran out while it was stopped, or a target refused its old epoch first.
     wait_until(lambda: "deactivated (epoch 1)" in broker_a.log_text(), 10, what="A fenced itself")
