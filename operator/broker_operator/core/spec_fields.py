@@ -27,15 +27,11 @@ from typing import Any, Final
 
 
 @dataclass(frozen=True)
-class IntegerField:
-    """An integer field; ``seconds`` marks a duration (the local runner may give it in fractions,
-    though the CRD wants whole seconds)."""
+class SpecField:
+    """Where a field is: ``path``, dotted below ``spec`` ("heartbeat.intervalSeconds"; "[]" marks
+    a list's items)."""
 
-    path: str  # dotted, below ``spec``: "heartbeat.intervalSeconds"; "[]" marks a list's items
-    minimum: int
-    maximum: int
-    default: int | None = None
-    seconds: bool = False
+    path: str
 
     @property
     def name(self) -> str:
@@ -45,6 +41,17 @@ class IntegerField:
     def parent(self) -> str:
         """``spec`` or ``spec.<section>``: the path the parsers' messages name the field under."""
         return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
+
+
+@dataclass(frozen=True)
+class IntegerField(SpecField):
+    """An integer field; ``seconds`` marks a duration (the local runner may give it in fractions,
+    though the CRD wants whole seconds)."""
+
+    minimum: int
+    maximum: int
+    default: int | None = None
+    seconds: bool = False
 
     def read(
         self, section: Mapping[str, Any], problems: list[str], default: int | None = None, *, parent: str = ""
@@ -63,21 +70,12 @@ class IntegerField:
 
 
 @dataclass(frozen=True)
-class NumberField:
+class NumberField(SpecField):
     """A decimal field (``type: number``), read as a float: a duration in seconds, such as 0.2."""
 
-    path: str
     minimum: float
     maximum: float
     default: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit(".", 1)[-1]
-
-    @property
-    def parent(self) -> str:
-        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
 
     def read(self, section: Mapping[str, Any], problems: list[str]) -> float:
         """The field's value in ``section`` as a float (an integer is a number too), or its default; a
@@ -93,20 +91,11 @@ class NumberField:
 
 
 @dataclass(frozen=True)
-class ChoiceField:
+class ChoiceField(SpecField):
     """A string field with an enum and a default."""
 
-    path: str
     choices: tuple[str, ...]
     default: str
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit(".", 1)[-1]
-
-    @property
-    def parent(self) -> str:
-        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
 
     def read(self, section: Mapping[str, Any], problems: list[str]) -> str:
         """The field's value in ``section``, or its default; anything else is added to ``problems``."""
@@ -118,19 +107,10 @@ class ChoiceField:
 
 
 @dataclass(frozen=True)
-class BooleanField:
+class BooleanField(SpecField):
     """A boolean field with a default (``type: boolean``)."""
 
-    path: str
     default: bool
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit(".", 1)[-1]
-
-    @property
-    def parent(self) -> str:
-        return "spec" + "".join(f".{part}" for part in self.path.split(".")[:-1])
 
     def read(self, section: Mapping[str, Any], problems: list[str]) -> bool:
         """The field's value in ``section``, or its default; anything but true or false is a problem."""
@@ -142,10 +122,9 @@ class BooleanField:
 
 
 @dataclass(frozen=True)
-class TextField:
+class TextField(SpecField):
     """A string field with a default and no enum."""
 
-    path: str
     default: str
 
 
