@@ -81,6 +81,7 @@ FAULTS = (
     "restart-apiserver",  # last: the kill of the active that follows needs a working operator
 )
 RECOVERY_SECONDS = 120.0
+SLOW_RECOVERY_SECONDS = 20.0  # a recovery slower than this says what it waited for last
 
 
 def _container_group(relay: Relay, pod: str) -> int:
@@ -180,8 +181,9 @@ def _operator_heartbeats(relay: Relay) -> dict[str, float]:
     return counts
 
 
-def wait_recovered(relay: Relay) -> None:
-    """Healthy, every pod Ready, traffic confirmed again, and an operator heartbeating brokers.
+def wait_recovered(relay: Relay) -> str:
+    """Healthy, every pod Ready, traffic confirmed again, and an operator heartbeating brokers;
+    returns what was still missing at the last look before all of it held (what took longest).
 
     The last one matters after an operator kill: status stays Healthy and the brokers keep
     relaying while no operator runs, so only heartbeats made since show one is back at work.
@@ -189,23 +191,35 @@ def wait_recovered(relay: Relay) -> None:
     confirmed = int(relay.backend("/sim/status")["confirmed"])
     baseline = _operator_heartbeats(relay)
 
-    def operator_working() -> bool:
+    def missing() -> list[str]:
+        status = relay.status()
+        waiting = []
+        if status.get("phase") != "Healthy" or not status.get("active"):
+            waiting.append(f"status {status.get('phase')}, active {status.get('active')}")
+        unready = [pod for pod in (*BROKERS, *_operator_pods(relay)) if not relay.pod_ready(pod)]
+        if unready:
+            waiting.append(f"{', '.join(unready)} Ready")
+        if int(relay.backend("/sim/status")["confirmed"]) <= confirmed:
+            waiting.append("a new confirmation")
         now = _operator_heartbeats(relay)
-        return any(count > baseline.get(key, 0.0) for key, count in now.items())
+        if not any(count > baseline.get(key, 0.0) for key, count in now.items()):
+            waiting.append("an operator heartbeat")
+        return waiting
+
+    seen: list[list[str]] = [[]]
 
     def recovered() -> bool:
-        status = relay.status()
-        return (
-            status.get("phase") == "Healthy"
-            and bool(status.get("active"))
-            and all(relay.pod_ready(pod) for pod in (*BROKERS, *_operator_pods(relay)))
-            and int(relay.backend("/sim/status")["confirmed"]) > confirmed
-            and operator_working()
-        )
+        waiting = missing()
+        if waiting:
+            seen[0] = waiting
+        return not waiting
 
-    wait_until(
-        "recovery: Healthy, every pod Ready, traffic confirmed again", recovered, RECOVERY_SECONDS, 0.25
-    )
+    try:
+        what = "recovery: Healthy, every pod Ready, traffic confirmed again"
+        wait_until(what, recovered, RECOVERY_SECONDS, 0.25)
+    except RelayError as error:
+        raise RelayError(f"{error}; still waiting for {'; '.join(seen[0])}") from None
+    return "; ".join(seen[0])
 
 
 def validator_violations(store: Path, report_dir: Path) -> dict[str, int]:
@@ -279,9 +293,12 @@ def run_soak(
             started = time.monotonic()
             try:
                 note = inject(relay, fault)
-                wait_recovered(relay)
+                last = wait_recovered(relay)
                 recovered += 1
-                outcome = f"{note}recovered in {time.monotonic() - started:.1f}s"
+                took = time.monotonic() - started
+                outcome = f"{note}recovered in {took:.1f}s"
+                if took > SLOW_RECOVERY_SECONDS and last:
+                    outcome += f" (the last wait: {last})"
             except RelayError as error:
                 outcome = f"NOT RECOVERED: {error}"
             say(f"  [{index}/{faults}] {fault:18} {outcome} ({time.monotonic() - began:.0f}s)")
