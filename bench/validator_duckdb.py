@@ -20,7 +20,7 @@ The semantics are ``validator/README.md``'s, as refined for the Spark job:
   accepted, held or discarded;
 * ``lost`` / ``in-flight``: accepted, no evidence, never held or discarded; first accepted before /
   after the cluster's newest ts minus ``settle_seconds``;
-* ``split-brain``: per epoch whose last forwarded/accepted/confirmed record is later
+* ``split-brain``: per epoch whose last accepted/delivered/deduplicated/confirmed record is later
   than the earliest ``activated`` of a higher epoch of its cluster, plus per epoch activated by two
   brokers;
 * ``crashed-term``: a (broker, epoch) activated, never deactivated, below its cluster's top epoch;
@@ -155,16 +155,7 @@ def validate_store_duckdb(
     )
     ((lines, malformed),) = step("count", "SELECT count(*), count(*) FILTER (WHERE NOT valid) FROM rec")
     anomalies[Anomaly.MALFORMED.value] = int(str(malformed))
-    # A broker's effects are dated by its term checks: forwarded, accepted, confirmed (not the
-    # answers, delivered/deduplicated, which a paused broker may read late). Then forwarded
-    # records are needed no more.
-    step(
-        "effects",
-        """
-        CREATE TEMP TABLE effect AS SELECT cluster, epoch, max(us) AS last_us FROM rec
-        WHERE valid AND event IN ('forwarded', 'accepted', 'confirmed') GROUP BY ALL
-        """,
-    )
+    # Forwarded records only count as lines: no check reads them.
     step("prune", "DELETE FROM rec WHERE NOT valid OR event = 'forwarded'")
     step(
         "keys",
@@ -226,7 +217,11 @@ def validate_store_duckdb(
     ((split_brain, crashed, held, discarded),) = step(
         "terms",
         """
-        WITH activation AS (
+        WITH effect AS (
+            SELECT cluster, epoch, max(us) AS last_us FROM rec
+            WHERE event IN ('accepted', 'delivered', 'deduplicated', 'confirmed') GROUP BY ALL
+        ),
+        activation AS (
             SELECT cluster, epoch, min(us) AS first_us, count(DISTINCT broker) AS brokers FROM rec
             WHERE event = 'activated' GROUP BY ALL
         ),

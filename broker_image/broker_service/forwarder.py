@@ -32,7 +32,7 @@ from collections.abc import Callable
 from broker_contracts.message_log import Direction, Event
 from broker_service.holds import HeldEntry
 from broker_service.journal import Journal, JournalMessage, confirmed_frame, held_frame
-from broker_service.message_log_writer import MessageLogWriter, now_ts
+from broker_service.message_log_writer import MessageLogWriter, answer_ts, now_ts
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import Bundle, OutboundTable
 from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnreachableError
@@ -145,12 +145,15 @@ class OutboundForwarder:
                 raise
             failures = 0
             outcome = table.settle(bundle, reply["results"], reply["reasons"])
+            answered = answer_ts(self._may_relay, checked, "cloud")
             # Duplicates first: per stream the cloud answers them for the lower seqs, so the log
             # keeps the order in which the cloud had the messages.
             if outcome.deduplicated:
-                self.log.messages(Event.DEDUPLICATED, epoch, Direction.OUTBOUND, outcome.deduplicated)
+                self.log.messages(
+                    Event.DEDUPLICATED, epoch, Direction.OUTBOUND, outcome.deduplicated, ts=answered
+                )
             if outcome.delivered:
-                self.log.messages(Event.DELIVERED, epoch, Direction.OUTBOUND, outcome.delivered)
+                self.log.messages(Event.DELIVERED, epoch, Direction.OUTBOUND, outcome.delivered, ts=answered)
             self.metrics.delivered.labels("outbound").inc(len(outcome.delivered))
             if outcome.rejected:
                 self.metrics.rejected.labels("outbound").inc(outcome.rejected)

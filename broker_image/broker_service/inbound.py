@@ -37,7 +37,7 @@ from broker_contracts.message_log import Direction, Event, format_ts
 from broker_contracts.relay import DeliveryStatus
 from broker_service.holds import HeldEntry, HoldQueue, Release
 from broker_service.journal import HoldKey, Journal, held_frame, released_frame
-from broker_service.message_log_writer import MessageLogWriter, now_ts
+from broker_service.message_log_writer import MessageLogWriter, answer_ts, now_ts
 from broker_service.metrics import BrokerMetrics
 from broker_service.relay_client import RelayClient, RelayMessage, StaleEpochError, TargetUnreachableError
 from broker_service.settings import BrokerSettings, PoisonPolicy
@@ -168,7 +168,8 @@ class InboundPoller:
                 self._log_accepted(epoch, messages, checked)
                 self._log_forwarded(epoch, messages, checked)
                 reply = await self.relay.deliver_inbound(epoch, messages)
-                taken = self._settle(epoch, messages, reply["results"], reply["reasons"])
+                answered = answer_ts(self._may_relay, checked, "backend")
+                taken = self._settle(epoch, messages, reply["results"], reply["reasons"], answered)
                 if taken:
                     checked = now_ts()
                     if not self._may_relay():
@@ -213,8 +214,14 @@ class InboundPoller:
             self.log.messages(Event.ACCEPTED, epoch, Direction.INBOUND, fresh, first=True, ts=ts)
 
     def _settle(
-        self, epoch: int, messages: list[RelayMessage], results: list[str], reasons: dict[str, str]
+        self,
+        epoch: int,
+        messages: list[RelayMessage],
+        results: list[str],
+        reasons: dict[str, str],
+        answered: str | None,
     ) -> list[RelayMessage]:
+        """Sort the backend's answer; ``answered`` dates its records (``forwarder.answer_ts``)."""
         taken: list[RelayMessage] = []
         delivered: list[RelayMessage] = []
         deduplicated: list[RelayMessage] = []  # the backend had them already (see Event.DEDUPLICATED)
@@ -250,9 +257,9 @@ class InboundPoller:
                 if blocks:
                     self._blocked[stream] = seq
         if deduplicated:  # before the deliveries: per stream the backend's duplicates are the lower seqs
-            self.log.messages(Event.DEDUPLICATED, epoch, Direction.INBOUND, deduplicated)
+            self.log.messages(Event.DEDUPLICATED, epoch, Direction.INBOUND, deduplicated, ts=answered)
         if delivered:
-            self.log.messages(Event.DELIVERED, epoch, Direction.INBOUND, delivered)
+            self.log.messages(Event.DELIVERED, epoch, Direction.INBOUND, delivered, ts=answered)
             self.metrics.delivered.labels("inbound").inc(len(delivered))
         if held:
             for entry in held:

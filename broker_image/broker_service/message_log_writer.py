@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from json.encoder import encode_basestring  # the C string quoter json uses
 from pathlib import Path
@@ -43,6 +44,8 @@ from broker_contracts.message_log import (
 _ts_second = -1
 _ts_prefix = ""
 
+logger = logging.getLogger(__name__)
+
 
 def now_ts() -> str:
     """The schema's timestamp for now (as :func:`broker_contracts.message_log.format_ts` writes it).
@@ -57,6 +60,22 @@ def now_ts() -> str:
         _ts_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
         _ts_second = seconds
     return f"{_ts_prefix}.{nanos // 1000:06d}Z"
+
+
+def answer_ts(may_relay: Callable[[], bool], checked: str, target: str) -> str | None:
+    """The time for the records of a target's answer: None (now, when it was read) while the term
+    still holds; else ``checked``, the time read before the check that allowed the call. A broker
+    paused between its call and the answer reads the answer after its term, having done nothing
+    after it: its records then say when it last knew it held the term (docs/broker.md)."""
+    if may_relay():
+        return None
+    logger.warning(
+        "read the %s's answer after this broker's term had lapsed (paused?); "
+        "its records are dated %s, the term check before the call",
+        target,
+        checked,
+    )
+    return checked
 
 
 LoggedMessage = tuple[str, int, str, object]

@@ -26,7 +26,7 @@ from typing import Final, TypedDict
 
 
 class Event(StrEnum):
-    # accepted, forwarded, confirmed: ts is when the broker last checked its term before acting
+    # ts: when the broker acted, never after its term (docs/contracts.md, "The message log")
     ACCEPTED = "accepted"  # journaled by the broker and acknowledged to the source
     FORWARDED = "forwarded"  # sent to the target (one record per attempt)
     DELIVERED = "delivered"  # the target took it (outbound: the cloud; inbound: the backend)

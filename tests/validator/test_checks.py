@@ -145,59 +145,6 @@ def test_work_after_another_broker_took_a_higher_epoch_is_split_brain(
     assert (proof["broker"], proof["epoch"]) == ("b0", 1) and "epoch 2" in proof["detail"]
 
 
-def test_an_answer_read_late_by_a_paused_broker_is_no_split_brain(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """b0 forwarded seq 4 in its term, was paused (SIGSTOP) before it read the cloud's answer, and
-    logged ``delivered`` on resuming, after b1's activation: it did nothing after its term."""
-    h = History(tmp_path / "store")
-    clean_start(h, upto=3)
-    h.log("accepted", "b0", 1, "outbound", "s1", 4)
-    h.log("forwarded", "b0", 1, "outbound", "s1", 4, attempt=1)
-    h.tick(3000)
-    h.log("activated", "b1", 2)
-    h.tick()
-    h.log("delivered", "b0", 1, "outbound", "s1", 4)  # the answer, read after the pause
-    h.log("deduplicated", "b1", 2, "outbound", "s1", 4)  # the backend resent it to b1
-    h.log("confirmed", "b1", 2, "outbound", "s1", 4)
-    h.relay("b1", 2, "s1", range(5, 8))
-    h.close()
-    report = run(spark, h.store, full=True)
-    assert found(report) == {Anomaly.CRASHED_TERM: 1}
-
-
-def test_a_bundle_forwarded_after_a_higher_activation_is_split_brain(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    h = History(tmp_path / "store")
-    clean_start(h, upto=3)
-    h.log("activated", "b1", 2)
-    h.tick()
-    h.log("forwarded", "b0", 1, "outbound", "s1", 4, attempt=2)  # a call to the cloud, out of term
-    h.relay("b1", 2, "s1", range(4, 6))
-    h.close()
-    report = run(spark, h.store, full=True)
-    assert found(report) == {Anomaly.SPLIT_BRAIN: 1, Anomaly.CRASHED_TERM: 1}
-    (proof,) = report["clusters"]["c1"]["examples"]["split-brain"]
-    assert (proof["broker"], proof["epoch"]) == ("b0", 1)
-    assert "forwarded" in proof["detail"] and "epoch 2" in proof["detail"]
-
-
-def test_forwarded_records_with_a_broken_head_are_malformed(spark: SparkSession, tmp_path: Path) -> None:
-    h = History(tmp_path / "store")
-    clean_start(h, upto=3)
-    (segment,) = h.close()
-    segment.write_bytes(
-        segment.read_bytes()
-        + b'{"event":"forwarded","ts":"2026-11-20T12:00:00.000000Z","cluster":"c1","broker":"b0",'
-        + b'"epoch":"one","direction":"outbound"}\n'
-        + b'{"event":"forwarded","ts":"noon","cluster":"c1","broker":"b0","epoch":1,"direction":"x"}\n'
-    )
-    report = run(spark, h.store, full=True)
-    assert found(report) == {Anomaly.MALFORMED: 2}
-    assert report["clusters"]["c1"]["messages"] == {"outbound": 3}
-
-
 def test_one_epoch_granted_to_two_brokers_is_split_brain(spark: SparkSession, tmp_path: Path) -> None:
     h = History(tmp_path / "store")
     clean_start(h, upto=3)

@@ -38,7 +38,7 @@ EVENTS = frozenset(e.value for e in Event)
 TS_SHAPE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 SEGMENT_NAME = re.compile(r"^\d{8}T\d{12}Z-(\d{6})-(?P<broker>.+)\.jsonl$")
 EVIDENCE = ("delivered", "deduplicated")
-EFFECTFUL = ("accepted", "forwarded", "confirmed")  # stamped with the last term check
+EFFECTFUL = ("accepted", "delivered", "deduplicated", "confirmed")
 
 
 @dataclass

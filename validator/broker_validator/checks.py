@@ -13,21 +13,13 @@ evidence, ordered by ``(epoch, ts, position in the segment)`` and seeded with th
 duplicate or out-of-order); only those leave the JVM. A per-message aggregation pairs each
 ``accepted`` with its first delivery evidence for latency and for what is still pending.
 
-``forwarded`` records (a quarter of the log, one per attempt) are not parsed as JSON: only the
-split-brain check reads them, for the newest one per (cluster, broker, epoch). They are recognised
-by their fixed prefix and the head before ``"direction"`` (time, cluster, broker, epoch) is cut
-out as text; a line that is not whole still gets parsed and counted as malformed.
-
-The split-brain check compares what a broker *did* with the activations elsewhere. A broker
-stamps ``forwarded``, ``accepted`` and ``confirmed`` with the time it last checked its term, right
-before the call to a target, so those are its effects. ``delivered`` and ``deduplicated`` are
-written when the target's answer is read, which a broker paused by the kernel may do after a
-higher epoch was activated without having acted after it: they are evidence, not effects.
+``forwarded`` records (a quarter of the log, one per attempt) are not parsed: no check reads them.
+They are only recognised by their fixed prefix, and a line that is not whole still gets parsed and
+counted as malformed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,12 +38,9 @@ LATENCY_BUCKET_BASE: Final = 1.05
 """Latency histogram buckets grow by 5 %: percentiles merge across runs within that precision."""
 
 EVIDENCE: Final = (Event.DELIVERED.value, Event.DEDUPLICATED.value)
-EFFECTFUL: Final = (Event.ACCEPTED.value, Event.CONFIRMED.value)
-"""Parsed records stamped with the broker's last term check; ``forwarded`` is the third such event."""
+EFFECTFUL: Final = (*EVIDENCE, Event.ACCEPTED.value, Event.CONFIRMED.value)
 SIDE_EVENTS: Final = (Event.HELD.value, Event.DISCARDED.value, Event.REPLAYED.value)
 _FORWARDED_PREFIX: Final = '{"event":"forwarded",'
-_FORWARDED_TS: Final = len('{"event":"forwarded","ts":"') + 1  # 1-based, as Spark's substring counts
-_FORWARDED_WHO: Final = _FORWARDED_TS + TS_LENGTH + len('",')  # where '"cluster":...' starts
 KEY: Final = ("cluster", "direction", "stream")
 
 
@@ -75,16 +64,6 @@ def _fits_schema() -> Column:
     return fits & (F.col("event").isin([e.value for e in LIFECYCLE_EVENTS]) | message_fields)
 
 
-class Forwarded(NamedTuple):
-    """The newest ``forwarded`` record of one (cluster, broker, epoch) in one segment."""
-
-    cluster: str
-    broker: str
-    epoch: int
-    ts_us: int
-    lines: int
-
-
 @dataclass
 class Batch:
     """The new segments, parsed and cached, with the malformed lines counted per file."""
@@ -93,7 +72,6 @@ class Batch:
     records: DataFrame  # the valid records of it
     malformed: list[tuple[str, int, str]]  # (file URI, bad lines, first bad line)
     count: int  # valid records
-    forwarded: list[Forwarded] = field(default_factory=list)  # the newest per term and segment
 
     def release(self) -> None:
         self.cached.unpersist()
@@ -105,33 +83,22 @@ def read_batch(spark: SparkSession, paths: list[str]) -> Batch:
         F.col("_metadata.file_path").alias("file"),
         F.monotonically_increasing_id().alias("pos"),  # increases with the line within each file
     )
-    is_forwarded = F.col("value").startswith(_FORWARDED_PREFIX) & F.col("value").endswith("}")
-    head = F.substring_index("value", ',"direction":', 1)
-    parsed = text.select(
+    text = text.filter(~(F.col("value").startswith(_FORWARDED_PREFIX) & F.col("value").endswith("}")))
+    parsed = text.select("file", "pos", "value", F.from_json("value", record_schema()).alias("r")).select(
         "file",
         "pos",
         "value",
-        is_forwarded.alias("fwd"),
-        F.when(is_forwarded, F.substring(head, _FORWARDED_WHO, 1000)).alias("fwd_who"),
-        F.when(~is_forwarded, F.from_json("value", record_schema())).alias("r"),
-    ).select("file", "pos", "value", "fwd", "fwd_who", "r.*")
-    parsed = parsed.withColumn(
-        "ts", F.when(F.col("fwd"), F.substring("value", _FORWARDED_TS, TS_LENGTH)).otherwise(F.col("ts"))
+        "r.*",
     )
     # A cast reads the contract's ISO 8601 text at a third of the cost of a pattern; the length and
     # the "Z" keep other spellings of a time (which a cast would take) out as malformed.
     strict_ts = (F.length("ts") == TS_LENGTH) & F.col("ts").endswith("Z")
     parsed = parsed.withColumn(
         "ts_us", F.when(strict_ts, F.unix_micros(F.col("ts").cast("timestamp")))
-    ).withColumn(
-        "valid",
-        F.when(F.col("fwd"), F.col("ts_us").isNotNull()).otherwise(F.coalesce(_fits_schema(), F.lit(False))),
-    )
+    ).withColumn("valid", F.coalesce(_fits_schema(), F.lit(False)))
     table = parsed.select(
         F.when(~F.col("valid"), F.col("file")).alias("bad_file"),  # only bad rows keep their file
         F.when(~F.col("valid"), F.substring("value", 1, 200)).alias("bad"),
-        F.when(F.col("valid") & F.col("fwd"), F.col("fwd_who")).alias("fwd_who"),
-        F.when(F.col("valid") & F.col("fwd"), F.col("file")).alias("fwd_file"),
         "pos",
         "cluster",
         "broker",
@@ -143,39 +110,13 @@ def read_batch(spark: SparkSession, paths: list[str]) -> Batch:
         "ts_us",
     ).cache()
     summary = (
-        table.groupBy("bad_file", "fwd_file", "fwd_who")
-        .agg(
-            F.count(F.lit(1)).alias("lines"),
-            F.first("bad", ignorenulls=True).alias("example"),
-            F.max("ts_us").alias("newest"),
-        )
+        table.groupBy("bad_file")
+        .agg(F.count(F.lit(1)).alias("lines"), F.first("bad", ignorenulls=True).alias("example"))
         .collect()
     )
     malformed = [(row.bad_file, int(row.lines), row.example or "") for row in summary if row.bad_file]
-    forwarded: list[Forwarded] = []
-    for row in summary:
-        if row.fwd_file is None:
-            continue
-        who = _forwarded_who(row.fwd_who)
-        if who is None:
-            malformed.append((row.fwd_file, int(row.lines), _FORWARDED_PREFIX + "..." + row.fwd_who[:160]))
-        else:
-            forwarded.append(Forwarded(*who, ts_us=int(row.newest), lines=int(row.lines)))
     count = sum(int(row.lines) for row in summary if row.bad_file is None)
-    records = table.filter(F.col("bad_file").isNull() & F.col("fwd_who").isNull())
-    return Batch(table, records.drop("bad_file", "bad", "fwd_who", "fwd_file"), malformed, count, forwarded)
-
-
-def _forwarded_who(text: str) -> tuple[str, str, int] | None:
-    """``"cluster":"c","broker":"b","epoch":7`` (a forwarded record's head) as its three values."""
-    try:
-        fields = json.loads("{" + text + "}")
-    except ValueError:
-        return None
-    cluster, broker, epoch = fields.get("cluster"), fields.get("broker"), fields.get("epoch")
-    if not (isinstance(cluster, str) and isinstance(broker, str) and type(epoch) is int):
-        return None
-    return cluster, broker, epoch
+    return Batch(table, table.filter(F.col("bad_file").isNull()).drop("bad_file", "bad"), malformed, count)
 
 
 @dataclass
@@ -192,7 +133,6 @@ class BatchFindings:
     """Everything the fold needs from one batch, collected."""
 
     terms: list[Any] = field(default_factory=list)  # per (cluster, broker, epoch), with side records and rate
-    forwarded: list[Forwarded] = field(default_factory=list)  # the newest `forwarded` per term and segment
     stream_max: list[Any] = field(default_factory=list)  # per stream key, its last row: batch_max
     jumps: list[Any] = field(default_factory=list)  # deliveries more than one above the max before them
     behind: list[Any] = field(default_factory=list)  # `delivered` at or below the max before it
@@ -224,7 +164,6 @@ def find(spark: SparkSession, batch: Batch, prior: PriorState) -> BatchFindings:
     is_evidence = F.col("event").isin(*EVIDENCE)
 
     findings.terms = _terms(records)
-    findings.forwarded = batch.forwarded
 
     # Target order per stream, seeded with the carried max: what jumps ahead, what falls behind.
     evidence = records.filter(is_evidence)

@@ -195,20 +195,6 @@ def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
             )
         epoch.first_evidence_us = _min(epoch.first_evidence_us, row.first_evidence)
         epoch.last_evidence_us = _max(epoch.last_evidence_us, row.last_evidence)
-    for sent in findings.forwarded:  # a call to a target is an effect too (see broker_validator.checks)
-        cluster = state.cluster(sent.cluster)
-        epoch = cluster.epochs.setdefault(sent.epoch, EpochState())
-        if epoch.last_effect_us is None or sent.ts_us > epoch.last_effect_us:
-            epoch.last_effect_us = sent.ts_us
-            epoch.last_effect = example(
-                "",
-                (sent.cluster, None, None),
-                None,
-                sent.broker,
-                sent.epoch,
-                sent.ts_us,
-                f"forwarded a bundle by {sent.broker} with epoch {sent.epoch}",
-            )
 
 
 def _fold_rate_and_latency(state: ValidatorState, findings: BatchFindings) -> None:

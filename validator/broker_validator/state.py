@@ -88,7 +88,7 @@ class TermState:
 @dataclass
 class EpochState:
     activations: dict[str, int] = field(default_factory=dict)  # broker -> first `activated` ts
-    last_effect_us: int | None = None  # the epoch's last forwarded/accepted/confirmed (a call to a target)
+    last_effect_us: int | None = None  # the epoch's last accepted/delivered/deduplicated/confirmed
     last_effect: Example | None = None
     first_evidence_us: int | None = None
     last_evidence_us: int | None = None
