@@ -181,9 +181,6 @@ class TermMachine:
         # epoch activates it again. None once a higher epoch has activated it.
         self.fenced_epoch: int | None = None
         self.fence_reason = ""
-        # Whether this term ended in a self-fence (until the next activation): the relays then stop
-        # at once, whatever epoch a later active=false stores meanwhile.
-        self.fenced_this_term = False
         # A deactivation whose first half (stop being Active) is done and whose drain is not.
         self.draining: str | None = None
         self.shutting_down = False
@@ -254,7 +251,8 @@ class TermMachine:
         a broker resumed after a pause acts on nothing: a record it writes carries the time of
         this check, the last instant it knew it still held the term.
         """
-        relaying = self.active or not self.fenced_this_term
+        # fenced_epoch, not the epoch: a later active=false may store a higher one meanwhile.
+        relaying = self.active or self.fenced_epoch is None
         return relaying and now <= self.lease_deadline and now - self.last_tick <= self.stalled_after
 
     def refuse_bundle(self, now: float) -> tuple[Effect, ...]:
@@ -276,7 +274,6 @@ class TermMachine:
             return ()
         self.fenced_epoch = self.epoch
         self.fence_reason = reason
-        self.fenced_this_term = True
         return (SelfFenced(self.epoch, reason), *self._stop_accepting(reason))
 
     def _stop_accepting(self, reason: str) -> tuple[Effect, ...]:
@@ -399,7 +396,6 @@ class TermMachine:
 
     def _renewed(self, started: float) -> HeartbeatReply:
         self.fenced_epoch = None  # an epoch above the fenced one is Active now
-        self.fenced_this_term = False
         # Counted from when this call started to be handled: the operator counts from when it
         # saw the answer, which is later, so the broker's lease always ends first.
         self.lease_deadline = max(self.lease_deadline, started + self.lease_seconds)
