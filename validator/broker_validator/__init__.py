@@ -7,7 +7,11 @@ Layers, each a module with one job:
   anomaly classes, which of them fail a run;
 * :mod:`broker_validator.store`: finds closed segments in the store, tells foreign and empty files
   apart, and keeps the checkpoint (what was processed, per-stream state) atomically;
-* :mod:`broker_validator.checks`: the Spark checks over new records plus the carried state;
+* :mod:`broker_validator.checks`: the checks as two passes of Spark tasks over the new segments,
+  with the decisions that span segments made on the driver; the tasks run
+  :mod:`broker_validator.segment_pass` on each segment, which parses with
+  :mod:`broker_validator.segment_reader` and judges messages with :mod:`broker_validator.messages`;
+* :mod:`broker_validator.fold`: folds what the checks found into the carried state;
 * :mod:`broker_validator.report_html`: the self-contained HTML report, with the timeline picture
   drawn by :mod:`broker_validator.report_timeline`;
 * :mod:`broker_validator.status`: writes each BrokerCluster's ``status.ordering``;

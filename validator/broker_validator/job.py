@@ -61,10 +61,6 @@ def validate_store(
     say = progress or logger.info
     started = time.monotonic()
     started_at = format_ts()
-    spark.conf.set("spark.sql.ansi.enabled", "false")  # a hostile value is malformed, not an exception
-    # The parsed batch is cached once and read by every check: building it uncompressed measured a
-    # fifth faster (make bench-validator), and it lives only for the run.
-    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
     scan = scan_store(store)
     state, mode = _starting_state(store, full, say)
     problems = _scan_problems(scan)
@@ -156,7 +152,7 @@ def _read_and_fold(
     batch = read_batch(spark, [str(store / s.path) for s in new])
     try:
         say(f"parsed {batch.count} records; checking")
-        findings = find(spark, batch, _prior(state))
+        findings = find(batch, _prior(state))
         late = _late_clusters(state, findings)
         if late:
             say(
@@ -167,7 +163,7 @@ def _read_and_fold(
             again = [s for s in scan.segments if s.cluster in late and s not in new]
             batch.release()
             batch = read_batch(spark, [str(store / s.path) for s in [*new, *again]])
-            findings = find(spark, batch, _prior(state))
+            findings = find(batch, _prior(state))
             new = [*new, *again]
         fold(state, findings)
         _fold_malformed(state, store, batch.malformed)

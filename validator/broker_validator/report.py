@@ -12,8 +12,8 @@ import itertools
 from collections import defaultdict
 from typing import Final
 
-from broker_validator.checks import bucket_upper_ms
 from broker_validator.fold import example
+from broker_validator.messages import bucket_upper_ms
 from broker_validator.report_schema import (
     MAX_EXAMPLES,
     SCHEMA_VERSION,

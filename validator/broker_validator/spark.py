@@ -41,8 +41,6 @@ from pyspark.sql import SparkSession
 
 APP_NAME: Final = "broker-validator"
 LOCAL_HOST: Final = "127.0.0.1"
-SHUFFLE_PARTITIONS: Final = 4
-"""The store of one namespace is gigabytes at most: a few partitions beat Spark's default of 200."""
 DRIVER_PORT: Final = 7078
 DRIVER_BLOCK_MANAGER_PORT: Final = 7079
 """Fixed, as Spark's cluster mode fixes them, so a NetworkPolicy can admit executors to the driver."""
@@ -66,12 +64,11 @@ class SparkSettings:
 
     The env names are ``VALIDATOR_`` + the field name in capitals (``executor_memory`` ->
     ``VALIDATOR_EXECUTOR_MEMORY``); the chart's CronJob sets them. The fields below
-    ``shuffle_partitions`` matter only for a ``k8s://`` master.
+    ``driver_memory`` matter only for a ``k8s://`` master.
     """
 
     driver_memory: str = "2g"
     """JVM heap of the driver; with ``local[*]`` it holds the executors too."""
-    shuffle_partitions: int = SHUFFLE_PARTITIONS
     namespace: str | None = None
     """Where executor pods go, and whose BrokerClusters get ``status.ordering`` (downward API)."""
     pod_name: str | None = None
@@ -130,7 +127,6 @@ class SparkSettings:
         template = text("executor_pod_template")
         return cls(
             driver_memory=memory("driver_memory", defaults.driver_memory),
-            shuffle_partitions=number("shuffle_partitions", defaults.shuffle_partitions, 1),
             namespace=text("namespace"),
             pod_name=text("pod_name"),
             pod_ip=text("pod_ip"),
@@ -162,12 +158,10 @@ def _parse_conf(raw: str | None) -> dict[str, str]:
 
 
 def _common_conf(settings: SparkSettings) -> dict[str, str]:
-    """What every session gets: quiet, no UI, UTC, small shuffles, the driver's Python for workers."""
+    """What every session gets: quiet, no UI, UTC, the driver's Python for the tasks."""
     return {
         "spark.app.name": APP_NAME,
         "spark.driver.memory": settings.driver_memory,
-        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
-        "spark.default.parallelism": str(settings.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -185,6 +179,8 @@ def local_conf(cores: int | str, settings: SparkSettings | None = None) -> dict[
     return {
         **_common_conf(settings),
         "spark.master": f"local[{cores}]",
+        # The checks split the segments into one task per core (checks.TASKS_PER_CORE).
+        "spark.default.parallelism": str(os.cpu_count() or 1 if cores == "*" else cores),
         # Loopback only: in local mode nothing outside this process needs the driver's ports.
         "spark.driver.host": LOCAL_HOST,
         "spark.driver.bindAddress": LOCAL_HOST,
@@ -229,6 +225,8 @@ def kubernetes_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         "spark.executor.instances": str(settings.executors),
         "spark.executor.cores": str(settings.executor_cores),
         "spark.executor.memory": settings.executor_memory,
+        # Known before the executors register, unlike Spark's own default (cores registered so far).
+        "spark.default.parallelism": str(settings.executors * settings.executor_cores),
         "spark.dynamicAllocation.enabled": "false",
         "spark.kubernetes.executor.label.app.kubernetes.io/component": EXECUTOR_COMPONENT_LABEL,
         # The store claim is a named, shared claim: Spark must neither create nor own claims.
@@ -255,6 +253,9 @@ def _build(conf: Mapping[str, str]) -> SparkSession:
     # "local" address from the host's interfaces for anything not pinned by the properties (and
     # warns that the hostname resolves to loopback). Pin it to the driver's own address.
     os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.bindAddress"])
+    # The checks run in Python tasks, which pyspark starts with $PYSPARK_PYTHON (default: the
+    # first python3 on PATH, which may lack this package), not with spark.pyspark.python.
+    os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -275,9 +276,11 @@ def session_for(master: str | None, settings: SparkSettings) -> SparkSession:
     if master is None or master.strip() == "":
         return _build(local_conf("*", settings))
     master = master.strip()
-    if _LOCAL_MASTER.match(master):
-        conf = local_conf("*", settings)
-        conf["spark.master"] = master
+    local = _LOCAL_MASTER.match(master)
+    if local:
+        cores = local.group(2) or "1"  # plain "local" is one core
+        conf = local_conf(cores if cores == "*" else int(cores), settings)
+        conf["spark.master"] = master  # as given, with its task retries if any
         return _build(conf)
     if master.startswith("k8s://"):
         session = _build(kubernetes_conf(master, settings))
