@@ -60,7 +60,7 @@ integration: venv ## Real brokers, simulators and operator on loopback.
 
 .PHONY: validator
 validator: venv ## The ordering validator's tests (real Spark local[2], real brokers for its log tests).
-	$(PYTEST) tests/validator
+	$(PYTEST) tests/unit/validator tests/validator
 
 .PHONY: e2e
 e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go modules.

@@ -25,7 +25,7 @@ import tempfile
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -77,23 +77,6 @@ class PriorState:
     holes: list[tuple[str, str, str, int, int]]  # (cluster, direction, stream, lo, hi)
 
 
-class TermRow(NamedTuple):
-    """Per (cluster, broker, epoch): its times, last effectful record, side records and rate."""
-
-    cluster: str
-    broker: str
-    epoch: int
-    start: int | None
-    deactivated: int | None
-    last: int
-    effect: Any
-    first_evidence: int | None
-    last_evidence: int | None
-    deduplicated: int
-    rate: list[tuple[int, int]]
-    side: list[Any]
-
-
 class StreamMax(NamedTuple):
     cluster: str
     direction: str
@@ -112,7 +95,7 @@ class Filled(NamedTuple):
 class BatchFindings:
     """Everything the fold needs from one batch, collected."""
 
-    terms: list[Any] = field(default_factory=list)  # TermRow per (cluster, broker, epoch)
+    terms: list[Any] = field(default_factory=list)  # TermPart per (cluster, broker, epoch), merged
     stream_max: list[Any] = field(default_factory=list)  # StreamMax per stream key
     jumps: list[Any] = field(default_factory=list)  # deliveries more than one above the max before them
     behind: list[Any] = field(default_factory=list)  # `delivered` at or below the max before it
@@ -208,42 +191,17 @@ def find(batch: Batch, prior: PriorState) -> BatchFindings:
     return findings
 
 
-def _terms(summaries: list[SegmentSummary]) -> list[TermRow]:
+def _terms(summaries: list[SegmentSummary]) -> list[TermPart]:
+    """Each term's parts from every segment, merged into one per (cluster, broker, epoch)."""
     merged: dict[TermKey, TermPart] = {}
     for summary in summaries:
         for part in summary.terms:
             key = (part.cluster, part.broker, part.epoch)
-            had = merged.get(key)
-            if had is None:
-                merged[key] = TermPart(**{**part.__dict__, "rate": dict(part.rate), "side": list(part.side)})
-                continue
-            had.start = _min(had.start, part.start)
-            had.deactivated = _max(had.deactivated, part.deactivated)
-            had.last = max(had.last, part.last)
-            had.effect = _max(had.effect, part.effect)
-            had.first_evidence = _min(had.first_evidence, part.first_evidence)
-            had.last_evidence = _max(had.last_evidence, part.last_evidence)
-            had.deduplicated += part.deduplicated
-            for second, n in part.rate.items():
-                had.rate[second] = had.rate.get(second, 0) + n
-            had.side += part.side
-    return [
-        TermRow(
-            t.cluster,
-            t.broker,
-            t.epoch,
-            t.start,
-            t.deactivated,
-            t.last,
-            t.effect,
-            t.first_evidence,
-            t.last_evidence,
-            t.deduplicated,
-            sorted(t.rate.items()),
-            t.side,
-        )
-        for t in merged.values()
-    ]
+            if key in merged:
+                merged[key].absorb(part)
+            else:
+                merged[key] = replace(part, rate=dict(part.rate), side=list(part.side))
+    return list(merged.values())
 
 
 @dataclass
@@ -368,11 +326,3 @@ def _filled(holes: list[tuple[str, str, str, int, int]], order: dict[str, list[_
 
 def _key(row: Any) -> tuple[str, str, str]:
     return (row.cluster, row.direction, row.stream)
-
-
-def _min(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _max(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else max(a, b)

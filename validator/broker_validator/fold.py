@@ -9,11 +9,11 @@ terms and epochs. No Spark here, so the rules can be read, and tested, on their 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from broker_contracts.message_log import Event
 from broker_validator.checks import BatchFindings
 from broker_validator.report_schema import Anomaly, Example
+from broker_validator.segment_pass import max_known, min_known
 from broker_validator.state import EpochState, Pending, StreamKey, TermState, ValidatorState
 from broker_validator.timefmt import ts_text
 
@@ -175,12 +175,14 @@ def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
         cluster = state.cluster(row.cluster)
         cluster.newest_us = max(cluster.newest_us, row.last)
         term = cluster.terms.setdefault((row.broker, row.epoch), TermState())
-        term.start_us = _min(term.start_us, row.start)
-        term.deactivated_us = _max(term.deactivated_us, row.deactivated)
+        term.start_us = min_known(term.start_us, row.start)
+        term.deactivated_us = max_known(term.deactivated_us, row.deactivated)
         term.last_us = max(term.last_us, row.last)
         epoch = cluster.epochs.setdefault(row.epoch, EpochState())
         if row.start is not None:
-            epoch.activations[row.broker] = _min(epoch.activations.get(row.broker), row.start) or row.start
+            epoch.activations[row.broker] = (
+                min_known(epoch.activations.get(row.broker), row.start) or row.start
+            )
         effect = row.effect
         if effect is not None and (epoch.last_effect_us is None or effect.ts_us > epoch.last_effect_us):
             epoch.last_effect_us = effect.ts_us
@@ -193,14 +195,14 @@ def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
                 effect.ts_us,
                 f"{effect.event} by {row.broker} with epoch {row.epoch}",
             )
-        epoch.first_evidence_us = _min(epoch.first_evidence_us, row.first_evidence)
-        epoch.last_evidence_us = _max(epoch.last_evidence_us, row.last_evidence)
+        epoch.first_evidence_us = min_known(epoch.first_evidence_us, row.first_evidence)
+        epoch.last_evidence_us = max_known(epoch.last_evidence_us, row.last_evidence)
 
 
 def _fold_rate_and_latency(state: ValidatorState, findings: BatchFindings) -> None:
     for term in findings.terms:
         rate = state.cluster(term.cluster).rate
-        for second, deliveries in term.rate:
+        for second, deliveries in term.rate.items():
             rate[second] = rate.get(second, 0) + int(deliveries)
     for cluster in state.clusters.values():
         horizon = cluster.newest_us // 1_000_000 - RATE_WINDOW_SECONDS
@@ -222,11 +224,3 @@ def _fold_rate_and_latency(state: ValidatorState, findings: BatchFindings) -> No
                 message.ev.ts_us,
                 f"delivered {message.lag_ms:.1f} ms after it was accepted",
             )
-
-
-def _min(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _max(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else max(a, b)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -81,6 +81,19 @@ class TermPart:
     deduplicated: int
     rate: dict[int, int]  # second -> deliveries
     side: list[Side]
+
+    def absorb(self, other: TermPart) -> None:
+        """Merge the same term's part from another segment into this one."""
+        self.start = min_known(self.start, other.start)
+        self.deactivated = max_known(self.deactivated, other.deactivated)
+        self.last = max(self.last, other.last)
+        self.effect = max_known(self.effect, other.effect)
+        self.first_evidence = min_known(self.first_evidence, other.first_evidence)
+        self.last_evidence = max_known(self.last_evidence, other.last_evidence)
+        self.deduplicated += other.deduplicated
+        for second, n in other.rate.items():
+            self.rate[second] = self.rate.get(second, 0) + n
+        self.side += other.side
 
 
 @dataclass
@@ -341,3 +354,13 @@ def _messages(cols: Columns, plan: SegmentPlan) -> tuple[Judged, MessageRows]:
             for a, b in spans:
                 shared[lo + np.searchsorted(seqs, a) : lo + np.searchsorted(seqs, b, side="right")] = True
     return judge(messages.take(~shared), plan.carried, plan.pending), messages.take(shared)
+
+
+def min_known(a: Any, b: Any) -> Any:
+    """The smaller of two values where None means unknown (not smaller)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
+def max_known(a: Any, b: Any) -> Any:
+    """The larger of two values where None means unknown."""
+    return b if a is None else a if b is None else max(a, b)

@@ -10,9 +10,10 @@ repeats, gaps, seqs behind, carried state from an earlier run) and both must fin
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_contracts.message_log import MessageLogRecord, encode, format_ts, segment_name
+from broker_contracts.message_log import parse_ts
 from broker_validator.checks import PriorState, find, in_process, read_batch_with
 from broker_validator.messages import LATENCY_BUCKET_BASE
+from tests.validator.logbuilder import History
 
-START = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 STREAMS = (("outbound", "s1"), ("inbound", "i1"))
 MESSAGE_EVENTS = ("accepted", "delivered", "deduplicated", "confirmed", "forwarded", "held", "replayed")
 EVIDENCE = ("delivered", "deduplicated")
@@ -58,65 +59,34 @@ prior = st.tuples(
 )
 
 
-@dataclass
-class Writer:
-    """Writes the segments of a history and keeps the same records for the reference."""
-
-    store: Path
-    now: datetime = START
-    paths: list[str] = field(default_factory=list)
-    records: list[Rec] = field(default_factory=list)
-    lines: list[MessageLogRecord] = field(default_factory=list)
-
-    def log(
-        self, event: str, broker: str, epoch: int, key: tuple[str, str] | None = None, seq: int | None = None
-    ) -> None:
-        direction, stream = key if key else (None, None)
-        self.lines.append(
-            MessageLogRecord(
-                event=event,
-                ts=format_ts(self.now),
-                cluster="c1",
-                broker=broker,
-                epoch=epoch,
-                direction=direction,
-                account="acme",
-                company="1000",
-                stream=stream,
-                seq=seq,
-                msgId=None if seq is None else f"m{seq}",
-                attempt=1 if event == "forwarded" else None,
-            )
-        )
-        if event != "forwarded":  # the checks never read them
-            ts_us = (self.now - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-            at = (len(self.paths), len(self.lines) - 1)
-            self.records.append(Rec(event, ts_us, broker, epoch, direction, stream, seq, at))
-
-    def close(self, broker: str) -> None:
-        if self.lines:
-            directory = self.store / "c1" / broker
-            directory.mkdir(parents=True, exist_ok=True)
-            path = directory / segment_name(broker, self.now, len(self.paths))
-            path.write_bytes(b"".join(encode(line) for line in self.lines))
-            self.paths.append(str(path))
-            self.lines = []
-        self.now += timedelta(milliseconds=1)
-
-
 def write_history(store: Path, terms: list[Any]) -> tuple[list[str], list[Rec]]:
-    writer = Writer(store)
+    """The segments, written as a broker writes them, and their records read back for the reference."""
+    history = History(store)
+    paths: list[Path] = []
     for epoch, (broker, segments, deactivates) in enumerate(terms, start=1):
         for n, entries in enumerate(segments):
             if n == 0:
-                writer.log("activated", broker, epoch)
-            for event, key, seq, ticks in entries:
-                writer.now += timedelta(milliseconds=ticks)  # 0: the same time as the record before
-                writer.log(event, broker, epoch, key, seq)
+                history.log("activated", broker, epoch)
+            for event, (direction, stream), seq, ticks in entries:
+                history.tick(ticks)  # 0: the same time as the record before
+                history.log(
+                    event, broker, epoch, direction, stream, seq, attempt=1 if event == "forwarded" else None
+                )
             if n == len(segments) - 1 and deactivates:
-                writer.log("deactivated", broker, epoch)
-            writer.close(broker)
-    return writer.paths, writer.records
+                history.log("deactivated", broker, epoch)
+            paths += history.close(broker)
+            history.tick()
+    records = []
+    for index, path in enumerate(paths):
+        for line, text in enumerate(path.read_text().splitlines()):
+            r = json.loads(text)
+            if r["event"] != "forwarded":  # no check reads them
+                ts_us = (parse_ts(r["ts"]) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+                at = (index, line)
+                records.append(
+                    Rec(r["event"], ts_us, r["broker"], r["epoch"], r["direction"], r["stream"], r["seq"], at)
+                )
+    return [str(path) for path in paths], records
 
 
 def reference(records: list[Rec], prior: PriorState) -> dict[str, Any]:
