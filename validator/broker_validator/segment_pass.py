@@ -271,7 +271,8 @@ def _order(cols: Columns, rows: np.ndarray, term: TermKey, plan: SegmentPlan) ->
     before[1:] = distinct[np.where(same_stream[1:], running[:-1] - k[1:] * width, 0)]
     prevmax = np.maximum(seed, np.where(same_stream, before, 0))
     delivered = cols.event[rows] == DELIVERED
-    unusual = np.flatnonzero((s > prevmax + 1) | (delivered & (s <= prevmax)))
+    # s - 1 > prevmax, not s > prevmax + 1: a hostile seq of 2**63 - 1 must not wrap around.
+    unusual = np.flatnonzero((s - 1 > prevmax) | (delivered & (s <= prevmax)))
     if not len(unusual):
         return []
     # How many records of the same message come before each, within this piece (a repeat is not

@@ -238,3 +238,18 @@ def test_without_the_columnar_copies_pass_2_parses_again_and_finds_the_same(tmp_
     without_copies = checked(paths, state, drop_copies=True)
     assert without_copies == checked(paths, state) == reference(records, state)
     assert without_copies["jumps"] and without_copies["behind"] and without_copies["messages"]
+
+
+def test_the_highest_seq_a_log_can_hold_does_not_wrap_around(tmp_path: Path) -> None:
+    """A seq of 2**63 - 1 (hostile, or a source that counts down from the top) delivered twice is
+    a repeat, not a jump: the running maximum plus one would not fit in 64 bits."""
+    top = (1 << 63) - 1
+    out = STREAMS[0]
+    terms = [
+        ("b0", [[("delivered", out, 1, 1), ("delivered", out, top, 1), ("delivered", out, top, 1)]], True)
+    ]
+    paths, records = write_history(tmp_path, terms)
+    state = PriorState(stream_max=[], pending=[], holes=[])
+    found = checked(paths, state)
+    assert found == reference(records, state)
+    assert [(seq, prevmax) for *_, seq, prevmax, _ in found["behind"]] == [(top, top)]
