@@ -165,6 +165,7 @@ def _read_and_fold(
             batch = read_batch(spark, [str(store / s.path) for s in [*new, *again]])
             findings = find(batch, _prior(state))
             new = [*new, *again]
+        say(f"checked ({len(findings.jumps)} seqs ahead of order, {len(findings.behind)} behind); reporting")
         fold(state, findings)
         _fold_malformed(state, store, batch.malformed)
         for segment in new:
