@@ -58,7 +58,7 @@ class Batch:
     """The new segments after pass 1: their summaries, and the malformed lines counted per file."""
 
     runner: Runner
-    tasks: int  # how many tasks a pass is split into
+    groups: list[list[int]]  # the segments (by index) of each task; pass 2 keeps pass 1's grouping
     summaries: list[SegmentSummary]
     scratch: str  # where pass 1 left columnar copies for pass 2 (on each machine that ran a task)
     malformed: list[tuple[str, int, str]]  # (file URI, bad lines, first bad line)
@@ -151,12 +151,14 @@ def read_batch_with(runner: Runner, cores: int, paths: list[str]) -> Batch:
     scratch = str(Path(tempfile.gettempdir()) / f"broker-validator-{uuid.uuid4().hex}")
     tasks = max(1, cores) * TASKS_PER_CORE
     items = [(i, path, Path(path).stat().st_size) for i, path in enumerate(paths)]
-    groups = [[(i, path, scratch) for i, path in group] for group in _groups(items, tasks)]
+    grouped = _groups(items, tasks)
+    groups = [[(i, path, scratch) for i, path in group] for group in grouped]
     summaries: list[SegmentSummary] = sorted(runner(groups, summarize), key=lambda s: s.index)
     malformed = [
         (Path(s.path).resolve().as_uri(), s.malformed, s.first_malformed) for s in summaries if s.malformed
     ]
-    return Batch(runner, tasks, summaries, scratch, malformed, sum(s.records for s in summaries))
+    indexes = [[i for i, _ in group] for group in grouped]
+    return Batch(runner, indexes, summaries, scratch, malformed, sum(s.records for s in summaries))
 
 
 def find(batch: Batch, prior: PriorState) -> BatchFindings:
@@ -167,8 +169,7 @@ def find(batch: Batch, prior: PriorState) -> BatchFindings:
     order = _piece_order(batch.summaries)
     plans = _plans(batch.summaries, order, carried, pending)
     by_index = {s.index: (s.index, s.path, batch.scratch, plans[s.index]) for s in batch.summaries}
-    sizes = [(s.index, s.path, s.lines) for s in batch.summaries]
-    groups = [[by_index[i] for i, _ in group] for group in _groups(sizes, batch.tasks)]
+    groups = [[by_index[i] for i in group] for group in batch.groups]
     results: list[SegmentFindings] = batch.runner(groups, check)
 
     rows = [row for result in results for row in result.order]
