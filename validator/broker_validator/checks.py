@@ -249,10 +249,14 @@ def _plans(
     for key, shared in _shared(summaries).items():
         for index in shared:
             plans[index].shared[key] = shared[index]
+    waiting: dict[StreamKey, dict[tuple[str, str, str, int], int]] = defaultdict(dict)
+    for message, accepted_us in pending.items():  # by stream: each segment takes its streams' share
+        waiting[message[:3]][message] = accepted_us
     for summary in summaries:
         plan = plans[summary.index]
         plan.carried = {key: carried[key] for key in summary.messages if key in carried}
-        plan.pending = {k: us for k, us in pending.items() if k[:3] in summary.messages}
+        for key in summary.messages:
+            plan.pending.update(waiting.get(key, {}))
     return plans
 
 
