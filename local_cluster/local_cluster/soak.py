@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -358,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
     print(f"simulators' records: {json.dumps(result.records)}; validator: {json.dumps(result.validator)}")
     print(f"validator report: {options.report_dir / 'report.html'}")
+    if result.violations == 0:
+        shutil.rmtree(work, ignore_errors=True)  # hundreds of MB of etcd data and logs
+    else:
+        print(f"the cluster's logs are kept for a look: {work / 'cluster' / 'logs'}")
     print(f"soak_faults={result.faults}")
     print(f"soak_recovered={result.recovered}")
     print(f"soak_violations={result.violations}")
