@@ -180,9 +180,7 @@ def _fold_terms(state: ValidatorState, findings: BatchFindings) -> None:
         term.last_us = max(term.last_us, row.last)
         epoch = cluster.epochs.setdefault(row.epoch, EpochState())
         if row.start is not None:
-            epoch.activations[row.broker] = (
-                min_known(epoch.activations.get(row.broker), row.start) or row.start
-            )
+            epoch.activations[row.broker] = min_known(epoch.activations.get(row.broker), row.start)
         effect = row.effect
         if effect is not None and (epoch.last_effect_us is None or effect.ts_us > epoch.last_effect_us):
             epoch.last_effect_us = effect.ts_us
