@@ -10,17 +10,27 @@ failover put the active; switchovers are driven through ``preferredActive``.
 How the backend finds the active (what is emulated): in Kubernetes the backend
 sends to the ``<cluster>-active`` Service, whose selector ``role=active`` follows
 the label the engine moves (``move_active_label``). Here :class:`ActiveService`
-stands in for that Service: an HTTP reverse proxy on one loopback address, in a
-thread of its own, that forwards each request to the broker the engine last
-labelled active, and the backend simulator is given only the proxy's URL.
-Emulated: the label move re-points the Service at once (no endpoints-controller
-or kube-proxy propagation delay, which is typically tens of ms); a request to a
-dead broker fails with 502 as a refused connection would; a request to a frozen
-broker hangs until the backend's own timeout. Not emulated: kube-proxy pins
-each TCP connection to the pod it was opened to, so a keep-alive connection
-keeps reaching the old pod after the label moved; the proxy picks the broker
-per request (as an L7 proxy or a client that opens a connection per call).
-Before the label is first set the proxy answers 503.
+stands in for that Service as kube-proxy implements it, at layer 4: a TCP
+forwarder on one loopback address, in a thread and event loop of its own, and
+the backend simulator is given only its URL. Emulated:
+
+- each new connection goes to the broker labelled active when it is accepted,
+  and stays pinned to that broker for its life, as kube-proxy's conntrack entry
+  pins it to one pod; bytes pass both ways unchanged (the backend's
+  ``Authorization`` credential and every other header included);
+- the label move re-points new connections at once (no EndpointSlice or
+  kube-proxy propagation delay, typically tens of ms); open connections keep
+  reaching the old broker, which closes them when it answers ``BROKER_INACTIVE``
+  so the backend reconnects to the new active;
+- no broker labelled yet, or a connect refused (the active was killed): the
+  client's connection is reset at once, as a Service with no ready endpoint
+  refuses it; a connection to a frozen broker hangs until the backend's own
+  request timeout; a close or reset of either side closes or resets the other.
+
+Not emulated: the client's connect succeeds at the forwarder before the broker's
+connect is tried (with a real Service a refusal ends the connect itself; both
+are fast failures to the backend), and the ICMP rate limit a pod sees from a
+Service without endpoints (``make bench-failover-k8s`` has the real path).
 
 Measured (wall clock, each from a 5 ms poll of the brokers' own
 ``broker_messages_accepted`` counters, so each figure carries up to ~10 ms of
@@ -45,11 +55,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import json
 import re
 import signal
+import socket
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -59,9 +72,6 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import aiohttp
-from aiohttp import web
 
 from broker_operator.core.model import FailbackMode
 from broker_operator.core.status import ClusterStatus
@@ -95,8 +105,9 @@ SETTINGS = HeartbeatSettings(
 )
 STREAMS = 10
 BACKEND_TIMEOUT = 0.25  # the backend simulator's request timeout (its default is 10 s)
-# Headers the SOAP exchange needs passed through; hop-by-hop ones are the proxy's own.
-FORWARDED_HEADERS = ("Content-Type", "SOAPAction")
+CONNECT_TIMEOUT = 1.0  # the Service's connect to a pod; on loopback it is refused or done at once
+CLOSE_TIMEOUT = 1.0  # flushing the last bytes to a side that stopped reading
+PIPE_CHUNK = 64 * 1024
 TICK = 0.1  # seconds between produce calls
 PER_STREAM_PER_TICK = 10  # 10 streams x 10 / 0.1 s = 1,000 msg/s
 
@@ -122,73 +133,146 @@ def accepted_count(broker: RunningProcess) -> float | None:
 
 
 class ActiveService:
-    """The ``<cluster>-active`` Service: forwards each request to the broker labelled active.
+    """The ``<cluster>-active`` Service at layer 4: a TCP forwarder to the broker labelled active.
 
-    Runs its own event loop in a thread so that proxying 1,000 msg/s does not
-    share the engine's loop (in Kubernetes it is kube-proxy, not the operator).
-    See the module docstring for what it does and does not emulate.
+    Each accepted connection is connected to the (host, port) labelled active at that moment and
+    stays pinned to it, as kube-proxy's conntrack entry pins it to one pod; bytes go both ways
+    unchanged (so the backend's ``Authorization`` and every other header reach the broker as
+    sent). When either side closes, the other is closed once what was sent is flushed; when
+    either side resets, both are reset. With no broker labelled yet, or a refused connect, the
+    client's connection is reset at once, as a Service with no ready endpoint refuses it.
+
+    Runs its own event loop in a thread so that forwarding 1,000 msg/s does not share the
+    engine's loop (in Kubernetes it is kube-proxy, not the operator).
     """
 
     def __init__(self, host: str, port: int) -> None:
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"the Service emulation listens on loopback only, not {host}")
         self.url = f"http://{host}:{port}"
         self.host, self.port = host, port
-        self.upstream: str | None = None  # base URL of the broker labelled active; str swap is atomic
+        # (host, port) of the broker labelled active; swapping a reference is atomic across threads.
+        self.upstream: tuple[str, int] | None = None
         self.started = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: asyncio.Server | None = None
+        self.connections: set[asyncio.Task[None]] = set()
         self.thread = threading.Thread(target=self._serve, name="active-service", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
-        if not self.started.wait(10):
+        if not self.started.wait(10) or self.server is None:
             raise RuntimeError(f"the active-Service emulation did not start on {self.url}")
 
-    def point_to(self, broker_url: str | None) -> None:
-        """The ``role=active`` label moved: new requests go to ``broker_url``."""
-        self.upstream = broker_url
+    def point_to(self, address: tuple[str, int] | None) -> None:
+        """The ``role=active`` label moved: new connections go to ``address``; open ones stay."""
+        if address is not None and not ipaddress.ip_address(address[0]).is_loopback:
+            raise ValueError(f"the Service emulation forwards to loopback only, not {address[0]}")
+        self.upstream = address
 
     def stop(self) -> None:
         if self.loop is None:
             return
-        with contextlib.suppress(Exception):  # a proxied request hung on a frozen broker
+        with contextlib.suppress(Exception):  # the loop already gone: nothing left to close
             asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
 
     async def _shutdown(self) -> None:
-        await self.runner.cleanup()
-        await self.session.close()
+        if self.server is not None:
+            self.server.close()  # no new connections
+        for task in list(self.connections):  # a connection hung on a frozen broker ends here too
+            task.cancel()
+        await asyncio.gather(*self.connections, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
 
     def _serve(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self._start_server())
-        self.started.set()
-        self.loop.run_forever()
-
-    async def _start_server(self) -> None:
-        # No client timeout of its own: a frozen broker hangs the request until the
-        # backend gives up, as it would through a Service.
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{path:.*}", self._forward)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, self.host, self.port).start()
-
-    async def _forward(self, request: web.Request) -> web.Response:
-        upstream = self.upstream
-        if upstream is None:
-            return web.Response(status=503, text="no pod is labelled role=active yet")
-        body = await request.read()
-        headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
         try:
-            async with self.session.request(
-                request.method, upstream + request.rel_url.path_qs, data=body, headers=headers
-            ) as reply:
-                payload = await reply.read()
-                content_type = reply.headers.get("Content-Type", "text/xml; charset=utf-8")
-                return web.Response(status=reply.status, body=payload, headers={"Content-Type": content_type})
-        except (aiohttp.ClientError, OSError) as error:
-            return web.Response(status=502, text=f"{upstream}: {type(error).__name__}")
+            self.server = self.loop.run_until_complete(
+                asyncio.start_server(self._connection, self.host, self.port, backlog=512)
+            )
+        finally:
+            self.started.set()  # start() reports a failed bind instead of waiting 10 s
+        if self.server is not None:
+            self.loop.run_forever()
+        self.loop.close()
+
+    async def _connection(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.connections.add(task)
+        upstream: asyncio.StreamWriter | None = None
+        reset = True
+        try:
+            address = self.upstream  # read once: this connection is pinned to it
+            if address is None:
+                return  # no pod labelled role=active yet: refused
+            try:
+                upstream_reader, connected = await asyncio.wait_for(
+                    asyncio.open_connection(*address), CONNECT_TIMEOUT
+                )
+            except (OSError, TimeoutError):
+                return  # the pod is gone (its port refuses): refused, the backend retries
+            upstream = connected
+            reset = await self._pipe_both_ways(client_reader, client, upstream_reader, connected)
+        except asyncio.CancelledError:
+            # Only stop() cancels: end normally, since Python 3.11's start_server logs a traceback
+            # for a handler task that ends cancelled.
+            pass
+        finally:
+            for writer in (client, upstream):
+                if writer is not None:
+                    await _close(writer, reset)
+            self.connections.discard(task)
+
+    async def _pipe_both_ways(
+        self,
+        client_reader: asyncio.StreamReader,
+        client: asyncio.StreamWriter,
+        upstream_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+    ) -> bool:
+        """Copy bytes both ways until one side closes or resets; True when it was a reset."""
+        pipes = {
+            asyncio.create_task(_pipe(client_reader, upstream)),
+            asyncio.create_task(_pipe(upstream_reader, client)),
+        }
+        try:
+            done, _ = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+        return any(pipe.result() for pipe in done)
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> bool:
+    """Copy ``source`` to ``sink`` until ``source`` ends; True when a side reset instead."""
+    try:
+        while chunk := await source.read(PIPE_CHUNK):
+            sink.write(chunk)
+            await sink.drain()  # a slow reader holds back the sender, as TCP would
+    except OSError:  # ConnectionResetError, BrokenPipeError, or drain() on a connection already lost
+        return True
+    return False
+
+
+async def _close(writer: asyncio.StreamWriter, reset: bool) -> None:
+    """Close one side: flush what was sent and FIN, or RST (SO_LINGER 0) to pass on a reset."""
+    if reset:
+        with contextlib.suppress(OSError):
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        return
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
+    except (OSError, TimeoutError):
+        writer.transport.abort()  # a frozen peer never reads what is left: drop it
 
 
 class BenchShell:
@@ -210,7 +294,8 @@ class BenchShell:
     async def move_active_label(self, active: str | None) -> None:
         self.label = active
         self.label_moved_at = time.monotonic()
-        self.service.point_to(self.brokers[active].url if active is not None else None)
+        broker = self.brokers[active] if active is not None else None
+        self.service.point_to((broker.host, broker.port) if broker is not None else None)
 
     async def record_status(self, status: ClusterStatus) -> None:
         self.status = status
@@ -296,6 +381,11 @@ async def produce_traffic(backend: RunningProcess, stop: asyncio.Event, produced
         await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
 
 
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
@@ -322,6 +412,8 @@ class FailoverBench:
         # activation) and label moved -> first bundle (the backend finding the Service's new pod).
         self.partition_engine_ms: list[float] = []
         self.partition_backend_ms: list[float] = []
+        # What start() got running, undone in reverse by stop(), also after a failure half-way.
+        self.cleanup = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
         processes = self.processes
@@ -331,6 +423,7 @@ class FailoverBench:
         service_host = loopback_host()
         self.service = ActiveService(service_host, free_port(service_host))
         self.service.start()
+        self.cleanup.callback(self.service.stop)
         self.backend = processes.start_backend_simulator(
             broker_urls=[self.service.url],  # only the Service; the simulator adds /soap
             streams=STREAMS,
@@ -356,25 +449,30 @@ class FailoverBench:
         self.targets = [BrokerTarget(n, b.soap_url, i) for i, (n, b) in enumerate(self.brokers.items())]
         self.shell = BenchShell(self.brokers, self.service)
         self.client = HeartbeatClient(DEFAULT_TOKEN, "bench-failover", SETTINGS.timeout_seconds)
+        self.cleanup.push_async_callback(self.client.close)
         self.engine = ClusterLoop("bench", self.targets, SETTINGS, self.shell, self.client)
         self.loop = asyncio.get_running_loop()
         for process in self.brokers.values():
             watch_exit(process, self.loop, self.engine)
         self.engine_task = asyncio.create_task(self.engine.run())
+        self.cleanup.push_async_callback(cancel_and_wait, self.engine_task)
         self.watch = AcceptWatch(self.brokers)
+        self.cleanup.callback(self.watch.stop)
         self.stop_traffic = asyncio.Event()
         self.produced = [0]
         self.traffic = asyncio.create_task(produce_traffic(self.backend, self.stop_traffic, self.produced))
+        self.cleanup.push_async_callback(self.finish_producing)
         await wait_until(self.healthy, 30, "an active broker and two ready standbys")
         await asyncio.sleep(1.0)
 
-    async def stop(self) -> None:
+    async def finish_producing(self) -> None:
+        """The produce call in flight completes (each is bounded by its timeout), so it is counted."""
         self.stop_traffic.set()
-        self.watch.stop()
-        self.engine_task.cancel()
-        await asyncio.gather(self.engine_task, self.traffic, return_exceptions=True)
-        await self.client.close()
-        self.service.stop()
+        await asyncio.gather(self.traffic, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Traffic, the pollers, the engine, its client and the Service, in that order."""
+        await self.cleanup.aclose()
 
     def active(self) -> str | None:
         return self.shell.status.active if self.shell.status else None
@@ -445,7 +543,7 @@ class FailoverBench:
 
     async def finish_traffic(self) -> None:
         self.stop_traffic.set()
-        await self.traffic
+        await self.traffic  # raises what the producer raised: a failed produce is a failed run
 
         def all_delivered() -> bool:
             received = http_json(self.cloud.url + "/sim/received")
@@ -472,9 +570,11 @@ class FailoverBench:
         )
         print(
             f"backend simulator: request timeout {BACKEND_TIMEOUT}s, retried at once after a timeout,"
-            " backoff 20-250 ms after a fast failure, sending only to an"
-            " emulated <cluster>-active Service (an HTTP proxy re-pointed per request the moment the"
-            " engine moves the role=active label; no kube-proxy delay, no per-connection pinning)"
+            " backoff 20-250 ms after a fast failure, sending only to an emulated <cluster>-active"
+            " Service (a layer-4 TCP forwarder: each connection pinned to the broker labelled active"
+            " when it opened, bytes unchanged; new connections follow the label the moment the engine"
+            " moves it, no kube-proxy delay; reset at once while no broker is labelled or the"
+            " labelled one refuses)"
         )
         rate = STREAMS * PER_STREAM_PER_TICK / TICK
         print(f"traffic: {STREAMS} streams, {rate:.0f} msg/s, {per_stream * STREAMS} messages in all")
