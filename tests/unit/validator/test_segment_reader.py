@@ -20,10 +20,8 @@ from broker_contracts import message_log
 from broker_contracts.message_log import FIELDS, Direction, Event
 from broker_validator import segment_reader
 from broker_validator.segment_reader import SCHEMA, ParsedSegment, read_segment
+from broker_validator.synthetic import generate_store
 
-BENCH_STORE = (
-    Path.home() / ".cache/broker-failover/bench-validator/r10000000-s200-b3-f6-c1-6d214c6e2d3bbce7/base"
-)
 ABSENT = object()
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -341,11 +339,17 @@ def test_both_paths_agree_on_random_files(lines: list[bytes], newline: bool, tmp
     read_all_ways(b"\n".join(lines) + (b"\n" if newline else b""), tmp_path)
 
 
-@pytest.mark.skipif(
-    not BENCH_STORE.is_dir(), reason=f"no bench store at {BENCH_STORE} (make bench-validator)"
-)
-def test_a_real_segment_reads_the_same_both_ways(tmp_path: Path) -> None:
-    segment = min(BENCH_STORE.glob(message_log.CLOSED_SEGMENT_GLOB))
+@pytest.fixture(scope="session")
+def generated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store from the generator ``make bench-validator`` uses (its stream, broker and failover
+    counts), 20,000 records: every segment holds more than the 2,000 lines read below."""
+    root = tmp_path_factory.mktemp("segment-reader") / "store"
+    generate_store(root, records=20_000, streams=200, brokers=3, failovers=6, crashes=2)
+    return root
+
+
+def test_a_generated_segment_reads_the_same_both_ways(generated_store: Path, tmp_path: Path) -> None:
+    segment = min(generated_store.glob(message_log.CLOSED_SEGMENT_GLOB))
     with segment.open("rb") as file:
         head = b"".join(line for _, line in zip(range(2000), file, strict=False))
     fast, _ = read_all_ways(head, tmp_path)
