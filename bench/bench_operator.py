@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PORT = 18080
+PORT = 18080  # every stand-in address listens on it (--port)
 TOKEN = "bench-operator-token"
 _ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
 _EPOCH = re.compile(rb"<(?:\w+:)?epoch>(\d+)</")
@@ -144,14 +144,14 @@ class StandinProtocol(asyncio.Protocol):
         )
 
 
-def serve_standin(group: int, count: int, refuse_activations: bool) -> None:
+def serve_standin(group: int, count: int, refuse_activations: bool, port: int) -> None:
     state: dict[str, tuple[bool, int]] = {}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for index in range(count):
             await loop.create_server(
-                lambda: StandinProtocol(state, refuse_activations), address(group, index), PORT, backlog=512
+                lambda: StandinProtocol(state, refuse_activations), address(group, index), port, backlog=512
             )
         print("ready", flush=True)
         await asyncio.Event().wait()
@@ -162,7 +162,7 @@ def serve_standin(group: int, count: int, refuse_activations: bool) -> None:
 # -- the operator (a separate process) ------------------------------------------
 
 
-def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -> None:
+def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool, port: int) -> None:
     # Every unavailable cluster logs a NoBrokerAvailable warning; the figures are what matters here.
     logging.getLogger("broker_operator").setLevel(logging.ERROR)
     from broker_operator.core.status import ClusterStatus
@@ -229,8 +229,8 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool) -
             ClusterLoop(
                 f"c{i}",
                 [
-                    BrokerTarget("a", f"http://{address(1, i)}:{PORT}/soap", 0),
-                    BrokerTarget("b", f"http://{address(2, i)}:{PORT}/soap", 1),
+                    BrokerTarget("a", f"http://{address(1, i)}:{port}/soap", 0),
+                    BrokerTarget("b", f"http://{address(2, i)}:{port}/soap", 1),
                 ],
                 settings,
                 Shell(),
@@ -294,10 +294,11 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def measure(
-    clusters: int, warmup: float, window: float, freeze_gc: bool, *, unavailable: bool = False
+    clusters: int, warmup: float, window: float, freeze_gc: bool, port: int, *, unavailable: bool = False
 ) -> dict[str, float]:
     refuse = ["--refuse-activations"] if unavailable else []
-    standins = [start(["--standin", str(group), str(clusters), *refuse]) for group in (1, 2)]
+    on_port = ["--port", str(port)]
+    standins = [start(["--standin", str(group), str(clusters), *refuse, *on_port]) for group in (1, 2)]
     try:
         for standin in standins:
             assert standin.stdout is not None
@@ -305,7 +306,7 @@ def measure(
             if line.strip() != b"ready":
                 raise RuntimeError(f"heartbeat stand-in did not start (said {line!r})")
         flags = [] if freeze_gc else ["--no-freeze-gc"]
-        operator = start(["--operator", str(clusters), str(warmup), str(window), *flags])
+        operator = start(["--operator", str(clusters), str(warmup), str(window), *flags, *on_port])
         try:
             out, _ = operator.communicate(timeout=warmup + window + 120)
         finally:
@@ -328,6 +329,9 @@ def main() -> int:
         "--operator", nargs=3, type=float, metavar=("N", "WARMUP", "WINDOW"), help=argparse.SUPPRESS
     )
     parser.add_argument("--sizes", default="100,250,500,1000,1500,2000")
+    parser.add_argument(
+        "--port", type=int, default=PORT, help="the stand-ins' port on each of their 127.1/127.2 addresses"
+    )
     parser.add_argument("--warmup", type=float, default=12.0)
     parser.add_argument("--window", type=float, default=15.0)
     parser.add_argument("--refuse-activations", action="store_true", help=argparse.SUPPRESS)
@@ -342,10 +346,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.standin:
-        serve_standin(*args.standin, args.refuse_activations)
+        group, count = args.standin
+        serve_standin(group, count, args.refuse_activations, args.port)
         return 0
     if args.operator:
-        run_operator(int(args.operator[0]), args.operator[1], args.operator[2], args.freeze_gc)
+        run_operator(int(args.operator[0]), args.operator[1], args.operator[2], args.freeze_gc, args.port)
         return 0
     best = 0
     print(
@@ -354,9 +359,8 @@ def main() -> int:
     down = args.unavailable_clusters  # 0: skip this figure
     unavailable_writes: float | None = None
     if down > 0:
-        report = measure(
-            down, args.unavailable_warmup, args.unavailable_window, args.freeze_gc, unavailable=True
-        )
+        warmup, window = args.unavailable_warmup, args.unavailable_window
+        report = measure(down, warmup, window, args.freeze_gc, args.port, unavailable=True)
         print(
             f"N={down} every activation refused (BACKEND_UNREACHABLE): unavailable={report['unavailable']}"
             f" API writes {report['writes_per_s']:.1f}/s = epochs {report['epochs_per_s']:.1f}/s"
@@ -367,7 +371,7 @@ def main() -> int:
         )
         unavailable_writes = report["writes_per_s"]
     for size in (int(s) for s in args.sizes.split(",") if s):
-        report = measure(size, args.warmup, args.window, args.freeze_gc)
+        report = measure(size, args.warmup, args.window, args.freeze_gc, args.port)
         passed = (
             report["p99_ms"] < 100
             and report["cpu_cores"] < 1.0
