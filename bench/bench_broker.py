@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import pstats
@@ -98,8 +99,21 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> list[str]:
-    """Start the three processes, push every message through, return the report lines."""
+def lost_and_misordered(received: dict[str, object], streams: int, per_stream: int) -> tuple[int, int]:
+    """From the cloud's record of seqs per stream in the order taken: seqs 1..per_stream never
+    taken, and places where a stream's next seq is not the one after."""
+    lost = per_stream * (streams - len(received))
+    misordered = 0
+    for value in received.values():
+        seqs = [int(seq) for seq in value] if isinstance(value, list) else []
+        lost += len(set(range(1, per_stream + 1)) - set(seqs))
+        misordered += sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1)
+    return lost, misordered
+
+
+def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[str], bool]:
+    """Start the three processes, push every message through; the report lines, and whether every
+    message arrived once and in order."""
     host = loopback_host()
     port = free_port(host)
     cloud = procs.start_cloud_simulator(root)
@@ -145,6 +159,9 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> list[str]:
     if not status["allConfirmed"]:
         raise SystemExit(f"not all confirmed within 600s: {status['confirmed']}/{total}")
     taken = get_json(cloud.url + "/sim/status")
+    lost, misordered = lost_and_misordered(
+        get_json(cloud.url + "/sim/received"), args.streams, args.messages_per_stream
+    )
     rss = peak_rss_mb(broker.pid)
     cpu = {p.name: cpu_seconds(p.pid) - cpu_before[p.name] for p in processes}
     broker_user, broker_sys = cpu_times(broker.pid)
@@ -156,6 +173,7 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> list[str]:
         f"journal=durable(fsync per group commit) message_log={'off' if args.no_message_log else 'on'}",
         f"elapsed_s={seconds:.2f}",
         f"cloud_taken={taken['outboundTaken']} cloud_duplicates={taken['outboundDuplicates']}",
+        f"messages lost={lost} misordered={misordered} (must be 0)",
         f"bundles={status['bundles']} accept_p50_ms={float(str(status['acceptP50'])) * 1000:.1f}",
         f"accept_p99_ms={float(str(status['acceptP99'])) * 1000:.1f}",
         f"broker_peak_rss_mb={rss:.1f}",
@@ -172,15 +190,15 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> list[str]:
         if args.profile_out is not None:
             args.profile_out.write_bytes(profile_path.read_bytes())
     lines.append(f"broker_throughput_msgs_per_s={total / seconds:.0f}")
-    return lines
+    return lines, lost == 0 and misordered == 0
 
 
 def main() -> int:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
-        lines = run(args, Path(scratch), procs)
+        lines, correct = run(args, Path(scratch), procs)
     print("\n".join(lines))
-    return 0
+    return 0 if correct else 1
 
 
 if __name__ == "__main__":
