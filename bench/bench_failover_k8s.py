@@ -27,8 +27,8 @@ cluster's network for the rest, every 25 ms; each figure carries that observatio
   backend got through the ClusterIP after the fault.
 
 After every round all messages are confirmed both ways and the simulators' records are checked:
-per round, messages lost, delivered twice, and out of order. Prints per-hop medians, p99s, a
-PNG timeline (``--plot``), and last ``k8s_crash_failover_p99_ms=N``.
+per round, messages lost, delivered twice, and out of order; any of them makes the exit status 1.
+Prints per-hop medians, p99s, a PNG timeline (``--plot``), and last ``k8s_crash_failover_p99_ms=N``.
 """
 
 from __future__ import annotations
@@ -364,10 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=2.0, help="spec.heartbeat.leaseSeconds")
     parser.add_argument("--backend-timeout", type=float, default=0.25, help="the backend's request timeout")
     parser.add_argument("--plot", type=Path, default=REPO_ROOT / ".cache" / "bench" / "failover-k8s.png")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="the cluster's files (default: a new directory in /tmp)"
+    )
     options = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    work = Path(tempfile.mkdtemp(prefix="bench-failover-k8s-"))
+    work = options.workdir or Path(tempfile.mkdtemp(prefix="bench-failover-k8s-"))
+    work.mkdir(parents=True, exist_ok=True)
     print(f"starting the sealed local cluster in {work}", flush=True)
     cluster: SealedCluster = start_sealed_cluster(
         LocalClusterSettings(tools_dir=built_tools_dir(), workdir=work / "cluster")
@@ -418,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timeline: {options.plot}")
     crash_p99 = report(rounds)
     print(f"k8s_crash_failover_p99_ms={crash_p99}")
-    return 0
+    # A message lost, twice or out of order in any round makes the run a failure, not a figure.
+    return 1 if any(r.lost or r.twice or r.misordered for r in rounds) else 0
 
 
 if __name__ == "__main__":
