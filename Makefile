@@ -81,6 +81,10 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 .PHONY: bench
 bench: bench-broker bench-failover bench-failover-k8s bench-operator bench-validator ## Run every benchmark.
 
+.PHONY: bench-smoke
+bench-smoke: venv $(TEST_PREREQS) ## Every benchmark in small (one round, a few hundred messages, a small store), as make test runs them: tests/bench.
+	$(PYTEST) tests/bench
+
 .PHONY: bench-broker
 bench-broker: venv ## Broker throughput: backend simulator to cloud simulator through one Active broker.
 	$(BIN)/python bench/bench_broker.py

@@ -1,0 +1,24 @@
+"""``make bench-operator`` in small: 10 clusters heartbeated at 1 Hz for a second."""
+
+from __future__ import annotations
+
+from broker_simulators.local_processes import free_port
+from tests.bench.support import assert_succeeded, counts, headline, run_bench
+
+CLUSTERS = 10
+
+
+def test_bench_operator_smoke() -> None:
+    # One size, no every-cluster-unavailable run (--unavailable-clusters 0): the headline needs
+    # neither; a free port, since 18080 may be taken by a full run beside this one.
+    run = run_bench(
+        "bench_operator.py",
+        *("--sizes", str(CLUSTERS), "--warmup", "2", "--window", "1", "--unavailable-clusters", "0"),
+        *("--port", str(free_port("127.1.1.1"))),
+        timeout=120,
+    )
+    assert_succeeded(run)
+    # The largest size that passed: 0 or CLUSTERS, depending on the p99 this machine gave now.
+    assert headline(run, "operator_clusters_at_1hz") in (0, CLUSTERS)
+    # Not a timing: every cluster has an active broker once the operator has run for 2 s.
+    assert counts(run, rf"^N={CLUSTERS}: actives=(?P<actives>\d+) ") == {"actives": CLUSTERS}, run.explain()
