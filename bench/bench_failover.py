@@ -45,6 +45,11 @@ polling error):
 - switchover: last bundle accepted by the old active -> first accepted by the new.
 - lost and misordered messages at the cloud, after every message is confirmed.
 
+Each round begins once every broker's counter has been read by a poll sent after the
+round was ready to begin: a broker resumed from SIGSTOP reports the bundles it took just
+before the freeze only at its first answered poll, and seen inside the next round they
+would count as that round's first bundle elsewhere.
+
 Prints the heartbeat settings, what is emulated, and every figure; the last line
 is the headline ``failover_p99_ms=N`` (crash failover p99). Stops every process
 it started.
@@ -318,6 +323,7 @@ class AcceptWatch:
         self.brokers = brokers
         self.counts: dict[str, float] = {}
         self.last_increase: dict[str, float] = {}
+        self.asked: dict[str, float] = {}  # when the last answered poll was sent, per broker
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.threads = [
@@ -330,6 +336,7 @@ class AcceptWatch:
     def _poll(self, name: str) -> None:
         broker = self.brokers[name]
         while not self.stopping.is_set():
+            asked = time.monotonic()
             count = accepted_count(broker) if broker.alive else None
             now = time.monotonic()
             with self.lock:
@@ -337,7 +344,15 @@ class AcceptWatch:
                     self.last_increase[name] = now
                 if count is not None:
                     self.counts[name] = count
+                    self.asked[name] = asked
             time.sleep(0.005)
+
+    def all_read_since(self, since: float) -> bool:
+        """Every broker's counter read by a poll sent after ``since``, so that an increase seen
+        later happened later (a broker resumed from SIGSTOP shows its last bundles before the
+        freeze only at its first answered poll, which can come after the next round began)."""
+        with self.lock:
+            return all(self.asked.get(name, 0.0) > since for name in self.brokers)
 
     def first_increase_after(self, names: set[str], since: float) -> float | None:
         with self.lock:
@@ -487,9 +502,14 @@ class FailoverBench:
         assert first is not None
         return (first - since) * 1000
 
+    async def fresh_counts(self) -> None:
+        marked = time.monotonic()
+        await wait_until(lambda: self.watch.all_read_since(marked), 10, "every broker's counter read afresh")
+
     async def crash_round(self, number: int) -> None:
         old = self.active()
         assert old is not None
+        await self.fresh_counts()
         started = time.monotonic()
         self.brokers[old].kill()
         elapsed = await self.first_bundle(set(self.brokers) - {old}, started, "a bundle at the new active")
@@ -505,6 +525,7 @@ class FailoverBench:
     async def partition_round(self, number: int) -> None:
         old = self.active()
         assert old is not None
+        await self.fresh_counts()
         started = time.monotonic()
         self.brokers[old].kill(signal.SIGSTOP)
         try:
@@ -530,6 +551,7 @@ class FailoverBench:
         names = list(self.brokers)
         goal = names[(names.index(old) + 1) % len(names)]
         await asyncio.sleep(0.3)  # let traffic flow at the old active
+        await self.fresh_counts()
         started = time.monotonic()
         self.engine.update(self.targets, SETTINGS, preferred_active=goal)
         await self.first_bundle({goal}, started, f"a bundle at {goal} after the switchover")
