@@ -554,13 +554,23 @@ class FailoverBench:
         await self.fresh_counts()
         started = time.monotonic()
         self.engine.update(self.targets, SETTINGS, preferred_active=goal)
-        await self.first_bundle({goal}, started, f"a bundle at {goal} after the switchover")
-        first = self.watch.first_increase_after({goal}, started)
-        assert first is not None
+        # Any broker but the old one: when the goal's activation does not succeed (on a busy
+        # machine its answer can miss the 0.1 s timeout) the engine activates the next one, and
+        # the gap is to that one.
+        others = set(self.brokers) - {old}
+        await self.first_bundle(
+            others, started, f"a bundle at another broker than {old} after the switchover"
+        )
         with self.watch.lock:
+            first, new = min(
+                (self.watch.last_increase.get(n, 0.0), n)
+                for n in others
+                if self.watch.last_increase.get(n, 0.0) > started
+            )
             last_old = min(self.watch.last_increase.get(old, started), first)
         self.switchover_ms.append((first - last_old) * 1000)
-        print(f"switchover #{number}: {old} -> {goal} gap {self.switchover_ms[-1]:.0f} ms", flush=True)
+        asked = "" if new == goal else f" (preferredActive was {goal})"
+        print(f"switchover #{number}: {old} -> {new}{asked} gap {self.switchover_ms[-1]:.0f} ms", flush=True)
         await wait_until(self.healthy, 30, "standbys ready after the switchover")
 
     async def finish_traffic(self) -> None:
