@@ -1,0 +1,341 @@
+"""Run images as the chart runs them: Debian's containerd and runc in a sealed namespace of its own.
+
+``SealedContainerd`` starts a supervisor under ``unshare`` (new network, mount and PID namespaces,
+``/proc`` mounted anew): inside, the supervisor (``serve``) brings up loopback and a bridge with no
+route out, mounts a private ``/run``, and starts containerd with its root, state and socket under
+the caller's directory. Callers then
+
+* import the OCI archives ``make images`` wrote (``ctr -n k8s.io images import``);
+* run a container with ``run``: ``ctr run`` with the image's own user (every image of ours sets
+  ``USER 10001``), a read-only root file system, every capability dropped, no new privileges and
+  the runtime's default seccomp profile, the volumes bound at their mount paths, and a network
+  namespace of its own that the real CNI bridge plugin (Debian's ``containernetworking-plugins``)
+  gives an address on the bridge, as the CRI does for a pod;
+* reach it at that address from a thread that joined the sealed network (``call_in_network``).
+
+Everything ends with the supervisor: it is PID 1 of its namespace, so when it exits the kernel
+kills containerd, the shims and every container, and frees the namespaces with the bridge and the
+containers' network namespaces. Containers run without a cgroup of their own (``--cgroup ""``), so
+nothing is left in the machine's cgroup hierarchies. What it does not do: pods (one container per
+network namespace), probes, restarts or resource limits; the local cluster's real node (a kubelet
+on this containerd) is what does those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from local_cluster import netns
+from local_cluster.processes import ManagedProcess
+
+T = TypeVar("T")
+NAMESPACE = "k8s.io"  # containerd's namespace that the CRI (and so a kubelet) uses
+# The local cluster's node addresses, which its certificates name (a control plane a test starts
+# in the sandbox listens on the bridge address).
+BRIDGE_ADDRESS = netns.NODE_ADDRESS
+SUBNET = netns.POD_CIDR
+CNI_BIN_DIR = Path("/usr/lib/cni")
+HOST_PACKAGES = {"containerd": "containerd", "runc": "runc", "ctr": "containerd"}
+SEALED_COMMAND = (
+    "unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "--",
+)  # fmt: skip
+# containerd's default capability set for a container (oci.defaultUnixCaps); ctr has no "ALL", so
+# `capabilities: {drop: [ALL]}` is every one of these dropped.
+DEFAULT_CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+)  # fmt: skip
+CONFIG = """\
+version = 2
+root = "{root}"
+state = "{state}"
+# The CRI is the kubelet's; ctr talks to containerd's own API.
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+"""
+
+
+class ContainerdError(RuntimeError):
+    """containerd did not start, or a ctr or CNI step failed; the message carries its output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Volume:
+    """A directory of the machine bound into the container, as a pod's volume at its mountPath."""
+
+    source: Path
+    destination: str
+    read_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Container:
+    name: str
+    image: str
+    address: str
+
+
+class SealedContainerd:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.socket = workdir / "containerd.sock"
+        self.ready_file = workdir / "ready.json"
+        self.supervisor: ManagedProcess | None = None
+        self.pid = 0  # the supervisor's pid on the machine
+        self.addresses: dict[str, str] = {}  # container name -> its address on the bridge
+
+    # --- lifecycle ---
+
+    def start(self, timeout: float = 60) -> None:
+        missing = sorted({pkg for prog, pkg in HOST_PACKAGES.items() if shutil.which(prog) is None})
+        missing += [] if (CNI_BIN_DIR / "bridge").exists() else ["containernetworking-plugins"]
+        if missing:
+            raise ContainerdError(f"running images needs the Debian packages {', '.join(missing)}")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        argv = [*SEALED_COMMAND, sys.executable, "-m", __name__, "serve", "--workdir", str(self.workdir)]
+        self.supervisor = ManagedProcess("containerd-sandbox", argv, log_path=self.workdir / "supervisor.log")
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.supervisor.popen.poll() is not None or time.monotonic() > deadline:
+                log = (self.workdir / "supervisor.log").read_text(errors="replace")[-3000:]
+                self.stop()
+                raise ContainerdError(f"containerd did not start in its sealed namespace:\n{log}")
+            time.sleep(0.1)
+        # `unshare --fork` stays in the machine's PID namespace; its child, the supervisor, is PID 1
+        # of the sealed one and the process whose namespaces `nsenter` must join.
+        unshare = self.supervisor.popen.pid
+        children = Path(f"/proc/{unshare}/task/{unshare}/children").read_text().split()
+        self.pid = int(children[0])
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+
+    def __enter__(self) -> SealedContainerd:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # --- commands inside ---
+
+    def inside(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` prefixed to run in the sealed network, mounts and PID namespace."""
+        return ["nsenter", "-t", str(self.pid), "--net", "--mount", "--pid", "--", *argv]
+
+    def run_inside(
+        self, argv: Sequence[str], *, timeout: float = 120, input_text: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            self.inside(argv), capture_output=True, text=True, timeout=timeout, input=input_text, check=False
+        )
+        if check and result.returncode != 0:
+            output = (result.stderr or result.stdout).strip()
+            raise ContainerdError(f"{' '.join(argv)} failed (exit {result.returncode}): {output}")
+        return result
+
+    def ctr(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run_inside(
+            ["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args], timeout=timeout, check=check
+        )
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", str(archive), timeout=600)
+
+    def images(self) -> list[str]:
+        return self.ctr("images", "list", "--quiet").stdout.split()
+
+    def run(
+        self,
+        name: str,
+        image: str,
+        args: Sequence[str] | None = None,
+        *,
+        entrypoint: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        volumes: Sequence[Volume] = (),
+    ) -> Container:
+        """Start ``image`` as the chart's securityContext runs it, in a network namespace of its own.
+
+        ``args`` are a pod's: they replace the image's CMD and follow its ENTRYPOINT (``entrypoint``,
+        which the caller reads from the image's config), where ``ctr run`` would replace both.
+        """
+        if image not in self.images():
+            raise ContainerdError(
+                f"image {image} is not in containerd (never built or never imported): run `make images`"
+            )
+        address = self.network(name)
+        command = [
+            "run", "--detach", "--read-only", "--seccomp", "--cgroup", "",
+            "--with-ns", f"network:/run/netns/{name}",
+            "--log-uri", f"file://{self.log_path(name)}",
+        ]  # fmt: skip
+        for capability in DEFAULT_CAPABILITIES:
+            command += ["--cap-drop", capability]
+        for key, value in (env or {}).items():
+            command += ["--env", f"{key}={value}"]
+        # /etc/hosts as the kubelet writes it for a pod: the container's own name resolves (Spark
+        # looks its host name up), without touching the image.
+        hosts = self.workdir / "hosts" / name
+        hosts.parent.mkdir(exist_ok=True)
+        hosts.write_text(f"127.0.0.1\tlocalhost\n{address}\t{socket.gethostname()} {name}\n")
+        hosts.chmod(0o644)
+        volumes = [*volumes, Volume(hosts, "/etc/hosts", read_only=True)]
+        for volume in volumes:
+            options = "rbind:ro" if volume.read_only else "rbind:rw"
+            command += [
+                "--mount",
+                f"type=bind,src={volume.source},dst={volume.destination},options={options}",
+            ]
+        self.ctr(*command, image, name, *([] if args is None else [*entrypoint, *args]))
+        return Container(name=name, image=image, address=address)
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def logs(self, name: str) -> str:
+        path = self.log_path(name)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def exec(self, name: str, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in the running container, with its user, capabilities and root file system."""
+        exec_id = f"exec-{time.monotonic_ns()}"
+        return self.ctr("task", "exec", "--exec-id", exec_id, name, *argv, timeout=timeout, check=False)
+
+    def task_status(self, name: str) -> str:
+        """``RUNNING``, ``STOPPED``, ... as ``ctr task ls`` says; ``""`` when there is no task."""
+        for line in self.ctr("task", "list").stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == name:
+                return fields[-1]
+        return ""
+
+    def process_status(self, name: str) -> dict[str, str]:
+        """The container's main process ``/proc/<pid>/status`` fields, read from the sealed PID ns."""
+        for line in self.ctr("task", "list").stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == name:
+                text = self.run_inside(["cat", f"/proc/{fields[1]}/status"]).stdout
+                return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+        raise ContainerdError(f"no running task {name}")
+
+    def call_in_network(self, function: Callable[[], T], timeout: float = 60) -> T:
+        return netns.call_in_network_namespace(f"/proc/{self.pid}/ns/net", function, timeout)
+
+    def network(self, name: str) -> str:
+        """The network namespace ``name`` runs in, made (and given an address) on first use, as a
+        pod's sandbox is before its containers: callers may learn the address before the start."""
+        if name not in self.addresses:
+            self.run_inside(["ip", "netns", "add", name])
+            self.addresses[name] = self._attach_network(name)
+        return self.addresses[name]
+
+    def _attach_network(self, name: str) -> str:
+        """CNI ADD of the loopback and bridge plugins for the container's network namespace, as
+        the CRI does for a pod sandbox; returns the bridge plugin's address."""
+        self._cni_add(name, {"cniVersion": "0.4.0", "name": "lo", "type": "loopback"})
+        bridge = self._cni_add(
+            name,
+            {
+                "cniVersion": "0.4.0",
+                "name": "sealed",
+                "type": "bridge",
+                "bridge": netns.BRIDGE,
+                "isGateway": True,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": SUBNET,
+                    "dataDir": str(self.workdir / "cni-ipam"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+        )
+        return str(bridge["ips"][0]["address"]).split("/")[0]
+
+    def _cni_add(self, name: str, config: Mapping[str, object]) -> dict[str, Any]:
+        environment = {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": name,
+            "CNI_NETNS": f"/run/netns/{name}",
+            "CNI_IFNAME": "eth0" if config["type"] != "loopback" else "lo",
+            "CNI_PATH": str(CNI_BIN_DIR),
+        }
+        plugin = CNI_BIN_DIR / str(config["type"])
+        argv = ["env", *(f"{k}={v}" for k, v in environment.items()), str(plugin)]
+        result = self.run_inside(argv, input_text=json.dumps(config), check=False)
+        if result.returncode != 0:
+            raise ContainerdError(
+                f"the CNI {config['type']} plugin failed for {name}: {result.stdout} {result.stderr}"
+            )
+        loaded: dict[str, Any] = json.loads(result.stdout or "{}")
+        return loaded
+
+
+# --- the supervisor, inside the sealed namespaces -------------------------------------------------
+
+
+def serve(workdir: Path) -> int:
+    """PID 1 of the sealed namespace: network, /run, containerd; exits (ending all) on SIGTERM."""
+    if netns.routes():
+        raise SystemExit("refusing to run containerd in a namespace that has routes (not sealed?)")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run"], check=True, timeout=30)
+    netns.NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    netns.ip("link", "set", "lo", "up")
+    # The bridge and its address before any container: the gateway is where a test's control
+    # plane listens. A default route onto it leads nowhere beyond the namespace.
+    netns.ip("link", "add", netns.BRIDGE, "type", "bridge")
+    netns.ip("addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", netns.BRIDGE)
+    netns.ip("link", "set", netns.BRIDGE, "up")
+    config = workdir / "containerd.toml"
+    config.write_text(
+        CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
+    )
+    (workdir / "logs").mkdir(exist_ok=True)
+    containerd = subprocess.Popen(
+        ["containerd", "--config", str(config)],
+        stdout=(workdir / "containerd.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: containerd.terminate())
+    deadline = time.monotonic() + 30
+    while not (workdir / "containerd.sock").exists():
+        if containerd.poll() is not None or time.monotonic() > deadline:
+            print("containerd exited or did not open its socket; see containerd.log", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    (workdir / "ready.json").write_text(json.dumps({"containerd": containerd.pid}))
+    return containerd.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="containerd in a sealed namespace (the supervisor side)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve")
+    serve_parser.add_argument("--workdir", type=Path, required=True)
+    options = parser.parse_args(argv)
+    return serve(options.workdir.resolve())
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    sys.exit(main())
