@@ -14,6 +14,8 @@ Three real processes on loopback, started and stopped here. The figures:
   run (``/proc/<pid>/stat``), the broker's per message and split into user
   and system time. On a shared machine these are the figures to compare, not
   the wall-clock throughput;
+* ``lost`` / ``misordered``: from the cloud simulator's record of the seqs it took per stream,
+  in order (both must be 0; the exit status is 1 otherwise);
 * with ``--profile``, the broker runs under cProfile and the top functions by
   own time are printed (``--profile-out FILE`` keeps the stats). cProfile
   inflates per-call costs several times over, so use it for where, not how much.
