@@ -14,7 +14,7 @@ TEST_PREREQS += tools host-packages
 ##@ Local cluster
 
 .PHONY: tools
-tools: ## Build kube-apiserver, kube-controller-manager, kube-proxy, etcd, coredns (minimal CoreDNS) and helm from the Go pins (cached outside git; no-op when built).
+tools: ## Build kube-apiserver, kube-controller-manager, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS) and helm from the Go pins (cached outside git; no-op when built).
 	@$(TOOLS_BUILD) >/dev/null
 
 .PHONY: host-packages

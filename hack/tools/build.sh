@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-proxy, etcd, a minimal CoreDNS, helm) into a cache outside git.
+# kube-proxy, kubelet, etcd, a minimal CoreDNS, helm) into a cache outside git.
 #
 # Why one `go build` for all six: they share most of their dependency graph
 # (apimachinery, client-go, grpc, prometheus, ...), and a single invocation
@@ -34,11 +34,12 @@ pin_hash="$(
 )"
 bin_dir="$cache_root/$pin_hash/bin"
 # The binaries and the packages they are built from, in the same order.
-tools=(kube-apiserver kube-controller-manager kube-proxy etcd coredns helm)
+tools=(kube-apiserver kube-controller-manager kube-proxy kubelet etcd coredns helm)
 targets=(
   k8s.io/kubernetes/cmd/kube-apiserver
   k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kube-proxy
+  k8s.io/kubernetes/cmd/kubelet
   ./cmd/etcd
   ./cmd/coredns
   helm.sh/helm/v3/cmd/helm

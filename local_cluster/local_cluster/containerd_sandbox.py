@@ -15,8 +15,9 @@ the caller's directory. Callers then
 
 Everything ends with the supervisor: it is PID 1 of its namespace, so when it exits the kernel
 kills containerd, the shims and every container, and frees the namespaces with the bridge and the
-containers' network namespaces. Containers run without a cgroup of their own (``--cgroup ""``), so
-nothing is left in the machine's cgroup hierarchies. What it does not do: pods (one container per
+containers' network namespaces. runc puts each container in cgroups of the machine's hierarchies;
+here they sit under a root of the sandbox's own (``CgroupRoot``), which ``stop`` removes, so
+nothing is left behind. What it does not do: pods (one container per
 network namespace), probes, restarts or resource limits; the local cluster's real node (a kubelet
 on this containerd) is what does those.
 """
@@ -24,6 +25,7 @@ on this containerd) is what does those.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -47,6 +49,7 @@ NAMESPACE = "k8s.io"  # containerd's namespace that the CRI (and so a kubelet) u
 BRIDGE_ADDRESS = netns.NODE_ADDRESS
 SUBNET = netns.POD_CIDR
 CNI_BIN_DIR = Path("/usr/lib/cni")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOST_PACKAGES = {"containerd": "containerd", "runc": "runc", "ctr": "containerd"}
 SEALED_COMMAND = (
     "unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "--",
@@ -62,13 +65,31 @@ CONFIG = """\
 version = 2
 root = "{root}"
 state = "{state}"
-# The CRI is the kubelet's; ctr talks to containerd's own API.
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "{socket}"
 [ttrpc]
   address = "{socket}.ttrpc"
 """
+# Without a kubelet, the CRI plugin stays off: ctr talks to containerd's own API.
+WITHOUT_CRI = 'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+# For a kubelet (REAL_NODE.md has why each line is there): the pause image ``make images`` builds
+# as the sandbox; this VM forbids lowering oom_score_adj even for root; runc with cgroupfs (no
+# systemd here); Debian's CNI plugins and a bridge conflist of our own.
+CRI = """\
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+"""
+SANDBOX_IMAGE = "docker.io/broker-failover/pause:0.1.0"
 
 
 class ContainerdError(RuntimeError):
@@ -91,14 +112,88 @@ class Container:
     address: str
 
 
+class CgroupRoot:
+    """``/<name>`` in every cgroup v1 hierarchy of the machine: the parent of a node's or the
+    sandbox's containers (the kubelet's ``cgroupRoot``), made first and removed bottom-up."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def hierarchies(self) -> list[Path]:
+        return sorted(
+            path
+            for path in CGROUP_ROOT.iterdir()
+            if path.is_dir() and not path.is_symlink() and path.name != "unified"
+        )
+
+    def create(self) -> None:
+        for hierarchy in self.hierarchies():
+            directory = hierarchy / self.name
+            directory.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":  # a cpuset without cpus or mems takes no process
+                for key in ("cpuset.cpus", "cpuset.mems"):
+                    (directory / key).write_text((hierarchy / key).read_text())
+
+    def remove(self, within: float = 10) -> list[Path]:
+        """rmdir bottom-up, retried while the kernel is still reaping the processes that were in
+        them (bounded); returns what could not be removed."""
+        deadline = time.monotonic() + within
+        while True:
+            left = self._remove_once()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+    def _remove_once(self) -> list[Path]:
+        left: list[Path] = []
+        for hierarchy in self.hierarchies():
+            top = hierarchy / self.name
+            if not top.exists():
+                continue
+            for directory in sorted(
+                (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+            ):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            try:
+                top.rmdir()
+            except OSError:
+                left.append(top)
+        return left
+
+
+def bridge_plugin(ipam_dir: Path) -> dict[str, object]:
+    """The CNI bridge plugin's configuration: the bridge ``cni0`` at the node address, host-local
+    addresses from the pod CIDR with their leases under ``ipam_dir`` (not /var/lib/cni)."""
+    return {
+        "type": "bridge",
+        "bridge": netns.BRIDGE,
+        "isGateway": True,
+        "hairpinMode": True,
+        "ipam": {
+            "type": "host-local",
+            "subnet": SUBNET,
+            "dataDir": str(ipam_dir),
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    }
+
+
 class SealedContainerd:
-    def __init__(self, workdir: Path) -> None:
+    """``cri=True``: containerd's CRI is on, for a kubelet (``kubelet_node``), with the CNI bridge
+    conflist under the working directory; otherwise containers are run with ``ctr``."""
+
+    def __init__(self, workdir: Path, *, cri: bool = False) -> None:
         self.workdir = workdir
+        self.cri = cri
         self.socket = workdir / "containerd.sock"
         self.ready_file = workdir / "ready.json"
         self.supervisor: ManagedProcess | None = None
         self.pid = 0  # the supervisor's pid on the machine
         self.addresses: dict[str, str] = {}  # container name -> its address on the bridge
+        # ctr's containers' cgroups (runc makes one per container in every hierarchy of the
+        # machine): under a root of the sandbox's own, removed when it stops.
+        self.cgroups = CgroupRoot(f"broker-failover-{workdir.name}-{os.getpid()}")
 
     # --- lifecycle ---
 
@@ -109,7 +204,10 @@ class SealedContainerd:
             raise ContainerdError(f"running images needs the Debian packages {', '.join(missing)}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
+        if not self.cri:
+            self.cgroups.create()
         argv = [*SEALED_COMMAND, sys.executable, "-m", __name__, "serve", "--workdir", str(self.workdir)]
+        argv += ["--cri"] if self.cri else []
         self.supervisor = ManagedProcess("containerd-sandbox", argv, log_path=self.workdir / "supervisor.log")
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
@@ -124,10 +222,12 @@ class SealedContainerd:
         children = Path(f"/proc/{unshare}/task/{unshare}/children").read_text().split()
         self.pid = int(children[0])
 
-    def stop(self) -> None:
+    def stop(self) -> list[Path]:
+        """End everything in the namespaces; remove ctr's containers' cgroups; return leftovers."""
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
+        return self.cgroups.remove() if not self.cri else []
 
     def __enter__(self) -> SealedContainerd:
         self.start()
@@ -185,7 +285,7 @@ class SealedContainerd:
             )
         address = self.network(name)
         command = [
-            "run", "--detach", "--read-only", "--seccomp", "--cgroup", "",
+            "run", "--detach", "--read-only", "--seccomp", "--cgroup", f"/{self.cgroups.name}/{name}",
             "--with-ns", f"network:/run/netns/{name}",
             "--log-uri", f"file://{self.log_path(name)}",
         ]  # fmt: skip
@@ -253,23 +353,8 @@ class SealedContainerd:
         """CNI ADD of the loopback and bridge plugins for the container's network namespace, as
         the CRI does for a pod sandbox; returns the bridge plugin's address."""
         self._cni_add(name, {"cniVersion": "0.4.0", "name": "lo", "type": "loopback"})
-        bridge = self._cni_add(
-            name,
-            {
-                "cniVersion": "0.4.0",
-                "name": "sealed",
-                "type": "bridge",
-                "bridge": netns.BRIDGE,
-                "isGateway": True,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "subnet": SUBNET,
-                    "dataDir": str(self.workdir / "cni-ipam"),
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            },
-        )
+        config = {"cniVersion": "0.4.0", "name": "sealed", **bridge_plugin(self.workdir / "cni-ipam")}
+        bridge = self._cni_add(name, config)
         return str(bridge["ips"][0]["address"]).split("/")[0]
 
     def _cni_add(self, name: str, config: Mapping[str, object]) -> dict[str, Any]:
@@ -294,7 +379,7 @@ class SealedContainerd:
 # --- the supervisor, inside the sealed namespaces -------------------------------------------------
 
 
-def serve(workdir: Path) -> int:
+def serve(workdir: Path, cri: bool) -> int:
     """PID 1 of the sealed namespace: network, /run, containerd; exits (ending all) on SIGTERM."""
     if netns.routes():
         raise SystemExit("refusing to run containerd in a namespace that has routes (not sealed?)")
@@ -307,9 +392,19 @@ def serve(workdir: Path) -> int:
     netns.ip("addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", netns.BRIDGE)
     netns.ip("link", "set", netns.BRIDGE, "up")
     config = workdir / "containerd.toml"
-    config.write_text(
-        CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
-    )
+    text = CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
+    if cri:
+        # The kubelet wants a default route to find the node's address; on the bridge it leads
+        # nowhere beyond this namespace.
+        netns.ip("route", "add", "default", "dev", netns.BRIDGE)
+        conf_dir = workdir / "cni"
+        conf_dir.mkdir(exist_ok=True)
+        conflist = {"cniVersion": "0.4.0", "name": "sealed", "plugins": [bridge_plugin(workdir / "cni-ipam")]}
+        (conf_dir / "10-sealed.conflist").write_text(json.dumps(conflist))
+        text += CRI.format(sandbox_image=SANDBOX_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=conf_dir)
+    else:
+        text = WITHOUT_CRI + text
+    config.write_text(text)
     (workdir / "logs").mkdir(exist_ok=True)
     containerd = subprocess.Popen(
         ["containerd", "--config", str(config)],
@@ -332,8 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = sub.add_parser("serve")
     serve_parser.add_argument("--workdir", type=Path, required=True)
+    serve_parser.add_argument("--cri", action="store_true", help="containerd's CRI on, for a kubelet")
     options = parser.parse_args(argv)
-    return serve(options.workdir.resolve())
+    return serve(options.workdir.resolve(), options.cri)
 
 
 if __name__ == "__main__":

@@ -53,4 +53,5 @@ def images(
     try:
         yield ImageRunner(sandbox, built_images)
     finally:
-        sandbox.stop()
+        left = sandbox.stop()
+        assert not left, f"cgroups left behind on the machine: {left}"
