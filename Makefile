@@ -48,7 +48,7 @@ fmt: venv ## Format and auto-fix with ruff.
 
 .PHONY: test
 test: venv lint $(TEST_PREREQS) ## Everything CI runs: lint, then every test (unit, integration, e2e).
-	$(PYTEST) tests
+	$(PYTEST) tests --durations=30
 
 .PHONY: unit
 unit: venv ## Unit and property tests only (fast, no processes).

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,12 +31,13 @@ import yaml
 from local_cluster import netns
 from local_cluster.containerd_sandbox import CgroupRoot, ContainerdError, SealedContainerd
 from local_cluster.processes import ManagedProcess
+from local_cluster.sandbox_control_plane import SandboxControlPlane
 
 KUBELET_PORT = 10250
 
 
 class KubeletNodeError(RuntimeError):
-    """The control plane or the kubelet did not come up; the message carries their log tails."""
+    """The kubelet did not come up; the message carries its log's tail."""
 
 
 def _tail(path: Path, size: int = 3000) -> str:
@@ -55,50 +55,28 @@ class KubeletNode:
         self.workdir = workdir
         self.name = name
         self.cgroups = CgroupRoot(f"broker-failover-{name}")
-        self.plane: ManagedProcess | None = None
+        self.plane = SandboxControlPlane(sandbox, tools_dir, workdir / "control-plane")
         self.kubelet: ManagedProcess | None = None
 
     @property
     def kubeconfig(self) -> Path:
-        """The admin kubeconfig; its server is the bridge address, reached inside the sandbox."""
-        return self.workdir / "control-plane" / "admin.kubeconfig"
+        return self.plane.kubeconfig
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self.plane.kubectl(*args, stdin=stdin, check=check, timeout=timeout)
 
     def start(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         try:
-            self._start_control_plane(deadline)
+            self.plane.start(timeout)
             self._start_kubelet(deadline)
         except BaseException:
             self.stop()
             self.sandbox.stop()
             self.cgroups.remove()
             raise
-
-    def _start_control_plane(self, deadline: float) -> None:
-        plane_dir = self.workdir / "control-plane"
-        plane_dir.mkdir(parents=True, exist_ok=True)
-        ready = plane_dir / "ready"
-        starter = (
-            "import time\n"
-            "from pathlib import Path\n"
-            "from local_cluster.control_plane import ControlPlaneSettings, start_control_plane\n"
-            "from local_cluster.processes import reap_on_exit\n"
-            "reap_on_exit()\n"
-            f"plane = start_control_plane(ControlPlaneSettings(Path({str(self.tools_dir)!r}),"
-            f" Path({str(plane_dir)!r}), address={netns.NODE_ADDRESS!r}, apiserver_port=6443))\n"
-            f"Path({str(ready)!r}).write_text(plane.server)\n"
-            "while True:\n"
-            "    time.sleep(3600)\n"
-        )
-        self.plane = ManagedProcess(
-            "control-plane",
-            self.sandbox.inside([sys.executable, "-c", starter]),
-            log_path=self.workdir / "control-plane.log",
-        )
-        while not ready.exists():
-            if self.plane.exited() or time.monotonic() > deadline:
-                raise KubeletNodeError(f"the control plane did not start:\n{_tail(self.plane.log_path)}")
-            time.sleep(0.2)
 
     def _start_kubelet(self, deadline: float) -> None:
         kubelet = self.tools_dir / "kubelet"
@@ -158,13 +136,6 @@ class KubeletNode:
                 )
             time.sleep(0.5)
 
-    def kubectl(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        """kubectl inside the sealed network, as the cluster's admin."""
-        argv = ["kubectl", "--kubeconfig", str(self.kubeconfig), *args]
-        return self.sandbox.run_inside(argv, input_text=stdin, check=check, timeout=timeout)
-
     def node_ready(self) -> bool:
         try:
             result = self.kubectl("get", "node", self.name, "-o", "json", check=False, timeout=20)
@@ -179,7 +150,7 @@ class KubeletNode:
         """Stop the kubelet and the control plane. The pods' processes end with the sandbox (PID 1
         of their namespace); then ``cgroups.remove()`` clears the node's cgroups, which are the
         machine's and stay until removed."""
-        for process in (self.kubelet, self.plane):
-            if process is not None:
-                process.stop()
-        self.kubelet = self.plane = None
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+        self.plane.stop()

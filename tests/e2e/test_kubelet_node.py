@@ -12,8 +12,7 @@ the old one's output, and an image never built is the kubelet's own ErrImageNeve
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +26,11 @@ from local_cluster.containerd_sandbox import SealedContainerd
 from local_cluster.image_build import build_images
 from local_cluster.kubelet_node import KubeletNode
 from local_cluster.processes import reap_on_exit
+from tests.e2e.support import wait_for
 
 pytestmark = pytest.mark.e2e
 CLUSTER = "acme-1000"
 NODE = "node-1"
-
-
-def wait_for(description: str, probe: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,8 @@ import base64
 import json
 import os
 import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,8 @@ from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.containerd_sandbox import BRIDGE_ADDRESS, ContainerdError, Volume
 from local_cluster.image_build import ImageBuildError, archive_for
 from local_cluster.image_build import main as image_build_main
+from local_cluster.sandbox_control_plane import SandboxControlPlane
+from tests.e2e.support import wait_for
 from tests.images.conftest import ImageRunner
 
 UID = 10001
@@ -38,17 +38,6 @@ TOKEN = "image-test-operator-token"
 BACKEND_TOKEN = "image-test-backend-token"
 STREAMS, MESSAGES = 4, 50
 CLUSTER = "acme-1000"
-
-
-def wait_for(description: str, probe: Callable[[], Any], timeout: float = 60, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
 
 
 def owned_dir(path: Path, mode: int = 0o755) -> Path:
@@ -381,35 +370,14 @@ def embedded_kubeconfig(source: Path, target: Path) -> Path:
 
 def test_operator_image_reaches_a_real_api_server(images: ImageRunner, tmp_path: Path) -> None:
     sandbox = images.sandbox
-    plane_dir = tmp_path / "control-plane"
-    plane_dir.mkdir()
     # The control plane inside the sealed network, on the bridge address the container can reach.
-    starter = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from local_cluster.control_plane import ControlPlaneSettings, start_control_plane\n"
-        "from local_cluster.processes import reap_on_exit\n"
-        "reap_on_exit()\n"
-        f"plane = start_control_plane(ControlPlaneSettings(Path({str(built_tools_dir())!r}),"
-        f" Path({str(plane_dir)!r}), address={BRIDGE_ADDRESS!r}))\n"
-        f"Path({str(plane_dir / 'ready')!r}).write_text(plane.server)\n"
-        "time.sleep(600)\n"
-    )
-    log = (tmp_path / "control-plane.log").open("w")
-    plane = subprocess.Popen(
-        sandbox.inside([sys.executable, "-c", starter]), stdout=log, stderr=subprocess.STDOUT
-    )
+    plane = SandboxControlPlane(sandbox, built_tools_dir(), tmp_path / "control-plane")
+    plane.start()
     try:
-        wait_for(
-            "the control plane", lambda: (plane_dir / "ready").exists() or plane.poll() is not None, 120, 0.5
-        )
-        assert plane.poll() is None, (tmp_path / "control-plane.log").read_text()[-3000:]
-        kubeconfig = plane_dir / "admin.kubeconfig"
+        kubeconfig = plane.kubeconfig
 
         def kubectl(*args: str, stdin: str | None = None) -> str:
-            return sandbox.run_inside(
-                ["kubectl", "--kubeconfig", str(kubeconfig), *args], input_text=stdin
-            ).stdout
+            return plane.kubectl(*args, stdin=stdin).stdout
 
         kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
         kubectl(
@@ -455,9 +423,7 @@ def test_operator_image_reaches_a_real_api_server(images: ImageRunner, tmp_path:
         assert seen in ("Unavailable", "Pending", "FailingOver"), seen
         assert_enforced(images, "operator", container["securityContext"])
     finally:
-        plane.terminate()
-        plane.wait(30)
-        log.close()
+        plane.stop()
 
 
 # --- build errors ------------------------------------------------------------------------------
