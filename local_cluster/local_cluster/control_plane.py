@@ -18,6 +18,7 @@ kube-proxy or DNS (ClusterIPs do not route), no cloud controllers, no leader ele
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -108,9 +109,20 @@ rules:
 
 def free_loopback_port() -> int:
     """A port the kernel just handed out on 127.0.0.1 (small race with other users; see callers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_loopback_ports(1)[0]
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1: all held open until every one is chosen, since a port
+    closed at once can be handed out again by the next bind (it was, in a fresh network namespace:
+    etcd's client and peer URLs got the same port and etcd failed with "address already in use")."""
+    with contextlib.ExitStack() as stack:
+        sockets = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)
+        ]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _require_tool(tools_dir: Path, name: str) -> Path:
@@ -174,7 +186,7 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
     workdir = settings.workdir
     logs = workdir / "logs"
     pki = create_cluster_pki(workdir / "pki")
-    etcd_client, etcd_peer, free_port, cm_port = (free_loopback_port() for _ in range(4))
+    etcd_client, etcd_peer, free_port, cm_port = free_loopback_ports(4)
     apiserver_port = settings.apiserver_port or free_port
     server = f"https://{settings.address}:{apiserver_port}"
     admin_kubeconfig = write_kubeconfig(
