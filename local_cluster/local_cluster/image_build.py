@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import fnmatch
 import hashlib
 import json
 import os
@@ -39,6 +38,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from local_cluster.image_keys import content_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(
@@ -121,68 +122,6 @@ class BuiltImage:
 
 def say(text: str) -> None:
     print(f">> {text}", file=sys.stderr, flush=True)
-
-
-# --- keys --------------------------------------------------------------------------------------
-
-
-def _ignored(relative: str, patterns: Sequence[str]) -> bool:
-    parts = relative.split("/")
-    return any(
-        fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(parts[-1], p.removeprefix("**/")) or parts[0] == p
-        for p in patterns
-    )
-
-
-def dockerignore_patterns(root: Path = REPO_ROOT) -> list[str]:
-    path = root / ".dockerignore"
-    if not path.exists():
-        return []
-    return [
-        line.strip()
-        for line in path.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-
-
-def copy_sources(dockerfile: str) -> list[str]:
-    """The context paths a Dockerfile's ``COPY``/``ADD`` lines take (not those ``--from`` a stage)."""
-    sources: list[str] = []
-    logical = dockerfile.replace("\\\n", " ")
-    for line in logical.splitlines():
-        words = line.split()
-        if len(words) < 3 or words[0].upper() not in ("COPY", "ADD"):
-            continue
-        arguments = [w for w in words[1:] if not w.startswith("--")]
-        if any(w.startswith("--from") for w in words[1:]):
-            continue
-        sources += arguments[:-1]
-    return sources
-
-
-def context_files(sources: Sequence[str], root: Path = REPO_ROOT) -> list[Path]:
-    ignore = dockerignore_patterns(root)
-    files: set[Path] = set()
-    for source in sources:
-        path = root / source
-        if not path.exists():
-            raise ImageBuildError(f"a COPY source {source!r} does not exist under {root}")
-        candidates = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        files.update(p for p in candidates if not _ignored(p.relative_to(root).as_posix(), ignore))
-    return sorted(files)
-
-
-def image_key(spec: ImageSpec, base_key: str, root: Path = REPO_ROOT) -> str:
-    """A hash of everything that goes into the image: base, Dockerfile, target and COPY'd files."""
-    text = (root / spec.dockerfile).read_text()
-    digest = hashlib.sha256()
-    ignore = "\n".join(dockerignore_patterns(root))
-    for part in (base_key, spec.reference, spec.target or "", text, ignore):
-        digest.update(part.encode() + b"\0")
-    for path in context_files(copy_sources(text), root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:20]
 
 
 def base_key() -> str:
@@ -279,7 +218,12 @@ class Builder:
     # --- images ---
 
     def build(self, spec: ImageSpec, base: str) -> BuiltImage:
-        key = image_key(spec, base, self.root)
+        try:
+            key = content_key(
+                self.root / spec.dockerfile, (base, spec.reference, spec.target or ""), self.root
+            )
+        except FileNotFoundError as error:
+            raise ImageBuildError(f"{spec.dockerfile}: {error}") from None
         archive = self.archives / f"{spec.slug}.oci.tar"
         known = self.state().get(spec.name, {})
         if known.get("key") == key and archive.exists():
