@@ -113,18 +113,16 @@ class Container:
 
 
 class CgroupRoot:
-    """``/<name>`` in every cgroup v1 hierarchy of the machine: the parent of a node's or the
-    sandbox's containers (the kubelet's ``cgroupRoot``), made first and removed bottom-up."""
+    """``/<name>`` in every cgroup hierarchy of the machine, v1 and the unified v2 one: the parent
+    of a node's or the sandbox's containers (the kubelet's ``cgroupRoot``), made first and removed
+    bottom-up."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def hierarchies(self) -> list[Path]:
-        return sorted(
-            path
-            for path in CGROUP_ROOT.iterdir()
-            if path.is_dir() and not path.is_symlink() and path.name != "unified"
-        )
+        # "unified" too: in this hybrid layout runc also makes each container's cgroup there.
+        return sorted(path for path in CGROUP_ROOT.iterdir() if path.is_dir() and not path.is_symlink())
 
     def create(self) -> None:
         for hierarchy in self.hierarchies():

@@ -77,6 +77,9 @@ MMDEBSTRAP_OPTIONS = (
 )
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap"}
+# buildah mounts layers (overlay) while it works and can leave some mounted; in a mount namespace
+# of its own, every mount it makes goes when it exits, and the machine's mount table stays as it was.
+PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private", "--")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,14 +165,14 @@ class Builder:
         ]
 
     def buildah(self, *args: str, timeout: float = 600) -> str:
-        command = ["buildah", *self.storage_options, *args]
+        command = [*PRIVATE_MOUNTS, "buildah", *self.storage_options, *args]
         result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
         if result.returncode != 0:
             raise ImageBuildError(f"{' '.join(command)} failed:\n{result.stderr.strip()}")
         return result.stdout.strip()
 
     def has_image(self, reference: str) -> bool:
-        command = ["buildah", *self.storage_options, "inspect", "--type", "image", reference]
+        command = [*PRIVATE_MOUNTS, "buildah", *self.storage_options, "inspect", "--type", "image", reference]
         return subprocess.run(command, capture_output=True, check=False, timeout=60).returncode == 0
 
     def state(self) -> dict[str, dict[str, object]]:
@@ -197,7 +200,14 @@ class Builder:
             return key
         say(f"{self.elapsed()} making {BASE_REFERENCE} from Debian's packages with mmdebstrap (a minute)")
         scratch = self.cache / "base-rootfs.tar"
-        command = ["mmdebstrap", *MMDEBSTRAP_OPTIONS, "bookworm", str(scratch), *DEBIAN_MIRRORS]
+        command = [
+            *PRIVATE_MOUNTS,
+            "mmdebstrap",
+            *MMDEBSTRAP_OPTIONS,
+            "bookworm",
+            str(scratch),
+            *DEBIAN_MIRRORS,
+        ]
         self._run_logged(command, self.logs / "base.log", "the base image (mmdebstrap)")
         container = self.buildah("from", "scratch")
         try:
@@ -206,7 +216,9 @@ class Builder:
             self.buildah("commit", "--rm", "-q", container, BASE_REFERENCE)
         except ImageBuildError:
             subprocess.run(
-                ["buildah", *self.storage_options, "rm", container], capture_output=True, check=False
+                [*PRIVATE_MOUNTS, "buildah", *self.storage_options, "rm", container],
+                capture_output=True,
+                check=False,
             )
             raise
         finally:
@@ -231,6 +243,7 @@ class Builder:
         say(f"{self.elapsed()} building {spec.reference} from {spec.dockerfile}")
         with self._pip_settings() as mounts:
             command = [
+                *PRIVATE_MOUNTS,
                 "buildah",
                 *self.storage_options,
                 "bud",
