@@ -172,8 +172,11 @@ class Builder:
         return result.stdout.strip()
 
     def has_image(self, reference: str) -> bool:
-        command = [*PRIVATE_MOUNTS, "buildah", *self.storage_options, "inspect", "--type", "image", reference]
-        return subprocess.run(command, capture_output=True, check=False, timeout=60).returncode == 0
+        try:
+            self.buildah("inspect", "--type", "image", reference, timeout=60)
+        except ImageBuildError:
+            return False
+        return True
 
     def state(self) -> dict[str, dict[str, object]]:
         try:
@@ -215,11 +218,8 @@ class Builder:
             self.buildah("config", "--env", PATH_ENV, "--cmd", "bash", container)
             self.buildah("commit", "--rm", "-q", container, BASE_REFERENCE)
         except ImageBuildError:
-            subprocess.run(
-                [*PRIVATE_MOUNTS, "buildah", *self.storage_options, "rm", container],
-                capture_output=True,
-                check=False,
-            )
+            with contextlib.suppress(ImageBuildError):  # the commit's error is the one to report
+                self.buildah("rm", container)
             raise
         finally:
             scratch.unlink(missing_ok=True)
