@@ -219,13 +219,13 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
     victim = str(status["active"])
     other = next(name for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1") if name != victim)
     other_ip = relay.pod(other)["status"]["podIP"]
-    uid = relay.pod(victim)["metadata"]["uid"]
+    victim_pod = relay.pod(victim)
     before = relay.backend("/sim/status")
     t0 = now_ms()
     if kind == "crash":
         relay.kill_9(victim)
     else:
-        relay.cluster.partition_pod(uid, "both")
+        relay.cluster.partition_pod(victim_pod, "both")
     wait_until("a failover", lambda: relay.status().get("active") == other, 60, 0.05)
     accepted = wait_until(
         "a bundle accepted by the new active", lambda: first_accepted_after(obs, other, t0), 60, 0.05
@@ -247,7 +247,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
         "accepted": accepted,
     }
     if kind == "partition":
-        relay.cluster.heal_pod(uid)
+        relay.cluster.heal_pod(victim_pod)
 
     def recovered() -> bool:
         return relay.pod_ready(victim) and relay.status().get("phase") == "Healthy"

@@ -14,7 +14,7 @@ TEST_PREREQS += tools host-packages
 ##@ Local cluster
 
 .PHONY: tools
-tools: ## Build kube-apiserver, kube-controller-manager, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS) and helm from the Go pins (cached outside git; no-op when built).
+tools: ## Build kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS) and helm from the Go pins (cached outside git; no-op when built).
 	@$(TOOLS_BUILD) >/dev/null
 
 .PHONY: host-packages
@@ -22,7 +22,7 @@ host-packages: ## Install nft and conntrack (Debian nftables, conntrack) for kub
 	@hack/host-packages.sh $(HOST_PACKAGES)
 
 .PHONY: cluster-up
-cluster-up: venv tools host-packages ## Start the cluster in the background: control plane, node agent, kube-proxy, CoreDNS, a real pod network in a sealed namespace. Prints the export KUBECONFIG line.
+cluster-up: venv tools host-packages images ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace. Prints the export KUBECONFIG line.
 	@$(BIN)/python -m local_cluster.cluster up --pod-network --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
 
 .PHONY: shell

@@ -15,5 +15,5 @@ image-packages: ## Install buildah, mmdebstrap, containerd, runc and the CNI plu
 	@hack/host-packages.sh $(IMAGE_PACKAGES)
 
 .PHONY: images
-images: venv image-packages ## Build every image from its Dockerfile without a daemon into OCI archives under ~/.cache/broker-failover/images (cached by content).
+images: venv image-packages tools ## Build every image from its Dockerfile without a daemon into OCI archives under ~/.cache/broker-failover/images (cached by content).
 	@$(BIN)/python -m local_cluster.image_build

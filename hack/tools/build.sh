@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-proxy, kubelet, etcd, a minimal CoreDNS, helm) into a cache outside git.
+# kube-scheduler, kube-proxy, kubelet, etcd, a minimal CoreDNS, helm) into a
+# cache outside git.
 #
-# Why one `go build` for all six: they share most of their dependency graph
+# Why one `go build` for all of them: they share most of their dependency graph
 # (apimachinery, client-go, grpc, prometheus, ...), and a single invocation
 # compiles each shared package once. The cache directory is keyed by a hash of
 # go.mod, go.sum, everything under cmd/ and this script, so a change of pin
@@ -34,10 +35,11 @@ pin_hash="$(
 )"
 bin_dir="$cache_root/$pin_hash/bin"
 # The binaries and the packages they are built from, in the same order.
-tools=(kube-apiserver kube-controller-manager kube-proxy kubelet etcd coredns helm)
+tools=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet etcd coredns helm)
 targets=(
   k8s.io/kubernetes/cmd/kube-apiserver
   k8s.io/kubernetes/cmd/kube-controller-manager
+  k8s.io/kubernetes/cmd/kube-scheduler
   k8s.io/kubernetes/cmd/kube-proxy
   k8s.io/kubernetes/cmd/kubelet
   ./cmd/etcd

@@ -46,7 +46,16 @@ from local_cluster.processes import ManagedProcess, kill_process_group
 from local_cluster.provisioner import DEFAULT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ("kube-apiserver", "kube-controller-manager", "etcd", "helm", "kube-proxy", "coredns")
+TOOLS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "etcd",
+    "helm",
+    "kube-proxy",
+    "coredns",
+)
 
 
 class KubectlError(subprocess.CalledProcessError):

@@ -33,7 +33,7 @@ from local_cluster.cluster import (
 from local_cluster.cluster_state import STATE_FILE, read_state, stop_supervisor
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.processes import kill_process_group, process_group_alive, reap_on_exit
-from local_cluster.sealed_cluster import start_sealed_cluster
+from local_cluster.sealed_cluster import start_sealed_cluster, stop_sealed_cluster
 
 
 def _run_supervisor(workdir: Path, tools_dir: Path) -> int:
@@ -124,6 +124,13 @@ def _down(workdir: Path) -> int:
         print(f"no cluster running in {workdir}", file=sys.stderr)
         sweep_pod_process_groups(workdir / "node")
         return 0
+    if "namespacePid" in state:
+        left = stop_sealed_cluster(workdir, state)
+        if left:
+            print(f"left behind: {', '.join(left)}", file=sys.stderr)
+            return 1
+        print("local cluster stopped", file=sys.stderr)
+        return 0
     lingering = stop_supervisor(workdir, state)
     if lingering:
         print(f"process groups still alive after SIGKILL: {lingering}", file=sys.stderr)
@@ -138,10 +145,10 @@ def _shell(workdir: Path, argv: Sequence[str]) -> int:
     if state is None or "nodeKubeconfig" not in state:
         print(f"no pod-network cluster running in {workdir}: run `make cluster-up`", file=sys.stderr)
         return 1
-    pid = int(str(state["supervisor"]))
+    pid = int(str(state["namespacePid"]))
     command = list(argv) or [os.environ.get("SHELL", "/bin/bash")]
     env = {**os.environ, "KUBECONFIG": str(state["nodeKubeconfig"]), "PS1": "(local-cluster) \\w\\$ "}
-    nsenter = ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--", *command]
+    nsenter = ["nsenter", "-t", str(pid), "--net", "--mount", "--pid", "--", *command]
     return subprocess.run(nsenter, env=env, check=False).returncode
 
 

@@ -25,7 +25,15 @@ def read_state(workdir: Path) -> dict[str, object] | None:
         state = json.loads((workdir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        return None
+    # A sealed cluster's supervisor is PID 1 of its own namespace; the side that started it
+    # writes the pids the machine knows it by ("supervisor", "namespacePid").
+    try:
+        state.update(json.loads((workdir / "sealed-pids.json").read_text()))
+    except (OSError, ValueError):
+        pass
+    return state
 
 
 def stop_supervisor(

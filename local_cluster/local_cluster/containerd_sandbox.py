@@ -74,11 +74,14 @@ state = "{state}"
 WITHOUT_CRI = 'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
 # For a kubelet (REAL_NODE.md has why each line is there): the pause image ``make images`` builds
 # as the sandbox; this VM forbids lowering oom_score_adj even for root; runc with cgroupfs (no
-# systemd here); Debian's CNI plugins and a bridge conflist of our own.
+# systemd here); pods may bind ports below 1024 without a capability (containerd 2's default;
+# CoreDNS binds 53); Debian's CNI plugins and a bridge conflist of our own.
 CRI = """\
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox_image}"
   restrict_oom_score_adj = true
+  enable_unprivileged_ports = true
+  enable_unprivileged_icmp = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -377,6 +380,43 @@ class SealedContainerd:
 # --- the supervisor, inside the sealed namespaces -------------------------------------------------
 
 
+def write_config(workdir: Path, cri: bool) -> Path:
+    """containerd's configuration, with root, state and socket under ``workdir``; with ``cri``, the
+    CRI plugin and the CNI bridge conflist (pods on the bridge, leases under ``workdir``)."""
+    config = workdir / "containerd.toml"
+    text = CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
+    if cri:
+        conf_dir = workdir / "cni"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        conflist = {"cniVersion": "0.4.0", "name": "sealed", "plugins": [bridge_plugin(workdir / "cni-ipam")]}
+        (conf_dir / "10-sealed.conflist").write_text(json.dumps(conflist))
+        text += CRI.format(sandbox_image=SANDBOX_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=conf_dir)
+    else:
+        text = WITHOUT_CRI + text
+    config.write_text(text)
+    return config
+
+
+def start_containerd(workdir: Path, cri: bool, timeout: float = 30) -> subprocess.Popen[bytes]:
+    """Start containerd (in the calling process's namespaces) and wait for its socket."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "logs").mkdir(exist_ok=True)
+    config = write_config(workdir, cri)
+    containerd = subprocess.Popen(
+        ["containerd", "--config", str(config)],
+        stdout=(workdir / "containerd.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + timeout
+    while not (workdir / "containerd.sock").exists():
+        if containerd.poll() is not None or time.monotonic() > deadline:
+            containerd.kill()
+            tail = (workdir / "containerd.log").read_text(errors="replace")[-2000:]
+            raise ContainerdError(f"containerd exited or did not open its socket:\n{tail}")
+        time.sleep(0.05)
+    return containerd
+
+
 def serve(workdir: Path, cri: bool) -> int:
     """PID 1 of the sealed namespace: network, /run, containerd; exits (ending all) on SIGTERM."""
     if netns.routes():
@@ -389,33 +429,16 @@ def serve(workdir: Path, cri: bool) -> int:
     netns.ip("link", "add", netns.BRIDGE, "type", "bridge")
     netns.ip("addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", netns.BRIDGE)
     netns.ip("link", "set", netns.BRIDGE, "up")
-    config = workdir / "containerd.toml"
-    text = CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
     if cri:
         # The kubelet wants a default route to find the node's address; on the bridge it leads
         # nowhere beyond this namespace.
         netns.ip("route", "add", "default", "dev", netns.BRIDGE)
-        conf_dir = workdir / "cni"
-        conf_dir.mkdir(exist_ok=True)
-        conflist = {"cniVersion": "0.4.0", "name": "sealed", "plugins": [bridge_plugin(workdir / "cni-ipam")]}
-        (conf_dir / "10-sealed.conflist").write_text(json.dumps(conflist))
-        text += CRI.format(sandbox_image=SANDBOX_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=conf_dir)
-    else:
-        text = WITHOUT_CRI + text
-    config.write_text(text)
-    (workdir / "logs").mkdir(exist_ok=True)
-    containerd = subprocess.Popen(
-        ["containerd", "--config", str(config)],
-        stdout=(workdir / "containerd.log").open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    try:
+        containerd = start_containerd(workdir, cri)
+    except ContainerdError as error:
+        print(error, file=sys.stderr)
+        return 1
     signal.signal(signal.SIGTERM, lambda *_: containerd.terminate())
-    deadline = time.monotonic() + 30
-    while not (workdir / "containerd.sock").exists():
-        if containerd.poll() is not None or time.monotonic() > deadline:
-            print("containerd exited or did not open its socket; see containerd.log", file=sys.stderr)
-            return 1
-        time.sleep(0.05)
     (workdir / "ready.json").write_text(json.dumps({"containerd": containerd.pid}))
     return containerd.wait()
 

@@ -33,12 +33,9 @@ from local_cluster.pki import ClusterPki, create_cluster_pki, write_kubeconfig
 from local_cluster.processes import ManagedProcess
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
-# Controllers that need a cloud, a CNI or a kubelet we do not have. Node lifecycle is
-# off because the node agent does not post Leases; without this it would taint and
-# evict every pod after the grace period.
+# Controllers that need a cloud or a CNI we do not have.
 DISABLED_CONTROLLERS = (
     "node-ipam-controller",
-    "node-lifecycle-controller",
     "cloud-node-lifecycle-controller",
     "service-lb-controller",
     "node-route-controller",
@@ -270,7 +267,10 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
             "kube-apiserver /readyz", lambda: probe.status("/readyz") == 200, plane.processes, deadline
         )
 
-        controllers = ",".join(["*", *(f"-{name}" for name in DISABLED_CONTROLLERS)])
+        # Node lifecycle (the not-ready taint a new Node starts with is lifted by it) is on for
+        # the kubelet's cluster; the node agent posts no Leases, and it would evict every pod.
+        disabled = [*DISABLED_CONTROLLERS, *([] if settings.pod_network else ["node-lifecycle-controller"])]
+        controllers = ",".join(["*", *(f"-{name}" for name in disabled)])
         plane.processes.append(
             ManagedProcess(
                 "kube-controller-manager",

@@ -89,6 +89,8 @@ class ImageSpec:
     name: str
     dockerfile: str
     target: str | None = None
+    # A binary ``make tools`` built (hack/tools): the build's context is a folder holding only it.
+    tool: str | None = None
 
     @property
     def reference(self) -> str:
@@ -107,6 +109,8 @@ IMAGES = (
     ImageSpec("broker-failover/cloud-simulator", "simulators/Dockerfile", "cloud-simulator"),
     # The pod sandbox ("pause") image of the local cluster's node: containerd's sandbox_image.
     ImageSpec("broker-failover/pause", "local_cluster/pause-image/Dockerfile"),
+    # The local cluster's DNS, a pod of its own (local_cluster/cluster_dns.yaml).
+    ImageSpec("broker-failover/coredns", "local_cluster/coredns-image/Dockerfile", tool="coredns"),
 )
 
 
@@ -229,11 +233,28 @@ class Builder:
 
     # --- images ---
 
+    def context(self, spec: ImageSpec) -> Path:
+        """The build context: the repository, or for a tool's image a folder with that binary alone."""
+        if spec.tool is None:
+            return self.root
+        printed = subprocess.run(
+            [str(self.root / "hack/tools/build.sh"), "--print"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        binary = Path(printed.stdout.strip()) / spec.tool
+        if not binary.is_file():
+            raise ImageBuildError(f"{spec.reference} packs {binary}, which is not built: run `make tools`")
+        context = self.cache / "contexts" / spec.slug
+        context.mkdir(parents=True, exist_ok=True)
+        staged = context / spec.tool
+        if not staged.exists() or staged.read_bytes() != binary.read_bytes():
+            shutil.copy2(binary, staged)
+        return context
+
     def build(self, spec: ImageSpec, base: str) -> BuiltImage:
+        context = self.context(spec)
         try:
-            key = content_key(
-                self.root / spec.dockerfile, (base, spec.reference, spec.target or ""), self.root
-            )
+            key = content_key(self.root / spec.dockerfile, (base, spec.reference, spec.target or ""), context)
         except FileNotFoundError as error:
             raise ImageBuildError(f"{spec.dockerfile}: {error}") from None
         archive = self.archives / f"{spec.slug}.oci.tar"
@@ -253,11 +274,11 @@ class Builder:
                 "--layers",
                 *mounts,
                 "-f",
-                spec.dockerfile,
+                str(self.root / spec.dockerfile),
                 *(["--target", spec.target] if spec.target else []),
                 "-t",
                 spec.reference,
-                ".",
+                str(context),
             ]
             self._run_logged(command, self.logs / f"{spec.slug}.log", spec.reference, progress=True)
         self.archives.mkdir(parents=True, exist_ok=True)

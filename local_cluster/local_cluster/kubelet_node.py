@@ -1,156 +1,362 @@
-"""A real node: the kubelet (built with the other tools) on containerd's CRI, in a sealed namespace.
+"""The local cluster's node: a real kubelet on containerd's CRI and runc, inside the sealed namespace.
 
-The first step of replacing the node agent (docs/local-cluster.md): ``KubeletNode`` starts, in the
-namespaces of a ``SealedContainerd(cri=True)``,
+``start_kubelet_node`` runs in the sealed cluster's supervisor (``sealed_cluster``), which is PID 1
+of fresh network, mount and PID namespaces whose network ``netns.set_up_node_network`` made. It
+starts, in order:
 
-* the control plane (etcd, kube-apiserver, kube-controller-manager) on the bridge address, as
-  ``start_local_cluster`` does for the node agent's cluster;
-* the kubelet, registered as a Node, on containerd with runc and the CNI bridge plugin, running
-  pods from the images ``make images`` built (imported beforehand; nothing is pulled).
+* containerd with its CRI (``containerd_sandbox.start_containerd``), state under the cluster's
+  directory, pods on the CNI bridge plugin, the sandbox ("pause") image ``make images`` built;
+* the images ``make images`` wrote as OCI archives, imported (nothing is ever pulled: a pod naming
+  an image that was not built waits with the kubelet's ``ErrImageNeverPull``). The validator's
+  image, a gigabyte, is imported last and in the background; ``images.json`` in the cluster's
+  directory names the images imported so far;
+* the control plane (``control_plane``) on the bridge address, and kube-scheduler;
+* the kubelet (built with the other tools from the same pin), registered as the Node;
+* the dynamic provisioner (``provisioner``: hostPath volumes under the cluster's directory), as a
+  thread of the supervisor;
+* kube-proxy (nftables) and CoreDNS, a pod from its image (``cluster_dns.yaml``).
 
-The settings are the ones ``../shared/design/REAL_NODE.md`` records as working on this machine
-kind: cgroupfs under a cgroup root of the node's own (made in every v1 hierarchy first, and
+The kubelet's settings are the ones ``../shared/design/REAL_NODE.md`` records as working on this
+machine kind: cgroupfs under a cgroup root of the node's own (made in every hierarchy first, and
 removed bottom-up at the end, since those are the machine's cgroups), no swap check, no node
-allocatable enforcement, no local-storage isolation (the kubelet cannot size this VM's disk),
-the kubelet's state and pod logs under the node's directory.
-
-What it does not do yet: schedule (no kube-scheduler; pods name their ``nodeName``), kube-proxy,
-CoreDNS or volumes beyond the kubelet's own (emptyDir, Secret, ConfigMap, hostPath); the demo,
-the soak and the e2e tests still run on the node agent.
+allocatable enforcement, no local-storage isolation (the kubelet cannot size this VM's disk). Image
+garbage collection is off: what the kubelet deleted could not be pulled back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import yaml
+from kubernetes import client, config
 
 from local_cluster import netns
-from local_cluster.containerd_sandbox import CgroupRoot, ContainerdError, SealedContainerd
+from local_cluster.cluster_services import (
+    KUBE_PROXY_HEALTHZ,
+    install_cluster_dns,
+    start_kube_proxy,
+    wait_for_healthz,
+)
+from local_cluster.containerd_sandbox import NAMESPACE, CgroupRoot, start_containerd
+from local_cluster.control_plane import (
+    ControlPlane,
+    ControlPlaneSettings,
+    ControlPlaneStartError,
+    start_control_plane,
+)
+from local_cluster.image_build import CACHE_DIR, IMAGES
+from local_cluster.pki import ClusterPki
 from local_cluster.processes import ManagedProcess
-from local_cluster.sandbox_control_plane import SandboxControlPlane
+from local_cluster.provisioner import DEFAULT_CLASS, LocalPathProvisioner
 
 KUBELET_PORT = 10250
+# Imported after the node is ready, in the background: the validator's image is 1.3 GB unpacked
+# and only its CronJob uses it (``SealedCluster.wait_for_images``).
+BACKGROUND_IMAGES = ("broker-failover/validator",)
+IMAGES_FILE = "images.json"
 
 
-class KubeletNodeError(RuntimeError):
-    """The kubelet did not come up; the message carries its log's tail."""
+class KubeletNodeError(ControlPlaneStartError):
+    """A part of the node did not come up; the message carries its log's tail."""
 
 
 def _tail(path: Path, size: int = 3000) -> str:
     return path.read_text(errors="replace")[-size:] if path.exists() else "(no log)"
 
 
-class KubeletNode:
-    """Control plane and one kubelet inside ``sandbox`` (which must have been started with CRI)."""
+def cgroup_root_name(workdir: Path) -> str:
+    """The node's cgroup root, one per cluster directory (inside its PID namespace, every
+    supervisor is PID 1, so the pid cannot tell two clusters apart)."""
+    return f"broker-failover-{hashlib.sha256(str(workdir).encode()).hexdigest()[:10]}"
 
-    def __init__(self, sandbox: SealedContainerd, tools_dir: Path, workdir: Path, name: str) -> None:
-        if not sandbox.cri:
-            raise ValueError("a kubelet needs containerd's CRI: SealedContainerd(cri=True)")
-        self.sandbox = sandbox
-        self.tools_dir = tools_dir
-        self.workdir = workdir
-        self.name = name
-        self.cgroups = CgroupRoot(f"broker-failover-{name}")
-        self.plane = SandboxControlPlane(sandbox, tools_dir, workdir / "control-plane")
-        self.kubelet: ManagedProcess | None = None
+
+def kubelet_config(
+    root: Path, pki: ClusterPki, containerd_socket: Path, cgroup_root: str
+) -> dict[str, object]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": netns.NODE_ADDRESS,
+        "port": KUBELET_PORT,
+        "readOnlyPort": 0,
+        # The API server's client certificate (kubectl logs, exec) is signed by the cluster CA; the
+        # kubelet serves with the node certificate the same CA signed.
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(pki.ca_cert)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "tlsCertFile": str(pki.kubelet_serving_cert),
+        "tlsPrivateKeyFile": str(pki.kubelet_serving_key),
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/{cgroup_root}",
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        "enforceNodeAllocatable": [],
+        "localStorageCapacityIsolation": False,
+        "podLogsDir": str(root / "pod-logs"),
+        "clusterDNS": [netns.CLUSTER_DNS_IP],
+        "clusterDomain": netns.CLUSTER_DOMAIN,
+        # Pods get the cluster's search path only, never this machine's resolvers.
+        "resolvConf": "",
+        "serializeImagePulls": False,
+        "syncFrequency": "10s",
+        "nodeStatusUpdateFrequency": "2s",
+        # Nothing can be pulled again, so nothing may be collected; the machine's disk is not the
+        # node's to guard (evictionHard names memory alone, which turns the disk signals off).
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi"},
+    }
+
+
+@dataclasses.dataclass
+class KubeletNode:
+    """What ``start_kubelet_node`` started; ``stop`` ends all of it and removes the cgroups."""
+
+    workdir: Path
+    node_name: str
+    control_plane: ControlPlane
+    cgroups: CgroupRoot
+    containerd: subprocess.Popen[bytes]
+    processes: list[ManagedProcess] = dataclasses.field(default_factory=list)
+    stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+    importer: threading.Thread | None = None
+    ready_seconds: float = 0.0
 
     @property
     def kubeconfig(self) -> Path:
-        return self.plane.kubeconfig
+        return self.control_plane.admin_kubeconfig
 
-    def kubectl(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return self.plane.kubectl(*args, stdin=stdin, check=check, timeout=timeout)
+    @property
+    def containerd_socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
 
-    def start(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        try:
-            self.plane.start(timeout)
-            self._start_kubelet(deadline)
-        except BaseException:
-            self.stop()
-            self.sandbox.stop()
-            self.cgroups.remove()
-            raise
+    @property
+    def pod_logs(self) -> Path:
+        return self.workdir / "kubelet" / "pod-logs"
 
-    def _start_kubelet(self, deadline: float) -> None:
-        kubelet = self.tools_dir / "kubelet"
-        if not kubelet.exists():
-            raise KubeletNodeError(f"no kubelet in {self.tools_dir}: run `make tools`")
-        pki = self.workdir / "control-plane" / "pki"
-        root = self.workdir / "kubelet"
-        root.mkdir(parents=True, exist_ok=True)
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": netns.NODE_ADDRESS,
-            "port": KUBELET_PORT,
-            "readOnlyPort": 0,
-            # The API server's client certificate (kubectl logs, exec) is signed by the cluster CA;
-            # the kubelet serves with the node certificate the same CA signed.
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": False},
-                "x509": {"clientCAFile": str(pki / "ca.crt")},
-            },
-            "authorization": {"mode": "AlwaysAllow"},
-            "tlsCertFile": str(pki / "kubelet.crt"),
-            "tlsPrivateKeyFile": str(pki / "kubelet.key"),
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": f"/{self.cgroups.name}",
-            "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{self.sandbox.socket}",
-            "enforceNodeAllocatable": [],
-            "localStorageCapacityIsolation": False,
-            "podLogsDir": str(root / "pod-logs"),
-            "clusterDNS": [netns.CLUSTER_DNS_IP],
-            "clusterDomain": netns.CLUSTER_DOMAIN,
-            "serializeImagePulls": False,
-            "syncFrequency": "10s",
-            "nodeStatusUpdateFrequency": "2s",
-        }
-        config_file = root / "config.yaml"
-        config_file.write_text(yaml.safe_dump(config))
-        self.cgroups.create()
-        argv = [
-            str(kubelet),
-            f"--config={config_file}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--root-dir={root / 'state'}",
-            f"--hostname-override={self.name}",
-            f"--node-ip={netns.NODE_ADDRESS}",
-            "--v=1",
-        ]
-        self.kubelet = ManagedProcess(
-            "kubelet", self.sandbox.inside(argv), log_path=self.workdir / "kubelet.log"
-        )
-        while not self.node_ready():
-            if self.kubelet.exited() or time.monotonic() > deadline:
-                raise KubeletNodeError(
-                    f"node {self.name} did not become Ready:\n{_tail(self.kubelet.log_path)}"
-                )
-            time.sleep(0.5)
+    @property
+    def state_dir(self) -> Path:
+        """The provisioner's volumes: ``claims/<namespace>/<claim>``."""
+        return self.workdir / "node"
 
-    def node_ready(self) -> bool:
-        try:
-            result = self.kubectl("get", "node", self.name, "-o", "json", check=False, timeout=20)
-        except (ContainerdError, subprocess.TimeoutExpired):
-            return False
-        if result.returncode != 0:
-            return False
-        conditions = json.loads(result.stdout).get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    def pids(self) -> list[int]:
+        return [self.containerd.pid, *(p.pid for p in [*self.control_plane.processes, *self.processes])]
+
+    def exited(self) -> str | None:
+        """The name of a node process that exited on its own, if one did."""
+        if self.containerd.poll() is not None:
+            return "containerd"
+        return next((p.name for p in self.processes if p.exited()), None)
 
     def stop(self) -> None:
-        """Stop the kubelet and the control plane. The pods' processes end with the sandbox (PID 1
-        of their namespace); then ``cgroups.remove()`` clears the node's cgroups, which are the
-        machine's and stay until removed."""
-        if self.kubelet is not None:
-            self.kubelet.stop()
-            self.kubelet = None
-        self.plane.stop()
+        """Kubelet first (it would restart what is killed), then every pod, containerd and the
+        control plane; then the node's cgroups, which are the machine's and stay until removed."""
+        self.stopping.set()
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        kill_namespace_processes(keep={os.getpid(), *self.control_plane_pids()})
+        self.control_plane.stop()
+        self.containerd.wait(timeout=30)
+        self.cgroups.remove()
+
+    def control_plane_pids(self) -> set[int]:
+        return {p.pid for p in self.control_plane.processes}
+
+
+def kill_namespace_processes(keep: set[int], within: float = 20) -> None:
+    """SIGKILL every process of this PID namespace but ``keep`` (and their parent, this supervisor):
+    containerd, its shims and every container. Waits until they are gone and reaped."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        others = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and int(entry.name) not in keep and _alive(int(entry.name))
+        ]
+        if not others:
+            return
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    """Not a zombie (a zombie of ours is reaped by the supervisor's SIGCHLD handling)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def import_images(socket: Path, names: list[str], record: Path, stopping: threading.Event) -> None:
+    """``ctr images import`` of each image's archive, in order, adding it to ``record`` when done."""
+    for name in names:
+        if stopping.is_set():
+            return
+        slug = name.rsplit("/", 1)[-1]
+        archive = CACHE_DIR / "archives" / f"{slug}.oci.tar"
+        if not archive.exists():
+            raise KubeletNodeError(f"the image {name} has not been built: run `make images` ({archive})")
+        command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", str(archive)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        if result.returncode != 0:
+            raise KubeletNodeError(f"importing {archive} failed: {result.stderr.strip()}")
+        done = json.loads(record.read_text()) if record.exists() else []
+        staged = record.with_suffix(".tmp")
+        staged.write_text(json.dumps([*done, name]))
+        staged.replace(record)
+
+
+def start_kubelet_node(
+    tools_dir: Path, workdir: Path, node_name: str, ready_timeout_seconds: float = 180
+) -> KubeletNode:
+    """Start the node (see the module doc); return once the Node is Ready, the default
+    StorageClass exists, kube-proxy is healthy and CoreDNS has been created."""
+    started = time.monotonic()
+    deadline = started + ready_timeout_seconds
+    cgroups = CgroupRoot(cgroup_root_name(workdir))
+    cgroups.create()
+    containerd = start_containerd(workdir / "containerd", cri=True)
+    socket = workdir / "containerd" / "containerd.sock"
+    record = workdir / IMAGES_FILE
+    record.unlink(missing_ok=True)
+    foreground = [spec.name for spec in IMAGES if spec.name not in BACKGROUND_IMAGES]
+    stopping = threading.Event()
+    try:
+        # The control plane starts while the images are imported (both take seconds).
+        errors: list[BaseException] = []
+        importer = threading.Thread(
+            target=_capture(errors, import_images), args=(socket, foreground, record, stopping), daemon=True
+        )
+        importer.start()
+        plane = start_control_plane(
+            ControlPlaneSettings(
+                tools_dir=tools_dir,
+                workdir=workdir,
+                ready_timeout_seconds=ready_timeout_seconds,
+                address=netns.NODE_ADDRESS,
+                apiserver_port=6443,
+            )
+        )
+    except BaseException:
+        stopping.set()
+        containerd.kill()
+        containerd.wait(timeout=30)
+        cgroups.remove()
+        raise
+    node = KubeletNode(workdir, node_name, plane, cgroups, containerd, stopping=stopping)
+    try:
+        node.processes.append(_start_scheduler(tools_dir, plane))
+        importer.join(timeout=max(1.0, deadline - time.monotonic()))
+        if errors:
+            raise errors[0]
+        if importer.is_alive():
+            raise KubeletNodeError(f"importing the images took over {ready_timeout_seconds:.0f}s")
+        background = [name for name in BACKGROUND_IMAGES if name in {spec.name for spec in IMAGES}]
+        node.importer = threading.Thread(
+            target=_capture([], import_images), args=(socket, background, record, stopping), daemon=True
+        )
+        node.importer.start()
+        kubelet = _start_kubelet(tools_dir, workdir, node_name, plane, socket, cgroups)
+        node.processes.append(kubelet)
+        api = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.admin_kubeconfig)))
+        while not _node_ready(api, node_name):
+            if kubelet.exited() or time.monotonic() > deadline:
+                raise KubeletNodeError(f"node {node_name} did not become Ready:\n{_tail(kubelet.log_path)}")
+            time.sleep(0.2)
+        provisioner = LocalPathProvisioner(plane.admin_kubeconfig, node.state_dir, node_name, stopping)
+        provisioner.start()
+        storage = client.StorageV1Api(api.api_client)
+        while not any(c.metadata.name == DEFAULT_CLASS for c in storage.list_storage_class().items):
+            if time.monotonic() > deadline:
+                raise KubeletNodeError(f"the provisioner did not create the StorageClass {DEFAULT_CLASS}")
+            time.sleep(0.2)
+        proxy = start_kube_proxy(plane, node_name)
+        node.processes.append(proxy)
+        wait_for_healthz(KUBE_PROXY_HEALTHZ, deadline, proxy)
+        install_cluster_dns(plane.admin_kubeconfig)
+    except BaseException:
+        node.stop()
+        raise
+    node.ready_seconds = time.monotonic() - started
+    return node
+
+
+def _capture(errors: list[BaseException], function: object) -> object:
+    def run(*args: object) -> None:
+        try:
+            function(*args)  # type: ignore[operator]
+        except BaseException as error:  # reported by the thread that waits, or in the log
+            errors.append(error)
+            print(f"image import failed: {error}", file=sys.stderr, flush=True)
+
+    return run
+
+
+def _node_ready(api: client.CoreV1Api, name: str) -> bool:
+    try:
+        node = api.read_node(name)
+    except client.ApiException:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def _start_scheduler(tools_dir: Path, plane: ControlPlane) -> ManagedProcess:
+    binary = tools_dir / "kube-scheduler"
+    if not binary.is_file():
+        raise KubeletNodeError(f"kube-scheduler not found in {tools_dir}: run `make tools`")
+    return ManagedProcess(
+        "kube-scheduler",
+        [
+            str(binary),
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            f"--authentication-kubeconfig={plane.admin_kubeconfig}",
+            f"--authorization-kubeconfig={plane.admin_kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--v=1",
+        ],
+        log_path=plane.settings.workdir / "logs" / "kube-scheduler.log",
+    )
+
+
+def _start_kubelet(
+    tools_dir: Path, workdir: Path, node_name: str, plane: ControlPlane, socket: Path, cgroups: CgroupRoot
+) -> ManagedProcess:
+    binary = tools_dir / "kubelet"
+    if not binary.is_file():
+        raise KubeletNodeError(f"no kubelet in {tools_dir}: run `make tools`")
+    root = workdir / "kubelet"
+    root.mkdir(parents=True, exist_ok=True)
+    config_file = root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(kubelet_config(root, plane.pki, socket, cgroups.name)))
+    return ManagedProcess(
+        "kubelet",
+        [
+            str(binary),
+            f"--config={config_file}",
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            f"--root-dir={root / 'state'}",
+            f"--hostname-override={node_name}",
+            f"--node-ip={netns.NODE_ADDRESS}",
+            "--v=1",
+        ],
+        log_path=workdir / "logs" / "kubelet.log",
+    )

@@ -216,15 +216,15 @@ def call_in_network_namespace(
 PARTITION_TABLE = "broker_failover_partition"
 
 
-def partition_pod(uid: str, direction: str = "both") -> None:
-    """Drop the pod's traffic on its ``eth0`` with nftables, inside the pod's own namespace.
+def partition_network(namespace: str, direction: str = "both") -> None:
+    """Drop a pod's traffic on its ``eth0`` with nftables, inside the pod's network namespace
+    (``namespace``: a path such as ``/proc/<pid>/ns/net`` of one of its containers).
 
     ``direction``: ``ingress`` (nothing reaches the pod), ``egress`` (nothing leaves it) or
     ``both``. Established connections stall as on a real partition (no resets are sent);
-    ``heal_pod`` removes the rules. Numeric priorities: nft 1.0.6 wants them in hand-written rules.
+    ``heal_network`` removes the rules. Numeric priorities: nft 1.0.6 wants them in hand-written rules.
     """
     chains = {"ingress": ["input"], "egress": ["output"], "both": ["input", "output"]}[direction]
-    name = pod_namespace_name(uid)
     script = [f"table inet {PARTITION_TABLE} {{"]
     for chain in chains:
         interface = "iifname" if chain == "input" else "oifname"
@@ -235,9 +235,9 @@ def partition_pod(uid: str, direction: str = "both") -> None:
             "  }",
         ]
     script.append("}")
-    heal_pod(uid)
+    heal_network(namespace)
     result = subprocess.run(
-        ["ip", "netns", "exec", name, "nft", "-f", "-"],
+        ["nsenter", f"--net={namespace}", "nft", "-f", "-"],
         input="\n".join(script) + "\n",
         capture_output=True,
         text=True,
@@ -245,13 +245,13 @@ def partition_pod(uid: str, direction: str = "both") -> None:
         check=False,
     )
     if result.returncode != 0:
-        raise PodNetworkError(f"partitioning pod {uid}: {result.stderr.strip()}")
+        raise PodNetworkError(f"partitioning the pod of {namespace}: {result.stderr.strip()}")
 
 
-def heal_pod(uid: str) -> None:
-    """Remove a partition made by ``partition_pod``; no error if there is none."""
+def heal_network(namespace: str) -> None:
+    """Remove a partition made by ``partition_network``; no error if there is none."""
     subprocess.run(
-        ["ip", "netns", "exec", pod_namespace_name(uid), "nft", "delete", "table", "inet", PARTITION_TABLE],
+        ["nsenter", f"--net={namespace}", "nft", "delete", "table", "inet", PARTITION_TABLE],
         capture_output=True,
         timeout=30,
         check=False,

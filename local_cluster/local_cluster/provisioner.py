@@ -209,6 +209,9 @@ class LocalPathProvisioner:
         preferred = claim_directory(self.state_dir, claim, taken=False)
         directory = claim_directory(self.state_dir, claim, taken=str(preferred) in held or preferred.exists())
         directory.mkdir(parents=True, exist_ok=True)
+        # Writable by whatever user the pod runs as (brokers run as 10001): a hostPath volume gets
+        # no fsGroup, so the directory is 0777, as kind's local-path-provisioner makes it.
+        directory.chmod(0o777)
         body: Any = persistent_volume(claim, storage_class, directory, self.node_name)
         try:
             self.core.create_persistent_volume(body, _preload_content=False)

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import threading
 import time
 import urllib.request
@@ -29,6 +28,7 @@ import yaml
 
 from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT
+from local_cluster.image_build import TAG as IMAGE_TAG
 from local_cluster.sealed_cluster import SealedCluster
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
@@ -172,9 +172,8 @@ class Relay:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def kill_9(self, pod_name: str) -> None:
-        """SIGKILL the pod's container process group, as a node crash or an OOM kill would."""
-        container = self.pod(pod_name)["status"]["containerStatuses"][0]["containerID"]
-        os.killpg(int(str(container).removeprefix("local://")), signal.SIGKILL)
+        """SIGKILL every process of the pod's container, as a crash or an OOM kill would."""
+        self.cluster.signal_container(self.pod(pod_name), "SIGKILL")
 
     def active_service_addresses(self) -> list[str]:
         slices = self.get("endpointslices", "-l", f"kubernetes.io/service-name={CLUSTER_NAME}-active") or {}
@@ -291,10 +290,12 @@ def deploy_relay(
     objects = [
         *simulator_objects(
             "cloud",
-            "broker-failover/cloud-simulator",
+            f"broker-failover/cloud-simulator:{IMAGE_TAG}",
             [f"--inbound-streams={streams}", f"--inbound-messages-per-stream={messages_per_stream}"],
         ),
-        *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
+        *simulator_objects(
+            "backend", f"broker-failover/backend-simulator:{IMAGE_TAG}", backend_args, token_env
+        ),
     ]
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))

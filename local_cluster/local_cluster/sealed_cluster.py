@@ -1,28 +1,31 @@
-"""The local cluster with a real pod network, in a sealed namespace, reached through one loopback port.
+"""The local cluster: a real node in a sealed namespace, reached through one loopback port.
 
 ``start_sealed_cluster`` (called from an ordinary process: a test, the demo, ``cluster up``)
 opens a listening socket on the machine's loopback, then starts the supervisor under
-``unshare`` (``netns.SEALED_COMMAND``) with that socket inherited. Inside, the supervisor
-(``main``) turns its empty namespace into the node's network (bridge, routes, sysctls),
-starts the control plane on the bridge address, the node agent with a network namespace
-per pod, kube-proxy and CoreDNS, and splices connections from the inherited socket to the
-API server. The caller gets a kubeconfig for ``https://127.0.0.1:<port>``, so kubectl,
-helm and Python clients work from the machine as they would against kind.
+``unshare`` (``containerd_sandbox.SEALED_COMMAND``: new network, mount and PID namespaces) with
+that socket inherited. Inside, the supervisor (``main``), PID 1 of its namespace, turns the empty
+network into the node's (bridge, routes, sysctls), starts the node (``kubelet_node``: containerd,
+the images, the control plane on the bridge address, kube-scheduler, the kubelet, the provisioner,
+kube-proxy and CoreDNS) and splices connections from the inherited socket to the API server. The
+caller gets a kubeconfig for ``https://127.0.0.1:<port>``, so kubectl, helm and Python clients work
+from the machine as they would against kind.
 
-Everything else stays inside: pod IPs, ClusterIPs and DNS names resolve only in the
-cluster's namespace. ``SealedCluster.call_in_network`` runs a function on a thread that
-joined it (a test's client), ``node_command`` prefixes a command to run there
-(``make shell``). The namespace has no route out (``netns``), and it disappears with the
-supervisor's last process.
+Everything else stays inside: pod IPs, ClusterIPs and DNS names resolve only in the cluster's
+namespace. ``SealedCluster.call_in_network`` runs a function on a thread that joined it (a test's
+client), ``node_command`` prefixes a command to run there (``make shell``). The namespace has no
+route out (``netns``), and it ends with the supervisor: when PID 1 of a namespace exits, the
+kernel kills every process left in it, and the mounts and network go with the last of them.
 
-Pids are the machine's (no PID namespace), so ``kill -9`` of a container's process group
-from a test works as with loopback mode.
+Faults a test injects go through the real runtime: ``signal_container`` is ``ctr task kill`` of a
+pod's container (SIGKILL, SIGSTOP, SIGCONT to all its processes), ``partition_pod`` drops the
+pod's traffic with nftables in the pod's own network namespace.
 
 The supervisor restarts kube-apiserver when it exits, with the same flags, etcd data and
 certificates, as a static pod's kubelet does (``restarts``; bounded backoff, and it gives up,
 stopping the cluster, after repeated failed starts). ``SealedCluster.kill_apiserver`` is the
 fault (``kill -9``), ``wait_apiserver_ready`` waits until the restarted one answers ``/readyz``
-through the loopback port; the state file names the current pid and counts the restarts.
+through the loopback port; the state file names the current pid (in the cluster's PID namespace)
+and counts the restarts.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import os
 import signal
@@ -40,19 +44,28 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from local_cluster import netns
-from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings, start_local_cluster
+from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings
 from local_cluster.cluster_services import LoopbackForwarder
-from local_cluster.cluster_state import STATE_FILE, read_state, stop_supervisor
+from local_cluster.cluster_state import STATE_FILE, read_state
+from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND, CgroupRoot
 from local_cluster.control_plane import ControlPlaneStartError
+from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
-from local_cluster.processes import ManagedProcess, kill_process_group, reap_on_exit
+from local_cluster.processes import ManagedProcess, kill_process_group, reap_on_exit, wait_group_gone
 from local_cluster.restarts import ProcessKeeper, keep_apiserver
 
 T = TypeVar("T")
 HOST_KUBECONFIG = "admin.kubeconfig.host"
+# Written by the side that started the supervisor: the pids of ``unshare`` (its process group is
+# the supervisor's) and of the supervisor as the machine sees them (inside it is PID 1).
+PIDS_FILE = "sealed-pids.json"
+
+
+class SealedClusterError(RuntimeError):
+    """A fault could not be injected (no such container, ``ctr`` or ``nft`` failed)."""
 
 
 @dataclasses.dataclass
@@ -72,7 +85,8 @@ class SealedCluster(ClusterAccess):
 
     @property
     def supervisor_pid(self) -> int:
-        return int(str(self.state["supervisor"]))
+        """The supervisor (PID 1 of the cluster's namespaces) as the machine sees it."""
+        return int(str(self.state["namespacePid"]))
 
     @property
     def ready_seconds(self) -> float:
@@ -81,6 +95,11 @@ class SealedCluster(ClusterAccess):
     @property
     def network_namespace(self) -> Path:
         return Path(f"/proc/{self.supervisor_pid}/ns/net")
+
+    @property
+    def pod_logs(self) -> Path:
+        """The kubelet's pod logs: ``<namespace>_<pod>_<uid>/<container>/<restart>.log``."""
+        return Path(str(self.state["podLogs"]))
 
     def refresh_state(self) -> dict[str, object]:
         """Re-read the state file: the supervisor rewrites it when it restarts the API server."""
@@ -91,6 +110,7 @@ class SealedCluster(ClusterAccess):
 
     @property
     def apiserver_pid(self) -> int:
+        """kube-apiserver's pid in the cluster's PID namespace."""
         return int(str(self.refresh_state()["apiserver"]))
 
     @property
@@ -100,7 +120,8 @@ class SealedCluster(ClusterAccess):
     def kill_apiserver(self) -> int:
         """``kill -9`` of kube-apiserver (a crash); the supervisor starts it again. Returns the pid."""
         pid = self.apiserver_pid
-        os.killpg(pid, signal.SIGKILL)  # its own process group (ManagedProcess)
+        # Its own process group (ManagedProcess), named by its pid in the cluster's PID namespace.
+        subprocess.run(self.node_command(["kill", "-9", "--", f"-{pid}"]), check=True, timeout=30)
         return pid
 
     def wait_apiserver_ready(self, killed_pid: int | None = None, timeout: float = 120) -> float:
@@ -126,25 +147,76 @@ class SealedCluster(ClusterAccess):
             f"kube-apiserver not ready {timeout:.0f}s after the restart; its log:\n{log}"
         )
 
-    def pids(self) -> list[int]:
-        pids = self.state.get("pids")
-        return [self.supervisor_pid, *(int(pid) for pid in pids)] if isinstance(pids, list) else []
-
     def call_in_network(self, function: Callable[[], T], timeout: float = 60) -> T:
         """Run ``function`` where pod IPs, ClusterIPs and the node address are reachable."""
         return netns.call_in_network_namespace(self.network_namespace, function, timeout)
 
     def node_command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run in the cluster's network and mount namespaces (pod IPs, ClusterIPs, /run/netns)."""
-        pid = self.supervisor_pid
-        return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--", *argv]
+        """``argv`` run in the cluster's network, mount and PID namespaces (pod IPs, ClusterIPs,
+        the node's /run and /proc)."""
+        return ["nsenter", "-t", str(self.supervisor_pid), "--net", "--mount", "--pid", "--", *argv]
 
-    def partition_pod(self, uid: str, direction: str = "both") -> None:
-        """A real partition of one pod (nftables drop on its eth0); see ``netns.partition_pod``."""
-        self._in_node_python(f"netns.partition_pod({uid!r}, {direction!r})")
+    # --- the images the node has -----------------------------------------------------------
 
-    def heal_pod(self, uid: str) -> None:
-        self._in_node_python(f"netns.heal_pod({uid!r})")
+    def imported_images(self) -> list[str]:
+        """The images (``broker-failover/broker``, ...) imported into the node's containerd so far."""
+        try:
+            loaded = json.loads((self.settings.workdir / IMAGES_FILE).read_text())
+        except (OSError, ValueError):
+            return []
+        return [str(name) for name in loaded] if isinstance(loaded, list) else []
+
+    def wait_for_images(self, names: Sequence[str], timeout: float = 300) -> None:
+        """Wait until ``names`` are imported (the validator's image is imported in the background)."""
+        deadline = time.monotonic() + timeout
+        while missing := sorted(set(names) - set(self.imported_images())):
+            if time.monotonic() > deadline:
+                raise ControlPlaneStartError(f"images {missing} not imported after {timeout:.0f}s")
+            time.sleep(0.5)
+
+    # --- faults, through the container runtime ------------------------------------------------
+
+    def ctr(self, *args: str, timeout: float = 60) -> str:
+        """``ctr`` against the node's containerd, in the CRI's namespace."""
+        command = ["ctr", "--address", str(self.state["containerdSocket"]), "-n", NAMESPACE, *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise SealedClusterError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    @staticmethod
+    def container_id(pod: dict[str, Any], container: str | None = None) -> str:
+        """The running container's id (the first container's when ``container`` is None)."""
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            if (container is None or status["name"] == container) and status.get("containerID"):
+                return str(status["containerID"]).split("://", 1)[1]
+        name = pod["metadata"]["name"]
+        raise SealedClusterError(f"pod {name} has no started container {container or ''}".rstrip())
+
+    def signal_container(self, pod: dict[str, Any], signal_name: str, container: str | None = None) -> None:
+        """Send ``signal_name`` (``SIGKILL``, ``SIGSTOP``, ``SIGCONT``) to every process of the pod's
+        container, as the runtime does: a kill -9 of the container, or a freeze."""
+        self.ctr("task", "kill", "--all", "--signal", signal_name, self.container_id(pod, container))
+
+    def container_pid(self, pod: dict[str, Any], container: str | None = None) -> int:
+        """The container's main process, by its pid in the cluster's PID namespace."""
+        wanted = self.container_id(pod, container)
+        for line in self.ctr("task", "list").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == wanted:
+                return int(fields[1])
+        raise SealedClusterError(f"container {wanted} of pod {pod['metadata']['name']} has no task")
+
+    def partition_pod(self, pod: dict[str, Any], direction: str = "both") -> None:
+        """A real partition of one pod: nftables drops on its eth0, in its own network namespace
+        (``netns.partition_network``); it outlives container restarts, as the pod's sandbox does."""
+        pid = self.container_pid(pod)
+        self._in_node_python(f"netns.partition_network('/proc/{pid}/ns/net', {direction!r})")
+
+    def heal_pod(self, pod: dict[str, Any]) -> None:
+        pid = self.container_pid(pod)
+        self._in_node_python(f"netns.heal_network('/proc/{pid}/ns/net')")
 
     def _in_node_python(self, statement: str) -> None:
         script = f"from local_cluster import netns; {statement}"
@@ -163,29 +235,53 @@ class SealedCluster(ClusterAccess):
             )
 
     def stop(self) -> None:
-        lingering = stop_supervisor(self.settings.workdir, self.refresh_state(), self.supervisor)
+        lingering = stop_sealed_cluster(self.settings.workdir, self.refresh_state(), self.supervisor)
         if lingering:
-            raise RuntimeError(f"process groups of the sealed cluster still alive after SIGKILL: {lingering}")
+            raise RuntimeError(f"the sealed cluster left behind: {lingering}")
+
+
+def stop_sealed_cluster(
+    workdir: Path, state: dict[str, object], popen: subprocess.Popen[bytes] | None = None, grace: float = 90
+) -> list[str]:
+    """SIGTERM the supervisor (it stops the node, pods first); SIGKILL it after ``grace`` (the kernel
+    then kills everything in its namespace); remove the node's cgroups if it could not. Returns
+    what is left: a process group still alive, cgroups that could not be removed."""
+    supervisor = int(str(state["supervisor"]))
+    inside = int(str(state.get("namespacePid", supervisor)))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(inside, signal.SIGTERM)
+    if popen is not None:  # our child: until reaped, its zombie keeps the group alive
+        try:
+            popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            kill_process_group(supervisor, signal.SIGKILL)
+            popen.wait(timeout=30)
+    elif not wait_group_gone(supervisor, grace):
+        kill_process_group(supervisor, signal.SIGKILL)
+    left = [f"process group {supervisor}"] if not wait_group_gone(supervisor, 15) else []
+    left += [str(path) for path in CgroupRoot(cgroup_root_name(workdir)).remove()]
+    (workdir / STATE_FILE).unlink(missing_ok=True)
+    return left
 
 
 def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
     """Start the supervisor in a sealed namespace; return once the cluster (DNS included) is ready."""
     settings.workdir.mkdir(parents=True, exist_ok=True)
-    (settings.workdir / STATE_FILE).unlink(missing_ok=True)
+    for name in (STATE_FILE, PIDS_FILE):
+        (settings.workdir / name).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     log_path = settings.workdir / "supervisor.log"
     command = [
-        *netns.SEALED_COMMAND,
+        *SEALED_COMMAND,
         sys.executable,
         "-m",
         "local_cluster.sealed_cluster",
         f"--workdir={settings.workdir}",
         f"--tools-dir={settings.tools_dir}",
         f"--node-name={settings.node_name}",
-        f"--images={settings.images_file}",
         f"--api-listen-fd={listener.fileno()}",
     ]
     with listener, log_path.open("ab") as log:
@@ -199,14 +295,30 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
             pass_fds=(listener.fileno(),),
             start_new_session=True,
         )
-    deadline = time.monotonic() + settings.ready_timeout_seconds + 30
-    while (state := read_state(settings.workdir)) is None:
+    deadline = time.monotonic() + settings.ready_timeout_seconds + 90
+
+    def failed(why: str) -> ControlPlaneStartError:
+        if supervisor.poll() is None:
+            kill_process_group(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(timeout=30)
+        CgroupRoot(cgroup_root_name(settings.workdir)).remove()
+        tail = log_path.read_text(errors="replace")[-6000:]
+        return ControlPlaneStartError(f"sealed cluster did not start ({why}); {log_path}:\n{tail}")
+
+    # `unshare --fork` stays in the machine's PID namespace; its child, the supervisor, is PID 1 of
+    # the sealed one and the process whose namespaces `nsenter` joins.
+    children: list[str] = []
+    while not children:
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()
         if supervisor.poll() is not None or time.monotonic() > deadline:
-            if supervisor.poll() is None:
-                kill_process_group(supervisor.pid, signal.SIGKILL)
-                supervisor.wait(timeout=30)
-            tail = log_path.read_text(errors="replace")[-6000:]
-            raise ControlPlaneStartError(f"sealed cluster did not start; {log_path}:\n{tail}")
+            raise failed("unshare exited")
+        time.sleep(0.01)
+    pids = {"supervisor": supervisor.pid, "namespacePid": int(children[0])}
+    (settings.workdir / PIDS_FILE).write_text(json.dumps(pids))
+    while (state := read_state(settings.workdir)) is None or "kubeconfig" not in state:
+        if supervisor.poll() is not None or time.monotonic() > deadline:
+            raise failed("the supervisor exited" if supervisor.poll() is not None else "timed out")
         time.sleep(0.1)
     return SealedCluster(settings=settings, supervisor=supervisor, state=state)
 
@@ -219,12 +331,14 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
     netns.set_up_node_network()
-    cluster = start_local_cluster(dataclasses.replace(settings, pod_network=True))
-    forwarder = LoopbackForwarder(listener, (netns.NODE_ADDRESS, cluster.control_plane.apiserver_port))
+    node = start_kubelet_node(
+        settings.tools_dir, settings.workdir, settings.node_name, settings.ready_timeout_seconds
+    )
+    forwarder = LoopbackForwarder(listener, (netns.NODE_ADDRESS, node.control_plane.apiserver_port))
     keeper: ProcessKeeper | None = None
     try:
         forwarder.start()
-        pki = cluster.control_plane.pki
+        pki = node.control_plane.pki
         host_kubeconfig = write_kubeconfig(
             settings.workdir / HOST_KUBECONFIG,
             server=f"https://127.0.0.1:{forwarder.port}",
@@ -235,15 +349,16 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
         restarts = 0
 
         def write_state(apiserver: ManagedProcess) -> None:
+            # Pids here are the cluster's PID namespace's; the machine's are in PIDS_FILE.
             state = {
-                "supervisor": os.getpid(),
-                "pids": cluster.pids(),
                 "apiserver": apiserver.pid,
                 "apiserverRestarts": restarts,
                 "kubeconfig": str(host_kubeconfig),
-                "nodeKubeconfig": str(cluster.kubeconfig),
-                "readySeconds": round(cluster.ready_seconds, 1),
+                "nodeKubeconfig": str(node.kubeconfig),
+                "readySeconds": round(node.ready_seconds, 1),
                 "podNetwork": netns.POD_CIDR,
+                "containerdSocket": str(node.containerd_socket),
+                "podLogs": str(node.pod_logs),
             }
             staged = settings.workdir / f"{STATE_FILE}.tmp"
             staged.write_text(json.dumps(state))
@@ -254,12 +369,13 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
             restarts += 1
             write_state(apiserver)
 
-        keeper = keep_apiserver(cluster.control_plane, restarted)
+        keeper = keep_apiserver(node.control_plane, restarted)
         write_state(keeper.process)
+        print(f"local cluster ready in {node.ready_seconds:.1f}s", file=sys.stderr, flush=True)
         keeper.start()
         while not stop_requested.wait(0.5):
-            if cluster.node_agent.exited():
-                print(f"node agent exited; log {cluster.node_agent.log_path}", file=sys.stderr, flush=True)
+            if exited := node.exited():
+                print(f"{exited} exited; see {settings.workdir / 'logs'}", file=sys.stderr, flush=True)
                 break
             if keeper.failure is not None:
                 print("giving up on kube-apiserver; stopping the cluster", file=sys.stderr, flush=True)
@@ -268,7 +384,7 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
         if keeper is not None:
             keeper.stop()  # before the control plane stops, or it would restart the API server
         forwarder.stop()
-        cluster.stop()
+        node.stop()
         (settings.workdir / STATE_FILE).unlink(missing_ok=True)
     return 0
 
@@ -278,17 +394,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--tools-dir", type=Path, required=True)
     parser.add_argument("--node-name", default="local-node")
-    parser.add_argument("--images", type=Path, required=True)
     parser.add_argument("--api-listen-fd", type=int, required=True)
     options = parser.parse_args(argv)
+    # `kill -USR1` of a supervisor that seems stuck writes every thread's stack to its log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     reap_on_exit()
     listener = socket.socket(fileno=options.api_listen_fd)
     settings = LocalClusterSettings(
-        tools_dir=options.tools_dir,
-        workdir=options.workdir,
-        node_name=options.node_name,
-        images_file=options.images,
-        pod_network=True,
+        tools_dir=options.tools_dir, workdir=options.workdir, node_name=options.node_name
     )
     return _serve(settings, listener)
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import signal
@@ -83,10 +82,6 @@ FAULTS = (
 )
 RECOVERY_SECONDS = 120.0
 SLOW_RECOVERY_SECONDS = 20.0  # a recovery slower than this says what it waited for last
-
-
-def _container_group(relay: Relay, pod: str) -> int:
-    return int(str(relay.pod(pod)["status"]["containerStatuses"][0]["containerID"]).removeprefix("local://"))
 
 
 def _operator_pods(relay: Relay) -> list[str]:
@@ -131,18 +126,18 @@ def inject(relay: Relay, fault: str) -> str:
         # With two replicas, the one handling the cluster is the older one (kopf peering
         # priority); picking either at random kills the handler about every other time.
         victim = random.choice(_operator_pods(relay))
-        os.killpg(_container_group(relay, victim), signal.SIGKILL)
+        relay.kill_9(victim)
     elif fault == "stop-active":
-        group = _container_group(relay, active)
-        os.killpg(group, signal.SIGSTOP)
+        frozen = relay.pod(active)
+        relay.cluster.signal_container(frozen, "SIGSTOP")
         try:
             wait_until("a failover away from the stopped active", _failed_over(relay, active), 60, 0.1)
         finally:
-            os.killpg(group, signal.SIGCONT)
+            relay.cluster.signal_container(frozen, "SIGCONT")
     elif fault in ("partition-active", "partition-standby"):
         victim = active if fault == "partition-active" else standby
-        uid = relay.pod(victim)["metadata"]["uid"]
-        relay.cluster.partition_pod(uid, "both")
+        cut_off = relay.pod(victim)
+        relay.cluster.partition_pod(cut_off, "both")
         try:
             if victim == active:
                 wait_until(
@@ -151,7 +146,7 @@ def inject(relay: Relay, fault: str) -> str:
             else:
                 time.sleep(3)  # long enough for missed probes of the standby
         finally:
-            relay.cluster.heal_pod(uid)
+            relay.cluster.heal_pod(cut_off)
     else:
         raise ValueError(f"unknown fault {fault!r}")
     return ""

@@ -1,8 +1,7 @@
-"""A real kubelet runs our images: the first node of the local cluster that is not our node agent.
+"""The sealed cluster's node is a real kubelet on containerd and runc, running our images.
 
-``KubeletNode`` (local_cluster/local_cluster/kubelet_node.py) starts the control plane and the
-kubelet (built with the other tools) on Debian's containerd and runc, in a sealed namespace with
-the CNI bridge plugin, and the images of ``make images`` imported. What these tests prove could
+``kubelet_node`` starts the kubelet (built with the other tools) on Debian's containerd and runc,
+with the CNI bridge plugin and the images of ``make images`` imported. What these tests prove could
 not be proved on the node agent, which enforces no securityContext and runs no image: a broker pod
 as the operator builds it runs as 10001 with a read-only root and no capabilities, its readiness
 probe is the kubelet's, a killed container is restarted with ``kubectl logs --previous`` showing
@@ -12,8 +11,8 @@ the old one's output, and an image never built is the kubelet's own ErrImageNeve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -21,51 +20,38 @@ import pytest
 from broker_operator.controller import builders, names
 from broker_operator.controller.spec import parse_spec
 from local_cluster import netns
-from local_cluster.cluster import built_tools_dir
-from local_cluster.containerd_sandbox import SealedContainerd
-from local_cluster.image_build import build_images
-from local_cluster.kubelet_node import KubeletNode
-from local_cluster.processes import reap_on_exit
+from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import wait_for
 
 pytestmark = pytest.mark.e2e
 CLUSTER = "acme-1000"
-NODE = "node-1"
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeletNode]:
-    reap_on_exit()
-    built = {image.reference: image for image in build_images(["broker", "pause"])}
-    workdir = Path(tmp_path_factory.mktemp("kubelet-node"))
-    sandbox = SealedContainerd(workdir / "containerd", cri=True)
-    sandbox.start()
-    for image in built.values():
-        sandbox.import_image(image.archive)
-    kubelet = KubeletNode(sandbox, built_tools_dir(), workdir, NODE)
-    kubelet.start()
-    try:
-        yield kubelet
-    finally:
-        kubelet.stop()
-        sandbox.stop()
-        left = kubelet.cgroups.remove()
-        assert not left, f"cgroups left behind: {left}"
+def node(sealed_cluster: SealedCluster) -> SealedCluster:
+    return sealed_cluster
 
 
-def pod(node: KubeletNode, name: str) -> dict[str, Any]:
-    result = node.kubectl("get", "pod", name, "-o", "json", check=False)
+@pytest.fixture(scope="module")
+def namespace(node: SealedCluster) -> str:
+    name = f"kubelet-{uuid.uuid4().hex[:6]}"
+    node.kubectl("create", "namespace", name)
+    return name
+
+
+def pod(node: SealedCluster, namespace: str, name: str) -> dict[str, Any]:
+    result = node.kubectl("-n", namespace, "get", "pod", name, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else {}
 
 
-def container_status(node: KubeletNode, name: str) -> dict[str, Any]:
-    statuses = pod(node, name).get("status", {}).get("containerStatuses", [])
+def container_status(node: SealedCluster, namespace: str, name: str) -> dict[str, Any]:
+    statuses = pod(node, namespace, name).get("status", {}).get("containerStatuses", [])
     return statuses[0] if statuses else {}
 
 
-def broker_pod(node: KubeletNode) -> None:
-    """broker-0 as the operator builds it (its container, volumes and securityContext), with an
-    emptyDir for the journal instead of a claim (no provisioner on this node yet)."""
+def broker_pod(node: SealedCluster, namespace: str) -> None:
+    """broker-0 as the operator builds it (its container, volumes and securityContext), its claims
+    bound by the node's provisioner."""
     spec = parse_spec(
         CLUSTER,
         {
@@ -77,27 +63,33 @@ def broker_pod(node: KubeletNode) -> None:
     )
     container = builders.broker_container(CLUSTER, spec)
     container["imagePullPolicy"] = "Never"
-    volumes = [
-        {"name": v["name"], "emptyDir": {}} if "persistentVolumeClaim" in v else v
-        for v in builders.pod_volumes(CLUSTER, 0, spec)
-    ]
+    volumes = builders.pod_volumes(CLUSTER, 0, spec)
     secrets = [spec.token_ref(CLUSTER), spec.backend_token_ref(CLUSTER)]
-    objects = [
+    objects: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": ref.name, "namespace": "default"},
+            "metadata": {"name": ref.name, "namespace": namespace},
             "stringData": {ref.key: f"{ref.name}-value"},
         }
         for ref in secrets
+    ]
+    objects += [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": volume["persistentVolumeClaim"]["claimName"], "namespace": namespace},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }
+        for volume in volumes
+        if "persistentVolumeClaim" in volume
     ]
     objects.append(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "broker-0", "namespace": "default"},
+            "metadata": {"name": "broker-0", "namespace": namespace},
             "spec": {
-                "nodeName": NODE,
                 "automountServiceAccountToken": False,
                 "securityContext": builders.pod_security_context(spec),
                 "containers": [container],
@@ -105,61 +97,67 @@ def broker_pod(node: KubeletNode) -> None:
             },
         }
     )
-    node.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
 
 
 @pytest.fixture(scope="module")
-def broker(node: KubeletNode) -> KubeletNode:
-    broker_pod(node)
+def broker(node: SealedCluster, namespace: str) -> str:
+    broker_pod(node, namespace)
     wait_for(
         "broker-0 Ready (the kubelet's readiness probe)",
-        lambda: container_status(node, "broker-0").get("ready"),
+        lambda: container_status(node, namespace, "broker-0").get("ready"),
+        120,
     )
-    return node
+    return namespace
 
 
-def test_a_broker_pod_runs_as_10001_with_a_read_only_root_and_no_capabilities(broker: KubeletNode) -> None:
-    ids = broker.kubectl(
-        "exec", "broker-0", "--", "python", "-c", "import os; print(os.getuid(), os.getgid())"
-    )
+def test_a_broker_pod_runs_as_10001_with_a_read_only_root_and_no_capabilities(
+    node: SealedCluster, broker: str
+) -> None:
+    def in_broker(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return node.kubectl("-n", broker, "exec", "broker-0", "--", *argv, check=check)
+
+    ids = in_broker("python", "-c", "import os; print(os.getuid(), os.getgid())")
     assert ids.stdout.split() == ["10001", "10001"]
-    status = broker.kubectl("exec", "broker-0", "--", "cat", "/proc/1/status").stdout
+    status = in_broker("cat", "/proc/1/status").stdout
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0, fields
     assert fields["NoNewPrivs"].strip() == "1"
     assert fields["Seccomp"].strip() == "2"
-    write = broker.kubectl("exec", "broker-0", "--", "python", "-c", "open('/probe', 'w')", check=False)
+    write = in_broker("python", "-c", "open('/probe', 'w')", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr + write.stdout
-    journal = broker.kubectl(
-        "exec", "broker-0", "--", "python", "-c", f"open('{names.DATA_MOUNT}/probe', 'w').write('ok')"
-    )
+    # The journal's claim, a hostPath volume of the node's provisioner, is writable by 10001.
+    journal = in_broker("python", "-c", f"open('{names.DATA_MOUNT}/probe', 'w').write('ok')")
     assert journal.returncode == 0
 
 
-def test_a_killed_container_is_restarted_and_its_output_kept_for_logs_previous(broker: KubeletNode) -> None:
-    before = container_status(broker, "broker-0")
-    container_id = before["containerID"].split("://", 1)[1]
-    tasks = broker.sandbox.ctr("task", "list").stdout.splitlines()[1:]
-    pid = next(line.split()[1] for line in tasks if line.split()[0] == container_id)
-    broker.sandbox.run_inside(["kill", "-9", pid])
+def test_a_killed_container_is_restarted_and_its_output_kept_for_logs_previous(
+    node: SealedCluster, broker: str
+) -> None:
+    before = container_status(node, broker, "broker-0")
+    pid = node.container_pid(pod(node, broker, "broker-0"))
+    subprocess.run(node.node_command(["kill", "-9", str(pid)]), check=True, timeout=30)
     wait_for(
         "the kubelet restarting the killed container",
-        lambda: container_status(broker, "broker-0").get("restartCount", 0) > before.get("restartCount", 0),
+        lambda: (
+            container_status(node, broker, "broker-0").get("restartCount", 0) > before.get("restartCount", 0)
+        ),
         120,
     )
-    last = container_status(broker, "broker-0")["lastState"]["terminated"]
+    last = container_status(node, broker, "broker-0")["lastState"]["terminated"]
     assert last["exitCode"] == 137, last
-    previous = broker.kubectl("logs", "broker-0", "--previous").stdout
+    previous = node.kubectl("-n", broker, "logs", "broker-0", "--previous").stdout
     assert "broker" in previous.lower() and previous.strip(), previous
 
 
-def test_a_pod_naming_an_image_never_built_shows_the_kubelets_reason(node: KubeletNode) -> None:
+def test_a_pod_naming_an_image_never_built_shows_the_kubelets_reason(
+    node: SealedCluster, namespace: str
+) -> None:
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "ghost", "namespace": "default"},
+        "metadata": {"name": "ghost", "namespace": namespace},
         "spec": {
-            "nodeName": NODE,
             "automountServiceAccountToken": False,
             "containers": [
                 {
@@ -170,10 +168,10 @@ def test_a_pod_naming_an_image_never_built_shows_the_kubelets_reason(node: Kubel
             ],
         },
     }
-    node.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    node.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
     def reason() -> str | None:
-        waiting = container_status(node, "ghost").get("state", {}).get("waiting", {}).get("reason")
+        waiting = container_status(node, namespace, "ghost").get("state", {}).get("waiting", {}).get("reason")
         return None if waiting in (None, "ContainerCreating") else waiting  # the sandbox comes first
 
     waiting = wait_for("the ghost container waiting on its image", reason)

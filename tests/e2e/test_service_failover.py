@@ -35,7 +35,7 @@ def relay(sealed_cluster: SealedCluster) -> Iterator[Relay]:
 
 
 def _partition(relay: Relay, pod: str) -> None:
-    relay.cluster.partition_pod(relay.pod(pod)["metadata"]["uid"], "both")
+    relay.cluster.partition_pod(relay.pod(pod), "both")
 
 
 def test_a_kill_9_of_the_active_broker_fails_over_through_the_active_service(relay: Relay) -> None:
