@@ -127,6 +127,10 @@ class CgroupRoot:
         # "unified" too: in this hybrid layout runc also makes each container's cgroup there.
         return sorted(path for path in CGROUP_ROOT.iterdir() if path.is_dir() and not path.is_symlink())
 
+    def directories(self) -> list[Path]:
+        """The root's directory in each hierarchy that has one."""
+        return [hierarchy / self.name for hierarchy in self.hierarchies() if (hierarchy / self.name).is_dir()]
+
     def create(self) -> None:
         for hierarchy in self.hierarchies():
             directory = hierarchy / self.name
@@ -380,11 +384,14 @@ class SealedContainerd:
 # --- the supervisor, inside the sealed namespaces -------------------------------------------------
 
 
-def write_config(workdir: Path, cri: bool) -> Path:
-    """containerd's configuration, with root, state and socket under ``workdir``; with ``cri``, the
-    CRI plugin and the CNI bridge conflist (pods on the bridge, leases under ``workdir``)."""
+def write_config(workdir: Path, cri: bool, run_dir: Path | None = None) -> Path:
+    """containerd's configuration, with root, state and socket under ``workdir``, or state and
+    socket under ``run_dir`` (a short path: a socket's path has at most 107 bytes); with ``cri``,
+    the CRI plugin and the CNI bridge conflist (pods on the bridge, leases under ``workdir``)."""
     config = workdir / "containerd.toml"
-    text = CONFIG.format(root=workdir / "root", state=workdir / "state", socket=workdir / "containerd.sock")
+    run_dir = run_dir or workdir
+    state = run_dir / "state"
+    text = CONFIG.format(root=workdir / "root", state=state, socket=run_dir / "containerd.sock")
     if cri:
         conf_dir = workdir / "cni"
         conf_dir.mkdir(parents=True, exist_ok=True)
@@ -397,18 +404,22 @@ def write_config(workdir: Path, cri: bool) -> Path:
     return config
 
 
-def start_containerd(workdir: Path, cri: bool, timeout: float = 30) -> subprocess.Popen[bytes]:
-    """Start containerd (in the calling process's namespaces) and wait for its socket."""
+def start_containerd(
+    workdir: Path, cri: bool, run_dir: Path | None = None, timeout: float = 30
+) -> subprocess.Popen[bytes]:
+    """Start containerd (in the calling process's namespaces) and wait for its socket, which is
+    ``(run_dir or workdir)/containerd.sock``."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)
-    config = write_config(workdir, cri)
+    config = write_config(workdir, cri, run_dir)
+    socket_path = (run_dir or workdir) / "containerd.sock"
     containerd = subprocess.Popen(
         ["containerd", "--config", str(config)],
         stdout=(workdir / "containerd.log").open("ab"),
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + timeout
-    while not (workdir / "containerd.sock").exists():
+    while not socket_path.exists():
         if containerd.poll() is not None or time.monotonic() > deadline:
             containerd.kill()
             tail = (workdir / "containerd.log").read_text(errors="replace")[-2000:]

@@ -63,6 +63,11 @@ KUBELET_PORT = 10250
 # and only its CronJob uses it (``SealedCluster.wait_for_images``).
 BACKGROUND_IMAGES = ("broker-failover/validator",)
 IMAGES_FILE = "images.json"
+# Sockets live under the node's own /run (a tmpfs of the sealed mount namespace): a socket's path
+# has at most 107 bytes, and a test's directory can be longer than that leaves. The kubelet's state
+# stays under the cluster's directory, bind-mounted at a short path.
+CONTAINERD_RUN = Path("/run/containerd")
+KUBELET_ROOT = Path("/run/kubelet")
 
 
 class KubeletNodeError(ControlPlaneStartError):
@@ -140,7 +145,7 @@ class KubeletNode:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.workdir / "containerd" / "containerd.sock"
+        return CONTAINERD_RUN / "containerd.sock"
 
     @property
     def pod_logs(self) -> Path:
@@ -233,8 +238,8 @@ def start_kubelet_node(
     deadline = started + ready_timeout_seconds
     cgroups = CgroupRoot(cgroup_root_name(workdir))
     cgroups.create()
-    containerd = start_containerd(workdir / "containerd", cri=True)
-    socket = workdir / "containerd" / "containerd.sock"
+    containerd = start_containerd(workdir / "containerd", cri=True, run_dir=CONTAINERD_RUN)
+    socket = CONTAINERD_RUN / "containerd.sock"
     record = workdir / IMAGES_FILE
     record.unlink(missing_ok=True)
     foreground = [spec.name for spec in IMAGES if spec.name not in BACKGROUND_IMAGES]
@@ -344,7 +349,9 @@ def _start_kubelet(
     if not binary.is_file():
         raise KubeletNodeError(f"no kubelet in {tools_dir}: run `make tools`")
     root = workdir / "kubelet"
-    root.mkdir(parents=True, exist_ok=True)
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(root / "state"), str(KUBELET_ROOT)], check=True, timeout=30)
     config_file = root / "config.yaml"
     config_file.write_text(yaml.safe_dump(kubelet_config(root, plane.pki, socket, cgroups.name)))
     return ManagedProcess(
@@ -353,7 +360,7 @@ def _start_kubelet(
             str(binary),
             f"--config={config_file}",
             f"--kubeconfig={plane.admin_kubeconfig}",
-            f"--root-dir={root / 'state'}",
+            f"--root-dir={KUBELET_ROOT}",
             f"--hostname-override={node_name}",
             f"--node-ip={netns.NODE_ADDRESS}",
             "--v=1",

@@ -177,8 +177,11 @@ class SealedCluster(ClusterAccess):
     # --- faults, through the container runtime ------------------------------------------------
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
-        """``ctr`` against the node's containerd, in the CRI's namespace."""
-        command = ["ctr", "--address", str(self.state["containerdSocket"]), "-n", NAMESPACE, *args]
+        """``ctr`` against the node's containerd (its socket is in the node's /run), in the CRI's
+        namespace."""
+        command = self.node_command(
+            ["ctr", "--address", str(self.state["containerdSocket"]), "-n", NAMESPACE, *args]
+        )
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
             raise SealedClusterError(f"{' '.join(command)} failed: {result.stderr.strip()}")
