@@ -69,7 +69,7 @@ e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go m
 ##@ Demo
 
 .PHONY: demo
-demo: venv tools ## The user's path on the local cluster: helm install, kubectl apply, traffic, kill -9, failover, the validator's verdict.
+demo: venv tools images ## The user's path on the local cluster: helm install, kubectl apply, traffic, kill -9, failover, the validator's verdict.
 	$(BIN)/python -m demo.kubernetes
 
 .PHONY: demo-local

@@ -45,8 +45,11 @@ from typing import Any
 
 from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings
+from local_cluster.image_build import ImageBuildError, build_images
 from local_cluster.relay import (
+    BACKEND_IMAGE,
     CHART,
+    CLOUD_IMAGE,
     CLUSTER_NAME,
     EXAMPLE,
     MESSAGE_LOG_CLAIM,
@@ -201,10 +204,10 @@ def simulators(messages: int) -> list[dict[str, Any]]:
     return [
         *simulator_objects(
             "cloud",
-            "broker-failover/cloud-simulator",
+            CLOUD_IMAGE,
             [f"--inbound-streams={INBOUND_STREAMS}", f"--inbound-messages-per-stream={per_stream}"],
         ),
-        *simulator_objects("backend", "broker-failover/backend-simulator", backend_args, token_env),
+        *simulator_objects("backend", BACKEND_IMAGE, backend_args, token_env),
     ]
 
 
@@ -324,6 +327,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)
 
         say(7, "the ordering validator, once: a Job from the CronJob (PySpark, local[*] in its pod)")
+        cluster.wait_for_images(["broker-failover/validator"])  # imported in the background
         kubectl.run("-n", NAMESPACE, "create", "job", f"--from=cronjob/{CRONJOB}", "demo-check")
         finished = wait_for(
             "the validator's Job to finish", lambda: job_finished(kubectl, "demo-check"), 600, 1
@@ -352,9 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     say(
         1,
-        "the Kubernetes tools (etcd, apiserver, controller-manager, kube-proxy, CoreDNS, helm), built once",
+        "the Kubernetes tools (etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, CoreDNS,"
+        " helm) and our images, each built once",
     )
     tools = build_tools()
+    try:
+        build_images()  # buildah, from the Dockerfiles; cached by content
+    except ImageBuildError as error:
+        print(f"[demo] FAILED: {error}", file=sys.stderr, flush=True)
+        return 1
     work = Path(tempfile.mkdtemp(prefix="broker-failover-demo-"))
     cluster: SealedCluster | None = None
     ok = False
@@ -362,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         say(2, "a local cluster with a pod network, sealed in its own namespaces (no route out)")
         cluster = start_cluster(LocalClusterSettings(tools_dir=tools, workdir=work / "cluster"))
         note(
-            f"ready in {cluster.ready_seconds:.1f}s: the real control plane, kube-proxy (nftables), CoreDNS, "
-            f"a network namespace per pod in {cluster.state.get('podNetwork')}"
+            f"ready in {cluster.ready_seconds:.1f}s: the real control plane, a kubelet on containerd and runc"
+            f" running our images, kube-proxy (nftables), CoreDNS, pods on {cluster.state.get('podNetwork')}"
         )
         note(f"KUBECONFIG={cluster.kubeconfig} (the API server forwarded to loopback; removed at the end)")
         ok = story(cluster, args.report_dir, args.messages)

@@ -8,6 +8,7 @@ to stop the supervisor and, if it died without tearing down, everything it start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -29,10 +30,8 @@ def read_state(workdir: Path) -> dict[str, object] | None:
         return None
     # A sealed cluster's supervisor is PID 1 of its own namespace; the side that started it
     # writes the pids the machine knows it by ("supervisor", "namespacePid").
-    try:
+    with contextlib.suppress(OSError, ValueError):
         state.update(json.loads((workdir / "sealed-pids.json").read_text()))
-    except (OSError, ValueError):
-        pass
     return state
 
 

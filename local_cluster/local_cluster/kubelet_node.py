@@ -25,6 +25,7 @@ garbage collection is off: what the kubelet deleted could not be pulled back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -194,10 +196,8 @@ def kill_namespace_processes(keep: set[int], within: float = 20) -> None:
         if not others:
             return
         for pid in others:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.1)
 
 
@@ -279,24 +279,7 @@ def start_kubelet_node(
             target=_capture([], import_images), args=(socket, background, record, stopping), daemon=True
         )
         node.importer.start()
-        kubelet = _start_kubelet(tools_dir, workdir, node_name, plane, socket, cgroups)
-        node.processes.append(kubelet)
-        api = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.admin_kubeconfig)))
-        while not _node_ready(api, node_name):
-            if kubelet.exited() or time.monotonic() > deadline:
-                raise KubeletNodeError(f"node {node_name} did not become Ready:\n{_tail(kubelet.log_path)}")
-            time.sleep(0.2)
-        provisioner = LocalPathProvisioner(plane.admin_kubeconfig, node.state_dir, node_name, stopping)
-        provisioner.start()
-        storage = client.StorageV1Api(api.api_client)
-        while not any(c.metadata.name == DEFAULT_CLASS for c in storage.list_storage_class().items):
-            if time.monotonic() > deadline:
-                raise KubeletNodeError(f"the provisioner did not create the StorageClass {DEFAULT_CLASS}")
-            time.sleep(0.2)
-        proxy = start_kube_proxy(plane, node_name)
-        node.processes.append(proxy)
-        wait_for_healthz(KUBE_PROXY_HEALTHZ, deadline, proxy)
-        install_cluster_dns(plane.admin_kubeconfig)
+        _start_node_services(node, tools_dir, deadline)
     except BaseException:
         node.stop()
         raise
@@ -304,10 +287,34 @@ def start_kubelet_node(
     return node
 
 
-def _capture(errors: list[BaseException], function: object) -> object:
+def _start_node_services(node: KubeletNode, tools_dir: Path, deadline: float) -> None:
+    """The kubelet (until the Node is Ready), the provisioner, kube-proxy and CoreDNS."""
+    plane = node.control_plane
+    kubelet = _start_kubelet(tools_dir, node)
+    node.processes.append(kubelet)
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.admin_kubeconfig)))
+    while not _node_ready(api, node.node_name):
+        if kubelet.exited() or time.monotonic() > deadline:
+            raise KubeletNodeError(f"node {node.node_name} did not become Ready:\n{_tail(kubelet.log_path)}")
+        time.sleep(0.2)
+    LocalPathProvisioner(plane.admin_kubeconfig, node.state_dir, node.node_name, node.stopping).start()
+    storage = client.StorageV1Api(api.api_client)
+    while DEFAULT_CLASS not in {c.metadata and c.metadata.name for c in storage.list_storage_class().items}:
+        if time.monotonic() > deadline:
+            raise KubeletNodeError(f"the provisioner did not create the StorageClass {DEFAULT_CLASS}")
+        time.sleep(0.2)
+    proxy = start_kube_proxy(plane, node.node_name)
+    node.processes.append(proxy)
+    wait_for_healthz(KUBE_PROXY_HEALTHZ, deadline, proxy)
+    install_cluster_dns(plane.admin_kubeconfig)
+
+
+def _capture(errors: list[BaseException], function: Callable[..., None]) -> Callable[..., None]:
+    """``function`` for a thread: an exception is kept in ``errors`` and printed, not lost."""
+
     def run(*args: object) -> None:
         try:
-            function(*args)  # type: ignore[operator]
+            function(*args)
         except BaseException as error:  # reported by the thread that waits, or in the log
             errors.append(error)
             print(f"image import failed: {error}", file=sys.stderr, flush=True)
@@ -320,7 +327,8 @@ def _node_ready(api: client.CoreV1Api, name: str) -> bool:
         node = api.read_node(name)
     except client.ApiException:
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    conditions = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def _start_scheduler(tools_dir: Path, plane: ControlPlane) -> ManagedProcess:
@@ -342,9 +350,8 @@ def _start_scheduler(tools_dir: Path, plane: ControlPlane) -> ManagedProcess:
     )
 
 
-def _start_kubelet(
-    tools_dir: Path, workdir: Path, node_name: str, plane: ControlPlane, socket: Path, cgroups: CgroupRoot
-) -> ManagedProcess:
+def _start_kubelet(tools_dir: Path, node: KubeletNode) -> ManagedProcess:
+    workdir, plane = node.workdir, node.control_plane
     binary = tools_dir / "kubelet"
     if not binary.is_file():
         raise KubeletNodeError(f"no kubelet in {tools_dir}: run `make tools`")
@@ -353,7 +360,8 @@ def _start_kubelet(
     KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "--bind", str(root / "state"), str(KUBELET_ROOT)], check=True, timeout=30)
     config_file = root / "config.yaml"
-    config_file.write_text(yaml.safe_dump(kubelet_config(root, plane.pki, socket, cgroups.name)))
+    settings = kubelet_config(root, plane.pki, node.containerd_socket, node.cgroups.name)
+    config_file.write_text(yaml.safe_dump(settings))
     return ManagedProcess(
         "kubelet",
         [
@@ -361,7 +369,7 @@ def _start_kubelet(
             f"--config={config_file}",
             f"--kubeconfig={plane.admin_kubeconfig}",
             f"--root-dir={KUBELET_ROOT}",
-            f"--hostname-override={node_name}",
+            f"--hostname-override={node.node_name}",
             f"--node-ip={netns.NODE_ADDRESS}",
             "--v=1",
         ],

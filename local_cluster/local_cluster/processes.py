@@ -20,11 +20,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
 _LIVE: list[ManagedProcess] = []
+# Other things to stop on exit (a sealed cluster's supervisor), newest last; each removes itself
+# once stopped by its owner.
+_CLEANUPS: list[Callable[[], None]] = []
 
 
 class ManagedProcess:
@@ -126,8 +129,23 @@ def wait_group_gone(pgid: int, timeout_seconds: float) -> bool:
     return not process_group_alive(pgid)
 
 
+def on_exit(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Run ``cleanup`` when ``reap_on_exit``'s hooks fire (unless ``cancel_on_exit`` came first)."""
+    _CLEANUPS.append(cleanup)
+    return cleanup
+
+
+def cancel_on_exit(cleanup: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _CLEANUPS.remove(cleanup)
+
+
 def stop_all_live(grace_seconds: float = 3.0) -> None:
-    """Stop every registered child, newest first (the reverse of start order)."""
+    """Stop every registered cleanup and child, newest first (the reverse of start order)."""
+    for cleanup in reversed(list(_CLEANUPS)):
+        cancel_on_exit(cleanup)
+        with contextlib.suppress(Exception):  # the others must still run
+            cleanup()
     for process in reversed(list(_LIVE)):
         process.stop(grace_seconds)
 

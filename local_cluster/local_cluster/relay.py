@@ -36,6 +36,9 @@ EXAMPLE = REPO_ROOT / "examples" / "brokercluster-pods.yaml"
 CLUSTER_NAME = "orders"  # the example's name; its account/company are acme/1000
 MESSAGE_LOG_CLAIM = "broker-message-logs"  # the example's spec.messageLog.claimName
 SIM_PORT = 8080
+# The simulators' images, as `make images` tags them (imported into the node; never pulled).
+CLOUD_IMAGE = f"docker.io/broker-failover/cloud-simulator:{IMAGE_TAG}"
+BACKEND_IMAGE = f"docker.io/broker-failover/backend-simulator:{IMAGE_TAG}"
 
 
 class RelayError(RuntimeError):
@@ -290,12 +293,10 @@ def deploy_relay(
     objects = [
         *simulator_objects(
             "cloud",
-            f"broker-failover/cloud-simulator:{IMAGE_TAG}",
+            CLOUD_IMAGE,
             [f"--inbound-streams={streams}", f"--inbound-messages-per-stream={messages_per_stream}"],
         ),
-        *simulator_objects(
-            "backend", f"broker-failover/backend-simulator:{IMAGE_TAG}", backend_args, token_env
-        ),
+        *simulator_objects("backend", BACKEND_IMAGE, backend_args, token_env),
     ]
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))

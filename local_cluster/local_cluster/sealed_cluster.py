@@ -54,7 +54,14 @@ from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND, CgroupRo
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
-from local_cluster.processes import ManagedProcess, kill_process_group, reap_on_exit, wait_group_gone
+from local_cluster.processes import (
+    ManagedProcess,
+    cancel_on_exit,
+    kill_process_group,
+    on_exit,
+    reap_on_exit,
+    wait_group_gone,
+)
 from local_cluster.restarts import ProcessKeeper, keep_apiserver
 
 T = TypeVar("T")
@@ -73,6 +80,7 @@ class SealedCluster(ClusterAccess):
     settings: LocalClusterSettings
     supervisor: subprocess.Popen[bytes] | None
     state: dict[str, object]
+    _stop_on_exit: Callable[[], None] = lambda: None
 
     @property
     def kubeconfig(self) -> Path:
@@ -174,6 +182,10 @@ class SealedCluster(ClusterAccess):
                 raise ControlPlaneStartError(f"images {missing} not imported after {timeout:.0f}s")
             time.sleep(0.5)
 
+    def tag_image(self, source: str, target: str) -> None:
+        """Give an imported image another name in the node's containerd (``ctr images tag``)."""
+        self.ctr("images", "tag", "--force", source, target)
+
     # --- faults, through the container runtime ------------------------------------------------
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
@@ -238,6 +250,7 @@ class SealedCluster(ClusterAccess):
             )
 
     def stop(self) -> None:
+        cancel_on_exit(self._stop_on_exit)
         lingering = stop_sealed_cluster(self.settings.workdir, self.refresh_state(), self.supervisor)
         if lingering:
             raise RuntimeError(f"the sealed cluster left behind: {lingering}")
@@ -323,7 +336,10 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
         if supervisor.poll() is not None or time.monotonic() > deadline:
             raise failed("the supervisor exited" if supervisor.poll() is not None else "timed out")
         time.sleep(0.1)
-    return SealedCluster(settings=settings, supervisor=supervisor, state=state)
+    cluster = SealedCluster(settings=settings, supervisor=supervisor, state=state)
+    # An interrupted test run or demo (SIGTERM, Ctrl-C) still stops the cluster (reap_on_exit).
+    cluster._stop_on_exit = on_exit(cluster.stop)
+    return cluster
 
 
 # ---- inside the sealed namespace -----------------------------------------------------------

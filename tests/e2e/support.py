@@ -21,6 +21,11 @@ import pytest
 
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalCluster
 
+# Images for test pods, from `make images` (the sealed cluster's kubelet runs them; the node agent
+# maps them to local commands): Python with the kubernetes client, and Debian's sh and coreutils.
+PYTHON_IMAGE = "docker.io/broker-failover/operator:0.1.0"
+SHELL_IMAGE = "docker.io/broker-failover/broker:0.1.0"
+
 WAIT_SECONDS = 60.0
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 CRD_NAME = "brokerclusters.broker.failover.dev"

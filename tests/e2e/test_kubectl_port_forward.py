@@ -37,7 +37,7 @@ import pytest
 from local_cluster import spdy_frames
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, installed_crd, wait_for
+from tests.e2e.support import PYTHON_IMAGE, get_json, installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def _web_pod(name: str) -> str:
                 "containers": [
                     {
                         "name": "main",
-                        "image": "python:3.11",
+                        "image": PYTHON_IMAGE,
                         "command": ["python3", "-c", LOOPBACK_SERVER],
                         "ports": [{"name": "http", "containerPort": 8080}],
                         "readinessProbe": {"exec": {"command": ["python3", "-c", READY]}, "periodSeconds": 1},

@@ -26,7 +26,7 @@ from local_cluster.cluster_state import read_state
 from local_cluster.containerd_sandbox import CgroupRoot
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, wait_for
+from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, get_json, wait_for
 
 # A tiny web server that answers with its pod's name: which pod a Service picked is visible.
 WEB_SERVER = textwrap.dedent(
@@ -66,12 +66,6 @@ IN_CLUSTER_CLIENT = textwrap.dedent(
                       "token": os.path.getsize(token) > 0}), flush=True)
     """
 )
-
-
-# Pods that run a Python script use the operator's image: Python with the kubernetes client.
-PYTHON_IMAGE = "docker.io/broker-failover/operator:0.1.0"
-# Pods that run a shell script: the broker's image (Debian's sh and coreutils).
-SHELL_IMAGE = "docker.io/broker-failover/broker:0.1.0"
 
 
 def _python_pod(

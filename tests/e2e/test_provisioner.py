@@ -22,7 +22,7 @@ import yaml
 from local_cluster.cluster import ClusterAccess, LocalCluster
 from local_cluster.provisioner import DEFAULT_CLASS, PROVISIONED_BY, PROVISIONER_NAME
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, wait_for
+from tests.e2e.support import SHELL_IMAGE, get_json, wait_for
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def shell_pod(name: str, claim_name: str, script: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": "busybox:1.36",
+                    "image": SHELL_IMAGE,
                     "command": ["sh", "-c", script],
                     "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                 }

@@ -33,6 +33,12 @@ BROKERS = (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
 def relay(sealed_cluster: SealedCluster) -> Iterator[Relay]:
     namespace = f"upgrade-{uuid.uuid4().hex[:6]}"
     sealed_cluster.kubectl("create", "namespace", namespace)
+    # The release under test: the same images under the next version's tag, as a registry would
+    # serve them (the node pulls nothing).
+    for image in ("broker", "operator"):
+        sealed_cluster.tag_image(
+            f"docker.io/broker-failover/{image}:0.1.0", f"docker.io/broker-failover/{image}:0.1.1"
+        )
     # Manual failback: a failback after the roll would be a second, unrelated switchover.
     relay = deploy_relay(
         sealed_cluster, namespace, streams=STREAMS, messages_per_stream=10, spec={"failback": "Manual"}
