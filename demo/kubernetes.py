@@ -94,6 +94,9 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: floa
 # ---- the pieces -------------------------------------------------------------------------
 
 
+VALIDATOR_IMAGE = "broker-failover/validator"
+
+
 def build_tools() -> Path:
     """``make tools``: builds the Go tools once (minutes, with progress), a no-op afterwards."""
     build = REPO_ROOT / "hack" / "tools" / "build.sh"
@@ -327,7 +330,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)
 
         say(7, "the ordering validator, once: a Job from the CronJob (PySpark, local[*] in its pod)")
-        cluster.wait_for_images(["broker-failover/validator"])  # imported in the background
+        cluster.ensure_images([VALIDATOR_IMAGE])  # imported in the background meanwhile
         kubectl.run("-n", NAMESPACE, "create", "job", f"--from=cronjob/{CRONJOB}", "demo-check")
         finished = wait_for(
             "the validator's Job to finish", lambda: job_finished(kubectl, "demo-check"), 600, 1
@@ -370,7 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         say(2, "a local cluster with a pod network, sealed in its own namespaces (no route out)")
-        cluster = start_cluster(LocalClusterSettings(tools_dir=tools, workdir=work / "cluster"))
+        settings = LocalClusterSettings(
+            tools_dir=tools, workdir=work / "cluster", background_images=(VALIDATOR_IMAGE,)
+        )
+        cluster = start_cluster(settings)
         note(
             f"ready in {cluster.ready_seconds:.1f}s: the real control plane, a kubelet on containerd and runc"
             f" running our images, kube-proxy (nftables), CoreDNS, pods on {cluster.state.get('podNetwork')}"

@@ -93,6 +93,9 @@ class LocalClusterSettings:
     # A real pod network (netns.py): only inside the cluster's sealed namespace, which
     # ``sealed_cluster.start_sealed_cluster`` makes. Loopback mode otherwise.
     pod_network: bool = False
+    # The sealed cluster's node: images imported in the background once it is ready, beyond those
+    # it always imports (``kubelet_node.ON_DEMAND_IMAGES``: the validator's).
+    background_images: tuple[str, ...] = ()
 
 
 class ClusterAccess:

@@ -74,7 +74,11 @@ def _up(workdir: Path, tools_dir: Path, pod_network: bool) -> int:
     workdir.mkdir(parents=True)
     if pod_network:
         try:
-            sealed = start_sealed_cluster(LocalClusterSettings(tools_dir=tools_dir, workdir=workdir))
+            # The validator's image too, in the background: the chart's CronJob may be enabled.
+            settings = LocalClusterSettings(
+                tools_dir=tools_dir, workdir=workdir, background_images=("broker-failover/validator",)
+            )
+            sealed = start_sealed_cluster(settings)
         except ControlPlaneStartError as error:
             print(error, file=sys.stderr)
             return 1

@@ -8,8 +8,9 @@ starts, in order:
   directory, pods on the CNI bridge plugin, the sandbox ("pause") image ``make images`` built;
 * the images ``make images`` wrote as OCI archives, imported (nothing is ever pulled: a pod naming
   an image that was not built waits with the kubelet's ``ErrImageNeverPull``). The validator's
-  image, a gigabyte, is imported last and in the background; ``images.json`` in the cluster's
-  directory names the images imported so far;
+  image, 1.3 GB unpacked and half a minute to import, only when asked for: in the background
+  once the node is ready (``background_images``), or later (``SealedCluster.ensure_images``);
+  ``images.json`` in the cluster's directory names the images imported so far;
 * the control plane (``control_plane``) on the bridge address, and kube-scheduler;
 * the kubelet (built with the other tools from the same pin), registered as the Node;
 * the dynamic provisioner (``provisioner``: hostPath volumes under the cluster's directory), as a
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -61,9 +62,9 @@ from local_cluster.processes import ManagedProcess
 from local_cluster.provisioner import DEFAULT_CLASS, LocalPathProvisioner
 
 KUBELET_PORT = 10250
-# Imported after the node is ready, in the background: the validator's image is 1.3 GB unpacked
-# and only its CronJob uses it (``SealedCluster.wait_for_images``).
-BACKGROUND_IMAGES = ("broker-failover/validator",)
+# Imported only when asked for: the validator's image is 1.3 GB unpacked and only its CronJob
+# (and Spark's executor pods) use it.
+ON_DEMAND_IMAGES = ("broker-failover/validator",)
 IMAGES_FILE = "images.json"
 # Sockets live under the node's own /run (a tmpfs of the sealed mount namespace): a socket's path
 # has at most 107 bytes, and a test's directory can be longer than that leaves. The kubelet's state
@@ -124,6 +125,12 @@ def kubelet_config(
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi"},
+        # Restart a crashed container within 4 s, not after the default 10 s doubling to 5 min
+        # (KEP-4603, alpha in 1.33): the soak kills the same brokers every few seconds, and a
+        # backoff of minutes would measure the backoff, not the recovery. A production node keeps
+        # the default; failover does not wait for the restart.
+        "featureGates": {"KubeletCrashLoopBackOffMax": True},
+        "crashLoopBackOff": {"maxContainerRestartPeriod": "4s"},
     }
 
 
@@ -210,15 +217,22 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def import_images(socket: Path, names: list[str], record: Path, stopping: threading.Event) -> None:
+def image_archive(name: str) -> Path:
+    """The OCI archive ``make images`` wrote for ``name`` (``broker-failover/broker``)."""
+    archive = CACHE_DIR / "archives" / f"{name.rsplit('/', 1)[-1]}.oci.tar"
+    if not archive.exists():
+        raise KubeletNodeError(f"the image {name} has not been built: run `make images` ({archive})")
+    return archive
+
+
+def import_images(
+    socket: Path, names: Sequence[str], record: Path, stopping: threading.Event | None = None
+) -> None:
     """``ctr images import`` of each image's archive, in order, adding it to ``record`` when done."""
     for name in names:
-        if stopping.is_set():
+        if stopping is not None and stopping.is_set():
             return
-        slug = name.rsplit("/", 1)[-1]
-        archive = CACHE_DIR / "archives" / f"{slug}.oci.tar"
-        if not archive.exists():
-            raise KubeletNodeError(f"the image {name} has not been built: run `make images` ({archive})")
+        archive = image_archive(name)
         command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", str(archive)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
         if result.returncode != 0:
@@ -230,7 +244,11 @@ def import_images(socket: Path, names: list[str], record: Path, stopping: thread
 
 
 def start_kubelet_node(
-    tools_dir: Path, workdir: Path, node_name: str, ready_timeout_seconds: float = 180
+    tools_dir: Path,
+    workdir: Path,
+    node_name: str,
+    ready_timeout_seconds: float = 180,
+    background_images: Sequence[str] = (),
 ) -> KubeletNode:
     """Start the node (see the module doc); return once the Node is Ready, the default
     StorageClass exists, kube-proxy is healthy and CoreDNS has been created."""
@@ -242,7 +260,7 @@ def start_kubelet_node(
     socket = CONTAINERD_RUN / "containerd.sock"
     record = workdir / IMAGES_FILE
     record.unlink(missing_ok=True)
-    foreground = [spec.name for spec in IMAGES if spec.name not in BACKGROUND_IMAGES]
+    foreground = [spec.name for spec in IMAGES if spec.name not in ON_DEMAND_IMAGES]
     stopping = threading.Event()
     try:
         # The control plane starts while the images are imported (both take seconds).
@@ -274,7 +292,7 @@ def start_kubelet_node(
             raise errors[0]
         if importer.is_alive():
             raise KubeletNodeError(f"importing the images took over {ready_timeout_seconds:.0f}s")
-        background = [name for name in BACKGROUND_IMAGES if name in {spec.name for spec in IMAGES}]
+        background = [name for name in background_images if name not in foreground]
         node.importer = threading.Thread(
             target=_capture([], import_images), args=(socket, background, record, stopping), daemon=True
         )

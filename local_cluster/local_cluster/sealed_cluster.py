@@ -52,7 +52,7 @@ from local_cluster.cluster_services import LoopbackForwarder
 from local_cluster.cluster_state import STATE_FILE, read_state
 from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND, CgroupRoot
 from local_cluster.control_plane import ControlPlaneStartError
-from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, start_kubelet_node
+from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, image_archive, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
 from local_cluster.processes import (
     ManagedProcess,
@@ -174,9 +174,16 @@ class SealedCluster(ClusterAccess):
             return []
         return [str(name) for name in loaded] if isinstance(loaded, list) else []
 
-    def wait_for_images(self, names: Sequence[str], timeout: float = 300) -> None:
-        """Wait until ``names`` are imported (the validator's image is imported in the background)."""
+    def ensure_images(self, names: Sequence[str], timeout: float = 600) -> None:
+        """Make sure ``names`` are in the node's containerd: wait for those the node imports in the
+        background (``background_images``), import the others now (the validator's, on demand)."""
         deadline = time.monotonic() + timeout
+        pending = set(self.settings.background_images)
+        for name in sorted(set(names) - set(self.imported_images()) - pending):
+            archive = image_archive(name)
+            self.ctr("images", "import", str(archive), timeout=max(1.0, deadline - time.monotonic()))
+            record = self.settings.workdir / IMAGES_FILE
+            record.write_text(json.dumps([*self.imported_images(), name]))
         while missing := sorted(set(names) - set(self.imported_images())):
             if time.monotonic() > deadline:
                 raise ControlPlaneStartError(f"images {missing} not imported after {timeout:.0f}s")
@@ -299,6 +306,7 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
         f"--tools-dir={settings.tools_dir}",
         f"--node-name={settings.node_name}",
         f"--api-listen-fd={listener.fileno()}",
+        f"--background-images={','.join(settings.background_images)}",
     ]
     with listener, log_path.open("ab") as log:
         supervisor = subprocess.Popen(
@@ -351,7 +359,11 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
     signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
     netns.set_up_node_network()
     node = start_kubelet_node(
-        settings.tools_dir, settings.workdir, settings.node_name, settings.ready_timeout_seconds
+        settings.tools_dir,
+        settings.workdir,
+        settings.node_name,
+        settings.ready_timeout_seconds,
+        settings.background_images,
     )
     forwarder = LoopbackForwarder(listener, (netns.NODE_ADDRESS, node.control_plane.apiserver_port))
     keeper: ProcessKeeper | None = None
@@ -414,13 +426,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tools-dir", type=Path, required=True)
     parser.add_argument("--node-name", default="local-node")
     parser.add_argument("--api-listen-fd", type=int, required=True)
+    parser.add_argument("--background-images", default="", help="comma-separated image names")
     options = parser.parse_args(argv)
     # `kill -USR1` of a supervisor that seems stuck writes every thread's stack to its log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     reap_on_exit()
     listener = socket.socket(fileno=options.api_listen_fd)
     settings = LocalClusterSettings(
-        tools_dir=options.tools_dir, workdir=options.workdir, node_name=options.node_name
+        tools_dir=options.tools_dir,
+        workdir=options.workdir,
+        node_name=options.node_name,
+        background_images=tuple(name for name in options.background_images.split(",") if name),
     )
     return _serve(settings, listener)
 
