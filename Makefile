@@ -94,11 +94,11 @@ bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchove
 	$(BIN)/python bench/bench_failover.py
 
 .PHONY: bench-failover-k8s
-bench-failover-k8s: venv tools host-packages ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
+bench-failover-k8s: venv tools host-packages images ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
 	$(BIN)/python bench/bench_failover_k8s.py
 
 .PHONY: soak
-soak: venv tools host-packages ## Chaos soak on the sealed cluster: 200 faults under traffic, checked by the simulators and the ordering validator.
+soak: venv tools host-packages images ## Chaos soak on the sealed cluster: 200 faults under traffic, checked by the simulators and the ordering validator.
 	$(BIN)/python -m local_cluster.soak --faults 200
 
 .PHONY: bench-operator

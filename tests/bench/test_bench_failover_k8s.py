@@ -30,3 +30,8 @@ def test_bench_failover_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     # The summary line of the crash rounds (each round's own line goes on after a ';').
     records = r"lost (?P<lost>\d+), twice (?P<twice>\d+), out of order (?P<misordered>\d+)$"
     assert counts(run, records) == {"lost": 0, "twice": 0, "misordered": 0}, run.explain()
+    # The pods' start on the node, as the kubelet logged it: the operator, simulators and brokers.
+    starts = counts(
+        run, r"pod start on the node .*, (?P<pods>\d+) pods\): p50 (?P<p50>\d+) ms, p99 (?P<p99>\d+) ms"
+    )
+    assert starts["pods"] >= 5 and 0 < starts["p50"] <= starts["p99"], run.explain()
