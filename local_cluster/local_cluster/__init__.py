@@ -1,10 +1,14 @@
-"""A local Kubernetes cluster for the end-to-end tests and demos: real control plane, one fake node.
+"""A local Kubernetes cluster for the end-to-end tests and demos.
 
 The control plane is the real thing, built from Go modules by ``hack/tools/build.sh``
-(etcd, kube-apiserver, kube-controller-manager), run on loopback in a temporary
-directory the way controller-runtime's envtest does. The one fake part is the node
-agent (``node_agent``), which plays scheduler and kubelet for a single Node by
-running each container as a local process. See ``docs/local-cluster.md``.
+(etcd, kube-apiserver, kube-controller-manager, kube-scheduler). The sealed cluster
+(``sealed_cluster``: the demo, the soak, the Kubernetes benchmark, most e2e tests) runs it with a
+real kubelet on containerd and runc (``kubelet_node``, ``containerd_sandbox``; images from
+``image_build``, pod start read from the kubelet's log by ``kubelet_log``) in network, mount and
+PID namespaces of its own (``netns``, ``cluster_services``). The older loopback cluster
+(``cluster``, the ``kube_cluster`` fixture) still has one fake part, the node agent
+(``node_agent``), which plays scheduler and kubelet for a single Node by running each container
+as a local process. See ``docs/local-cluster.md``.
 
 Modules: ``pki`` (certificates and kubeconfigs), ``processes`` (process groups that
 never outlive us), ``control_plane`` (start and wait for the Go components),

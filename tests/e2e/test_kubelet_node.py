@@ -21,7 +21,7 @@ from broker_operator.controller import builders, names
 from broker_operator.controller.spec import parse_spec
 from local_cluster import netns
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import wait_for
+from tests.e2e.support import SHELL_IMAGE, wait_for
 
 pytestmark = pytest.mark.e2e
 CLUSTER = "acme-1000"
@@ -176,3 +176,39 @@ def test_a_pod_naming_an_image_never_built_shows_the_kubelets_reason(
 
     waiting = wait_for("the ghost container waiting on its image", reason)
     assert waiting == "ErrImageNeverPull"
+
+
+def test_kubectl_attach_reaches_the_container_s_stdin_through_the_kubelet(
+    node: SealedCluster, namespace: str
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "reader", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": SHELL_IMAGE,
+                    "command": ["sh", "-c", "read line; echo got:$line"],
+                    "stdin": True,
+                    "stdinOnce": True,
+                }
+            ],
+        },
+    }
+    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_for(
+        "reader running", lambda: container_status(node, namespace, "reader").get("state", {}).get("running")
+    )
+    attached = node.kubectl(
+        "-n", namespace, "attach", "-i", "reader", "-c", "main", input="hello\n", timeout=60
+    )
+    wait_for(
+        "the container's answer in its log",
+        lambda: "got:hello" in node.kubectl("-n", namespace, "logs", "reader", check=False).stdout,
+        60,
+    )
+    assert attached.returncode == 0

@@ -1,35 +1,32 @@
-"""The images ``make images`` builds, run by containerd and runc as the chart runs them.
+"""The images ``make images`` builds, run by containerd and runc as the chart runs them, without a
+kubelet: the images' own contract (entry points, users, what they write) and the build's errors.
 
 Each container runs in a sealed namespace (``SealedContainerd``) with the security settings the
-chart and the operator give it: the image's non-root user, a read-only root file system, every
-capability dropped, no privilege escalation, the runtime's seccomp profile, and its volumes bound
-at their mount paths. The broker's environment and mounts come from the operator's own pod builder
-and the operator's from the chart's rendered Deployment, so what runs is what a user deploys.
+operator gives it: the image's non-root user, a read-only root file system, every capability
+dropped, no privilege escalation, the runtime's seccomp profile, and its volumes bound at their
+mount paths, from the operator's own pod builder. The operator's image and the validator's as a
+driver run as pods of the sealed cluster's real kubelet (every ``sealed_cluster`` test runs the
+chart's operator; ``make demo`` runs the validator's CronJob), so they are not repeated here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
-import subprocess
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from broker_operator.controller import builders, names
 from broker_operator.controller.spec import parse_spec
 from broker_operator.engine import BrokerTarget, HeartbeatClient
-from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.containerd_sandbox import BRIDGE_ADDRESS, ContainerdError, Volume
 from local_cluster.image_build import ImageBuildError, archive_for
 from local_cluster.image_build import main as image_build_main
-from local_cluster.sandbox_control_plane import SandboxControlPlane
 from tests.e2e.support import wait_for
 from tests.images.conftest import ImageRunner
 
@@ -267,40 +264,6 @@ def test_broker_writes_only_its_volumes(relay: RelayRun, images: ImageRunner) ->
 # --- the validator ------------------------------------------------------------------------------
 
 
-def test_validator_image_as_driver_validates_real_broker_segments(
-    relay: RelayRun, images: ImageRunner, tmp_path: Path
-) -> None:
-    wait_for("the broker Active", lambda: relay.heartbeat(True, 1) == "Active", 30, 0.5)
-    wait_for("traffic at the cloud", lambda: len(relay.received()) == STREAMS, 90, 0.5)
-    relay.heartbeat(False, 1)  # closes the active segment: the validator reads closed ones
-    reports = owned_dir(tmp_path / "reports")
-    validator = images.prepare("validator")
-    images.sandbox.run(
-        "validator-driver",
-        validator,
-        ["driver", "--store", "/store", "--report-dir", "/reports", "--full"],
-        entrypoint=images.entrypoint("validator"),
-        volumes=[
-            Volume(relay.message_log, "/store"),
-            Volume(reports, "/reports"),
-            Volume(owned_dir(tmp_path / "tmp"), "/tmp"),
-        ],
-    )
-    wait_for(
-        "the driver to finish",
-        lambda: images.sandbox.task_status("validator-driver") == "STOPPED",
-        300,
-        1,
-    )
-    logs = images.sandbox.logs("validator-driver")
-    report_file = reports / "report.json"
-    assert report_file.exists(), logs[-3000:]
-    report = json.loads(report_file.read_text())
-    assert report["result"] == "Passed", logs[-3000:]
-    assert report["run"]["recordsRead"] > STREAMS * MESSAGES
-    assert (reports / "report.html").exists()
-
-
 def test_validator_image_as_executor_starts_the_spark_executor_backend(
     images: ImageRunner, tmp_path: Path
 ) -> None:
@@ -335,95 +298,6 @@ def test_validator_image_as_executor_starts_the_spark_executor_backend(
         0.5,
     )
     assert "KubernetesExecutorBackend" in logs or "CoarseGrainedExecutorBackend" in logs, logs[-3000:]
-
-
-# --- the operator -------------------------------------------------------------------------------
-
-
-def rendered_operator_container() -> dict[str, Any]:
-    helm = built_tools_dir() / "helm"
-    rendered = subprocess.run(
-        [str(helm), "template", "broker-failover", str(REPO_ROOT / "charts" / "broker-failover")],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    for document in yaml.safe_load_all(rendered):
-        if document and document["kind"] == "Deployment":
-            return dict(document["spec"]["template"]["spec"]["containers"][0])
-    raise AssertionError("the chart renders no Deployment")
-
-
-def embedded_kubeconfig(source: Path, target: Path) -> Path:
-    """``source`` with its certificate files inlined, readable by the operator's user."""
-    config = yaml.safe_load(source.read_text())
-    cluster = config["clusters"][0]["cluster"]
-    cluster["certificate-authority-data"] = base64.b64encode(
-        Path(cluster.pop("certificate-authority")).read_bytes()
-    ).decode()
-    user = config["users"][0]["user"]
-    for key in ("client-certificate", "client-key"):
-        user[f"{key}-data"] = base64.b64encode(Path(user.pop(key)).read_bytes()).decode()
-    owned_dir(target.parent)
-    target.write_text(yaml.safe_dump(config))
-    target.chmod(0o444)
-    return target
-
-
-def test_operator_image_reaches_a_real_api_server(images: ImageRunner, tmp_path: Path) -> None:
-    sandbox = images.sandbox
-    # The control plane inside the sealed network, on the bridge address the container can reach.
-    plane = SandboxControlPlane(sandbox, built_tools_dir(), tmp_path / "control-plane")
-    plane.start()
-    try:
-        kubeconfig = plane.kubeconfig
-
-        def kubectl(*args: str, stdin: str | None = None) -> str:
-            return plane.kubectl(*args, stdin=stdin).stdout
-
-        kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
-        kubectl(
-            "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
-        )
-        cluster = {
-            "apiVersion": "broker.failover.dev/v1alpha1",
-            "kind": "BrokerCluster",
-            "metadata": {"name": "outside", "namespace": "default"},
-            "spec": {
-                "account": "acme",
-                "company": "2000",
-                # Nothing listens there: the operator must heartbeat it and say so in the status.
-                "endpoints": [{"name": "b0", "url": f"http://{BRIDGE_ADDRESS}:9/soap", "priority": 0}],
-            },
-        }
-        kubectl("apply", "-f", "-", stdin=json.dumps(cluster))
-
-        container = rendered_operator_container()
-        operator = images.prepare("operator")
-        config = embedded_kubeconfig(kubeconfig, tmp_path / "kube" / "config")
-        env = pod_env(container, "broker-failover-operator-0", sandbox.network("operator"))
-        env["KUBECONFIG"] = "/etc/kube/config"  # instead of the service account's token
-        mounts = [
-            Volume(owned_dir(tmp_path / "operator-tmp"), "/tmp"),
-            Volume(config.parent, "/etc/kube", True),
-        ]
-        assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
-        sandbox.run(
-            "operator",
-            operator,
-            container.get("args"),
-            entrypoint=images.entrypoint("operator"),
-            env=env,
-            volumes=mounts,
-        )
-
-        def phase() -> str:
-            out = kubectl("get", "brokercluster", "outside", "-o", "jsonpath={.status.phase}")
-            return out if out and sandbox.task_status("operator") == "RUNNING" else ""
-
-        seen = wait_for("the operator's status on the BrokerCluster", phase, 90, 1)
-        assert seen in ("Unavailable", "Pending", "FailingOver"), seen
-        assert_enforced(images, "operator", container["securityContext"])
-    finally:
-        plane.stop()
 
 
 # --- build errors ------------------------------------------------------------------------------
