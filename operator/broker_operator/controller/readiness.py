@@ -27,6 +27,8 @@ _ADVICE = {
     "CreateContainerConfigError": "create the Secret or key the pod names, or fix the spec's reference",
     "ErrImagePull": "check spec.image and that the node can pull it",
     "ImagePullBackOff": "check spec.image and that the node can pull it",
+    "ErrImageNeverPull": "the image is not on the node and its pull policy is Never: load it onto the"
+    " node (on the local cluster: make images) or fix spec.image",
     "CrashLoopBackOff": "the broker exits at start: read its log (kubectl logs)",
     "Unschedulable": "no node fits the pod: check resources and the journal claim's storage class",
 }

@@ -43,6 +43,16 @@ def test_a_missing_secret_is_named_with_what_to_do() -> None:
     )
 
 
+def test_an_image_the_node_may_not_pull_is_named_with_what_to_do() -> None:
+    never = (
+        "ErrImageNeverPull",
+        'Container image "broker-failover/broker:9.9" is not present with pull policy of Never',
+    )
+    ready = readiness({"phase": "Pending"}, {"orders-0": pod(waiting=never)})
+    assert ready.message.startswith(f"orders-0: ErrImageNeverPull ({never[1]}); the image is not on the node")
+    assert "make images" in ready.message
+
+
 def test_starting_containers_are_not_problems_but_unschedulable_pods_are() -> None:
     assert pod_problem(pod(waiting=("ContainerCreating", ""))) is None
     assert pod_problem(pod()) is None
