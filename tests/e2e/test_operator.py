@@ -48,7 +48,7 @@ from broker_operator.engine import (
     HeartbeatReply,
     HeartbeatSettings,
 )
-from local_cluster.cluster import REPO_ROOT, LocalCluster
+from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalCluster
 from tests.e2e.support import (
     WAIT_SECONDS,
     LocalProcess,
@@ -85,7 +85,7 @@ def crd_installed(kube_cluster: LocalCluster) -> Iterator[None]:
         yield
 
 
-def new_namespace(cluster: LocalCluster, prefix: str) -> str:
+def new_namespace(cluster: ClusterAccess, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     wait_for("default ServiceAccount", lambda: get_json(cluster, name, "serviceaccount", "default"))

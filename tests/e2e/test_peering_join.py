@@ -20,7 +20,8 @@ from kopf._core.engines.peering import Peer  # kopf's parser of the records: the
 
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.peering import join_peering
-from local_cluster.cluster import REPO_ROOT, LocalCluster
+from local_cluster.cluster import REPO_ROOT
+from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import get_json
 from tests.e2e.test_operator import new_namespace
 
@@ -31,15 +32,17 @@ KOPF_CRDS = REPO_ROOT / "crds" / "kopf.dev_peerings.yaml"
 
 
 @pytest.fixture
-def namespace(kube_cluster: LocalCluster) -> Iterator[str]:
-    kube_cluster.kubectl("apply", "-f", str(KOPF_CRDS))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s")
-    name = new_namespace(kube_cluster, "peering")
+def namespace(sealed_cluster: SealedCluster) -> Iterator[str]:
+    sealed_cluster.kubectl("apply", "-f", str(KOPF_CRDS))
+    sealed_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
+    )
+    name = new_namespace(sealed_cluster, "peering")
     yield name
-    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def create_peering_later(cluster: LocalCluster, namespace: str, delay: float) -> threading.Thread:
+def create_peering_later(cluster: SealedCluster, namespace: str, delay: float) -> threading.Thread:
     manifest = f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: {PEERING}\n"
 
     def create() -> None:
@@ -52,17 +55,17 @@ def create_peering_later(cluster: LocalCluster, namespace: str, delay: float) ->
 
 
 def test_replicas_started_together_wait_for_the_object_and_see_each_other(
-    kube_cluster: LocalCluster, namespace: str
+    sealed_cluster: SealedCluster, namespace: str
 ) -> None:
-    api = KubeApi(kube_cluster.api_client())
-    creator = create_peering_later(kube_cluster, namespace, delay=1.5)
+    api = KubeApi(sealed_cluster.api_client())
+    creator = create_peering_later(sealed_cluster, namespace, delay=1.5)
     seen_when_done: dict[str, set[str]] = {}
 
     async def replica(identity: str, priority: int) -> bool:
         joined = await join_peering(
             api, PEERING, (namespace,), priority=priority, lifetime_seconds=30, identity=identity
         )
-        peering = await asyncio.to_thread(get_json, kube_cluster, namespace, "kopfpeering", PEERING)
+        peering = await asyncio.to_thread(get_json, sealed_cluster, namespace, "kopfpeering", PEERING)
         status = (peering or {}).get("status") or {}
         seen_when_done[identity] = set(status)
         return joined
@@ -79,7 +82,7 @@ def test_replicas_started_together_wait_for_the_object_and_see_each_other(
         "operator-a": {"operator-a", "operator-b"},
         "operator-b": {"operator-a", "operator-b"},
     }
-    status = get_json(kube_cluster, namespace, "kopfpeering", PEERING)["status"]
+    status = get_json(sealed_cluster, namespace, "kopfpeering", PEERING)["status"]
     peers = {name: Peer(identity=name, **record) for name, record in status.items()}
     assert {name: (peer.priority, peer.is_dead) for name, peer in peers.items()} == {
         "operator-a": (20, False),
@@ -88,9 +91,9 @@ def test_replicas_started_together_wait_for_the_object_and_see_each_other(
 
 
 def test_without_the_object_it_gives_up_in_bounded_time_and_writes_nothing(
-    kube_cluster: LocalCluster, namespace: str
+    sealed_cluster: SealedCluster, namespace: str
 ) -> None:
-    api = KubeApi(kube_cluster.api_client())
+    api = KubeApi(sealed_cluster.api_client())
 
     async def join() -> bool:
         return await join_peering(
@@ -100,4 +103,4 @@ def test_without_the_object_it_gives_up_in_bounded_time_and_writes_nothing(
     started = time.monotonic()
     assert asyncio.run(join()) is False
     assert time.monotonic() - started < 10
-    assert get_json(kube_cluster, namespace, "kopfpeering", PEERING) is None
+    assert get_json(sealed_cluster, namespace, "kopfpeering", PEERING) is None
