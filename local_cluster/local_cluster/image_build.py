@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from local_cluster.image_keys import content_key
 
@@ -378,21 +377,6 @@ def build_images(
         return [builder.build(spec, base) for spec in chosen]
 
 
-def archive_for(reference: str, cache: Path = CACHE_DIR) -> Path:
-    """The OCI archive of an image ``make images`` built; a clear error when it never was."""
-    for spec in IMAGES:
-        if reference in (spec.reference, f"{spec.name}:{TAG}", spec.name):
-            archive = cache / "archives" / f"{spec.slug}.oci.tar"
-            if archive.exists():
-                return archive
-            raise ImageBuildError(
-                f"image {reference} has not been built: run `make images` ({archive} is missing)"
-            )
-    raise ImageBuildError(
-        f"image {reference} is not one that `make images` builds ({', '.join(s.reference for s in IMAGES)})"
-    )
-
-
 _UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
@@ -401,25 +385,6 @@ def parse_size(text: str) -> int:
     if unit not in _UNITS:
         raise ImageBuildError(f"buildah reported an image size this cannot read: {text!r}")
     return round(float(number) * _UNITS[unit])
-
-
-def image_config(archive: Path) -> dict[str, object]:
-    """The image's config (``Entrypoint``, ``Cmd``, ``User``, ...) from its OCI archive."""
-    import tarfile
-
-    with tarfile.open(archive) as tar:
-
-        def blob(digest: str) -> dict[str, Any]:
-            member = tar.extractfile("blobs/" + digest.replace(":", "/"))
-            assert member is not None
-            loaded: dict[str, Any] = json.load(member)
-            return loaded
-
-        index_file = tar.extractfile("index.json")
-        assert index_file is not None
-        manifest = blob(json.load(index_file)["manifests"][0]["digest"])
-        config: dict[str, object] = blob(manifest["config"]["digest"]).get("config", {})
-        return config
 
 
 def human_size(size: int) -> str:

@@ -43,20 +43,22 @@ import yaml
 from kubernetes import client, config
 
 from local_cluster import netns
+from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster_services import (
     KUBE_PROXY_HEALTHZ,
     install_cluster_dns,
     start_kube_proxy,
     wait_for_healthz,
 )
-from local_cluster.containerd_sandbox import NAMESPACE, CgroupRoot, start_containerd
+from local_cluster.containerd_sandbox import NAMESPACE, start_containerd
 from local_cluster.control_plane import (
     ControlPlane,
     ControlPlaneSettings,
     ControlPlaneStartError,
     start_control_plane,
 )
-from local_cluster.image_build import CACHE_DIR, IMAGES
+from local_cluster.image_archives import archive_for
+from local_cluster.image_build import IMAGES
 from local_cluster.pki import ClusterPki
 from local_cluster.processes import ManagedProcess
 from local_cluster.provisioner import DEFAULT_CLASS, LocalPathProvisioner
@@ -217,14 +219,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def image_archive(name: str) -> Path:
-    """The OCI archive ``make images`` wrote for ``name`` (``broker-failover/broker``)."""
-    archive = CACHE_DIR / "archives" / f"{name.rsplit('/', 1)[-1]}.oci.tar"
-    if not archive.exists():
-        raise KubeletNodeError(f"the image {name} has not been built: run `make images` ({archive})")
-    return archive
-
-
 def import_images(
     socket: Path, names: Sequence[str], record: Path, stopping: threading.Event | None = None
 ) -> None:
@@ -232,7 +226,7 @@ def import_images(
     for name in names:
         if stopping is not None and stopping.is_set():
             return
-        archive = image_archive(name)
+        archive = archive_for(name)
         command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", str(archive)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
         if result.returncode != 0:

@@ -47,12 +47,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from local_cluster import netns
+from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings
 from local_cluster.cluster_services import LoopbackForwarder
 from local_cluster.cluster_state import STATE_FILE, read_state
-from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND, CgroupRoot
+from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND
 from local_cluster.control_plane import ControlPlaneStartError
-from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, image_archive, start_kubelet_node
+from local_cluster.image_archives import archive_for
+from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
 from local_cluster.processes import (
     ManagedProcess,
@@ -180,7 +182,7 @@ class SealedCluster(ClusterAccess):
         deadline = time.monotonic() + timeout
         pending = set(self.settings.background_images)
         for name in sorted(set(names) - set(self.imported_images()) - pending):
-            archive = image_archive(name)
+            archive = archive_for(name)
             self.ctr("images", "import", str(archive), timeout=max(1.0, deadline - time.monotonic()))
             record = self.settings.workdir / IMAGES_FILE
             record.write_text(json.dumps([*self.imported_images(), name]))

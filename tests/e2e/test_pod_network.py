@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from local_cluster import netns
+from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.cluster_state import read_state
-from local_cluster.containerd_sandbox import CgroupRoot
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, get_json, wait_for

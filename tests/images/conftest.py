@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from local_cluster.containerd_sandbox import SealedContainerd
-from local_cluster.image_build import IMAGES, BuiltImage, build_images, image_config
+from local_cluster.image_archives import image_config
+from local_cluster.image_build import IMAGES, BuiltImage, build_images
 from local_cluster.processes import reap_on_exit
 
 

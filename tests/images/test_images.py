@@ -25,7 +25,8 @@ from broker_operator.controller import builders, names
 from broker_operator.controller.spec import parse_spec
 from broker_operator.engine import BrokerTarget, HeartbeatClient
 from local_cluster.containerd_sandbox import BRIDGE_ADDRESS, ContainerdError, Volume
-from local_cluster.image_build import ImageBuildError, archive_for
+from local_cluster.image_archives import archive_for
+from local_cluster.image_build import ImageBuildError
 from local_cluster.image_build import main as image_build_main
 from tests.e2e.support import wait_for
 from tests.images.conftest import ImageRunner
