@@ -128,16 +128,12 @@ def _down(workdir: Path) -> int:
         print(f"no cluster running in {workdir}", file=sys.stderr)
         sweep_pod_process_groups(workdir / "node")
         return 0
-    if "namespacePid" in state:
+    if "namespacePid" in state:  # a sealed cluster: its supervisor is PID 1 of its own namespace
         left = stop_sealed_cluster(workdir, state)
-        if left:
-            print(f"left behind: {', '.join(left)}", file=sys.stderr)
-            return 1
-        print("local cluster stopped", file=sys.stderr)
-        return 0
-    lingering = stop_supervisor(workdir, state)
-    if lingering:
-        print(f"process groups still alive after SIGKILL: {lingering}", file=sys.stderr)
+    else:
+        left = [f"process group {pgid}" for pgid in stop_supervisor(workdir, state)]
+    if left:
+        print(f"still there after SIGKILL: {', '.join(left)}", file=sys.stderr)
         return 1
     print("local cluster stopped", file=sys.stderr)
     return 0
