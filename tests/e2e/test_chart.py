@@ -2,10 +2,14 @@
 
 What this proves that the operator's own e2e tests do not: the chart renders and
 lints, refuses the two unsafe value combinations with a message, and the
-operator it deploys runs *in-cluster* (the node agent gives the pod a
-service-account token, so every API call goes through the chart's RBAC) and
-brings a BrokerCluster to Healthy with broker pods of its own. A missing verb in
-the ClusterRole shows up here as a cluster that never gets an active broker.
+operator it deploys runs *in-cluster* as a pod of the operator image on the sealed
+cluster's real kubelet (its projected service-account token, so every API call goes
+through the chart's RBAC) and brings a BrokerCluster to Healthy with broker pods of
+its own, against simulator pods. A missing verb in the ClusterRole shows up here as
+a cluster that never gets an active broker, and the API server's audit log shows
+every call the operator made.
+
+The render-only tests use the sealed cluster for its API server and helm alone.
 """
 
 from __future__ import annotations
@@ -14,25 +18,25 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from local_cluster.cluster import REPO_ROOT, LocalCluster, built_tools_dir
-from tests.e2e.support import free_port, get_json, wait_for
+from local_cluster.cluster import REPO_ROOT, built_tools_dir
+from local_cluster.relay import BACKEND_IMAGE, CLOUD_IMAGE, SIM_PORT, simulator_objects
+from local_cluster.sealed_cluster import SealedCluster
+from tests.e2e.support import get_json, installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
 
 
-def test_chart_lints_and_renders_the_crd_from_crds_folder(kube_cluster: LocalCluster) -> None:
-    lint = kube_cluster.helm("lint", str(CHART), check=False)
+def test_chart_lints_and_renders_the_crd_from_crds_folder(sealed_cluster: SealedCluster) -> None:
+    lint = sealed_cluster.helm("lint", str(CHART), check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    rendered = kube_cluster.helm("template", "bf", str(CHART), "--include-crds").stdout
+    rendered = sealed_cluster.helm("template", "bf", str(CHART), "--include-crds").stdout
     kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(rendered) if doc}
     assert ("CustomResourceDefinition", "brokerclusters.broker.failover.dev") in kinds
     assert {"Deployment", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Service"} <= {
@@ -115,9 +119,9 @@ def test_every_pod_the_chart_renders_is_non_root_with_a_read_only_root() -> None
     ],
 )
 def test_unsafe_values_are_refused_with_the_reason(
-    kube_cluster: LocalCluster, values: list[str], complaint: str
+    sealed_cluster: SealedCluster, values: list[str], complaint: str
 ) -> None:
-    result = kube_cluster.helm("template", "bf", str(CHART), *values, check=False)
+    result = sealed_cluster.helm("template", "bf", str(CHART), *values, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
 
@@ -126,81 +130,84 @@ EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
 
 
 def test_the_api_server_accepts_every_example_and_the_rendered_chart(
-    kube_cluster: LocalCluster, release: str
+    sealed_cluster: SealedCluster, release: str, crd: None
 ) -> None:
     """Server-side dry runs: the CRD's schema and CEL rules, and every object the chart renders."""
-    kube_cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s"
-    )
     assert len(EXAMPLES) >= 4
     for example in EXAMPLES:
-        result = kube_cluster.kubectl(
+        result = sealed_cluster.kubectl(
             "-n", release, "apply", "--dry-run=server", "-f", str(example), check=False
         )
         assert result.returncode == 0, f"{example.name}: {result.stderr}"
     for values in ([], ["--set", "validator.enabled=true", "--set", "validator.store.claimName=logs"]):
-        rendered = kube_cluster.helm("template", "bf", str(CHART), "--namespace", release, *values).stdout
-        result = kube_cluster.kubectl(
+        rendered = sealed_cluster.helm("template", "bf", str(CHART), "--namespace", release, *values).stdout
+        result = sealed_cluster.kubectl(
             "-n", release, "apply", "--dry-run=server", "-f", "-", input=rendered, check=False
         )
         assert result.returncode == 0, f"helm template {' '.join(values)}: {result.stderr}"
 
 
+@pytest.fixture(scope="module")
+def crd(sealed_cluster: SealedCluster) -> Iterator[None]:
+    """The CRD while this module runs: applied once another module's deletion of it is over (the
+    session's cluster is shared), deleted at the end."""
+    with installed_crd(sealed_cluster):
+        yield
+
+
 @pytest.fixture
-def release(kube_cluster: LocalCluster) -> Iterator[str]:
+def release(sealed_cluster: SealedCluster) -> Iterator[str]:
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
-    kube_cluster.kubectl("create", "namespace", namespace)
-    wait_for("default ServiceAccount", lambda: get_json(kube_cluster, namespace, "serviceaccount", "default"))
+    sealed_cluster.kubectl("create", "namespace", namespace)
+    wait_for(
+        "default ServiceAccount", lambda: get_json(sealed_cluster, namespace, "serviceaccount", "default")
+    )
     yield namespace
-    kube_cluster.helm("uninstall", "bf", "--namespace", namespace, "--wait", "--timeout=60s", check=False)
-    kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    sealed_cluster.helm("uninstall", "bf", "--namespace", namespace, "--wait", "--timeout=60s", check=False)
+    sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture
-def simulators(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A backend and a cloud simulator on loopback: brokers refuse to activate without them."""
-    ports = {"backend": free_port(), "cloud": free_port()}
-    processes = [
-        subprocess.Popen(
-            [str(VENV_BIN / f"{name}-simulator"), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=(tmp_path / f"{name}.log").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for name, port in ports.items()
+def simulators(sealed_cluster: SealedCluster, release: str) -> dict[str, str]:
+    """A backend and a cloud simulator as pods (their images) behind Services of their names, in
+    the release's namespace (gone with it): brokers refuse to activate without them."""
+    objects = [
+        *simulator_objects("backend", BACKEND_IMAGE, []),
+        *simulator_objects("cloud", CLOUD_IMAGE, []),
     ]
-    try:
-        yield {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    finally:
-        for process in processes:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    sealed_cluster.kubectl(
+        "-n", release, "apply", "-f", "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )  # fmt: skip
+
+    def ready(name: str) -> bool:
+        conditions = ((get_json(sealed_cluster, release, "pod", name) or {}).get("status") or {}).get(
+            "conditions"
+        ) or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for("both simulator pods ready", lambda: ready("backend") and ready("cloud"), 120)
+    # The brokers reach them by their Services' names, through CoreDNS and kube-proxy.
+    return {name: f"http://{name}.{release}.svc:{SIM_PORT}" for name in ("backend", "cloud")}
 
 
 def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
-    kube_cluster: LocalCluster, release: str, simulators: dict[str, str]
+    sealed_cluster: SealedCluster, release: str, simulators: dict[str, str], crd: None
 ) -> None:
     namespace = release
-    kube_cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"))
-    installed = kube_cluster.helm(
+    installed = sealed_cluster.helm(
         "install", "bf", str(CHART),
         "--namespace", namespace,
         "--set", f"operator.watchNamespaces={{{namespace}}}",
-        # Pods share this host's network here: ports must be free on it.
-        "--set", f"operator.metricsPort={free_port()}",
-        "--set", f"operator.healthPort={free_port()}",
         "--wait", "--timeout=120s",
+        timeout=180,
     )  # fmt: skip
     # NOTES.txt tells the user how to see state, for this release's names.
     assert "kubectl get brokerclusters" in installed.stdout
     assert f"kubectl logs -n {namespace} deploy/bf-broker-failover" in installed.stdout
-    (operator_pod,) = get_json(kube_cluster, namespace, "pods", "-l", "app.kubernetes.io/component=operator")[
-        "items"
-    ]
+    (operator_pod,) = get_json(
+        sealed_cluster, namespace, "pods", "-l", "app.kubernetes.io/component=operator"
+    )["items"]
     assert operator_pod["spec"]["serviceAccountName"] == "bf-broker-failover"
 
     manifest = {
@@ -218,32 +225,32 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
             "networkPolicy": {"enabled": True},
         },
     }
-    kube_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest))
+    sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest))
 
     def healthy() -> Any:
-        status = (get_json(kube_cluster, namespace, "bc", "charted") or {}).get("status", {})
+        status = (get_json(sealed_cluster, namespace, "bc", "charted") or {}).get("status", {})
         return status if status.get("phase") == "Healthy" else None
 
     status = wait_for("BrokerCluster charted to become Healthy under the charted operator", healthy, 120)
     assert status["active"] == "charted-0"
-    active_pods = get_json(kube_cluster, namespace, "pods", "-l", "role=active")["items"]
+    active_pods = get_json(sealed_cluster, namespace, "pods", "-l", "role=active")["items"]
     assert [pod["metadata"]["name"] for pod in active_pods] == ["charted-0"]
     # The policy admits the brokers' admin port from exactly the operator pod the chart runs.
-    policy = get_json(kube_cluster, namespace, "networkpolicy", "charted-brokers-ingress")
+    policy = get_json(sealed_cluster, namespace, "networkpolicy", "charted-brokers-ingress")
     (operator_peer,) = policy["spec"]["ingress"][0]["from"]
     assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     selected = operator_peer["podSelector"]["matchLabels"]
     assert selected.items() <= operator_pod["metadata"]["labels"].items()
     assert selected["app.kubernetes.io/component"] == "operator"
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "charted", "--wait=true", "--timeout=60s")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "charted", "--wait=true", "--timeout=60s")
 
     # Least privilege, checked against what the operator really asked the API server for.
     account = f"system:serviceaccount:{namespace}:bf-broker-failover"
-    calls = audited_calls(kube_cluster, account)
+    calls = audited_calls(sealed_cluster, account)
     refused = sorted(f"{verb} {resource}" for verb, resource, code in calls if code == 403)
     assert not refused, f"the chart's RBAC refused calls the operator makes: {refused}"
     used = {(verb, resource) for verb, resource, _ in calls}
-    granted = granted_by_chart(kube_cluster, namespace)
+    granted = granted_by_chart(sealed_cluster, namespace)
     assert granted - used - GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE == set(), "granted, never used"
     assert granted >= GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE
 
@@ -259,10 +266,13 @@ GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
 }
 
 
-def audited_calls(cluster: LocalCluster, user: str) -> list[tuple[str, str, int]]:
-    """(verb, group/resource[/subresource], HTTP code) of every request ``user`` made (audit log)."""
+def audited_calls(cluster: SealedCluster, user: str) -> list[tuple[str, str, int]]:
+    """(verb, group/resource[/subresource], HTTP code) of every request ``user`` made (audit log).
+
+    The sealed cluster's API server writes it under the cluster's directory, on the machine's
+    file system (``ControlPlane.audit_log``: ``<workdir>/logs/audit.log``)."""
     calls = []
-    for line in cluster.control_plane.audit_log.read_text().splitlines():
+    for line in (cluster.workdir / "logs" / "audit.log").read_text().splitlines():
         event = json.loads(line)
         ref = event.get("objectRef")
         if event["user"]["username"] != user or not ref:
@@ -274,7 +284,7 @@ def audited_calls(cluster: LocalCluster, user: str) -> list[tuple[str, str, int]
     return calls
 
 
-def granted_by_chart(cluster: LocalCluster, namespace: str) -> set[tuple[str, str]]:
+def granted_by_chart(cluster: SealedCluster, namespace: str) -> set[tuple[str, str]]:
     """(verb, group/resource) pairs the release's ClusterRole and its Role in ``namespace`` grant."""
     roles = [
         get_json(cluster, namespace, "clusterrole", "bf-broker-failover"),
