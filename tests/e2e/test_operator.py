@@ -1,10 +1,14 @@
 """The operator against a real kube-apiserver: CRD, admission, children, labels, status, events, failover.
 
-Everything here is real except the node agent (the fixture's documented fake
-kubelet): the CRD is installed with ``kubectl``, CEL rules are evaluated by
-the API server, the operator runs as its own process (``broker-operator``),
-broker pods run the real ``broker-service`` with its journal on the pod's PVC
-directory, and the backend and cloud are the project's simulators on loopback.
+On the sealed cluster (``sealed_cluster``): the CRD is installed with ``kubectl``, CEL rules are
+evaluated by the API server, broker pods run the broker image on the real kubelet, containerd and
+runc, with their journal on a claim bound by the node's provisioner. The operator
+(``broker-operator``) and the backend and cloud simulators are processes of this test, started
+inside the cluster's network, mount and PID namespaces (``SealedCluster.node_command``): the
+operator reaches the brokers at their pod IPs as it would in a pod, and the brokers reach the
+simulators at the node address (``netns.NODE_ADDRESS``, the bridge). Whatever this process says
+over HTTP to a pod or to the operator goes through ``SealedCluster.call_in_network``; faults go
+through the runtime (``signal_container``: kill -9, SIGSTOP/SIGCONT of a container).
 The test starts and stops every process itself, in its own process group.
 One test runs the engine and its Kubernetes shell in this process instead, with
 stand-in brokers, to hold the engine at a chosen instant (``InProcessBrokers``).
@@ -16,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import re
-import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -48,11 +51,12 @@ from broker_operator.engine import (
     HeartbeatReply,
     HeartbeatSettings,
 )
-from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalCluster
+from local_cluster.cluster import REPO_ROOT, ClusterAccess
+from local_cluster.netns import NODE_ADDRESS
+from local_cluster.sealed_cluster import SealedCluster, SealedClusterError
 from tests.e2e.support import (
     WAIT_SECONDS,
     LocalProcess,
-    free_port,
     get_json,
     installed_crd,
     listening,
@@ -64,8 +68,57 @@ pytestmark = pytest.mark.e2e
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 
 
+# ---- processes of this test inside the cluster's namespaces -------------------------------------
+
+
+def node_env(cluster: SealedCluster) -> dict[str, str]:
+    """``cluster.env`` for a process inside the cluster's namespaces: its KUBECONFIG names the API
+    server on the bridge address (the loopback forward exists only in the machine's namespace)."""
+    return {**cluster.env, "KUBECONFIG": str(cluster.node_kubeconfig)}
+
+
+def node_port(cluster: SealedCluster) -> int:
+    """A TCP port free on every address of the cluster's network namespace right now."""
+
+    def pick() -> int:
+        with socket.socket() as probe:
+            probe.bind(("0.0.0.0", 0))
+            return int(probe.getsockname()[1])
+
+    return cluster.call_in_network(pick)
+
+
+def node_listening(cluster: SealedCluster, port: int) -> bool:
+    """Something accepts on 127.0.0.1:``port`` of the cluster's network namespace."""
+    return cluster.call_in_network(lambda: listening(port))
+
+
+def http_in_network(
+    cluster: SealedCluster, request: urllib.request.Request | str, timeout: float = 10
+) -> str:
+    """The body of an HTTP request made from the cluster's network (pod IPs, the node address);
+    ``urllib.error.HTTPError`` and ``OSError`` reach the caller as urllib raises them."""
+
+    def call() -> str:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return str(response.read().decode())
+
+    return cluster.call_in_network(call, timeout=timeout + 20)
+
+
+def start_simulator(cluster: SealedCluster, role: str, log: Path, *args: str) -> tuple[LocalProcess, str]:
+    """``ROLE-simulator`` inside the cluster's namespaces, on every address; returns it and its URL
+    at the node address, which pods reach over the bridge."""
+    port = node_port(cluster)
+    argv = [str(VENV_BIN / f"{role}-simulator"), "--host", "0.0.0.0", "--port", str(port), *args]
+    process = LocalProcess(cluster.node_command(argv), log)
+    wait_for(f"{role} simulator", lambda: node_listening(cluster, port) or process.process.poll() is not None)
+    assert process.process.poll() is None, process.tail()
+    return process, f"http://{NODE_ADDRESS}:{port}"
+
+
 def apply(
-    cluster: LocalCluster, namespace: str, manifest: dict[str, Any]
+    cluster: SealedCluster, namespace: str, manifest: dict[str, Any]
 ) -> subprocess.CompletedProcess[str]:
     return cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
 
@@ -80,8 +133,8 @@ def broker_cluster(name: str, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def crd_installed(kube_cluster: LocalCluster) -> Iterator[None]:
-    with installed_crd(kube_cluster):
+def crd_installed(sealed_cluster: SealedCluster) -> Iterator[None]:
+    with installed_crd(sealed_cluster):
         yield
 
 
@@ -93,52 +146,52 @@ def new_namespace(cluster: ClusterAccess, prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def namespace(kube_cluster: LocalCluster, crd_installed: None) -> Iterator[str]:
-    name = new_namespace(kube_cluster, "operator")
+def namespace(sealed_cluster: SealedCluster, crd_installed: None) -> Iterator[str]:
+    name = new_namespace(sealed_cluster, "operator")
     yield name
-    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture
-def simulators(kube_cluster: LocalCluster, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A backend and a cloud simulator on loopback for one test's BrokerCluster.
+def simulators(sealed_cluster: SealedCluster, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A backend and a cloud simulator in the cluster's network for one test's BrokerCluster.
 
     One pair per cluster: targets remember the highest epoch they have seen for an account, and
     epochs are per cluster, so two clusters sharing simulators would fence each other.
     """
-    backend_port, cloud_port = free_port(), free_port()
-    backend = LocalProcess(
-        [str(VENV_BIN / "backend-simulator"), "--port", str(backend_port)], tmp_path / "backend.log"
-    )
-    cloud = LocalProcess(
-        [str(VENV_BIN / "cloud-simulator"), "--port", str(cloud_port)], tmp_path / "cloud.log"
-    )
+    started: list[LocalProcess] = []
     try:
-        wait_for("backend simulator", lambda: listening(backend_port) or backend.process.poll() is not None)
-        wait_for("cloud simulator", lambda: listening(cloud_port) or cloud.process.poll() is not None)
-        assert backend.process.poll() is None, backend.tail()
-        assert cloud.process.poll() is None, cloud.tail()
-        yield {"backend": f"http://127.0.0.1:{backend_port}", "cloud": f"http://127.0.0.1:{cloud_port}"}
+        urls = {}
+        for role in ("backend", "cloud"):
+            process, urls[role] = start_simulator(sealed_cluster, role, tmp_path / f"{role}.log")
+            started.append(process)
+        yield urls
     finally:
-        backend.stop()
-        cloud.stop()
+        for process in started:
+            process.stop()
 
 
 OPERATOR_POD_NAMESPACE = "broker-system"
 OPERATOR_POD_LABELS = "app.kubernetes.io/component=operator,app.kubernetes.io/name=broker-failover"
 
 
-def start_operator(cluster: LocalCluster, namespace: str, log: Path) -> LocalProcess:
-    """``broker-operator`` as its own process, watching ``namespace`` only; returns once it serves."""
-    metrics_port = free_port()
+def start_operator(cluster: SealedCluster, namespace: str, log: Path) -> LocalProcess:
+    """``broker-operator`` as its own process, watching ``namespace`` only; returns once it serves.
+
+    It runs inside the cluster's namespaces, where the brokers' pod IPs route, with the admin
+    kubeconfig (not in a pod: a test can kill it, restart it and read its log directly). Its
+    metrics endpoint listens on the namespace's loopback: read it with ``http_in_network``.
+    """
+    metrics_port = node_port(cluster)
     argv = [str(VENV_BIN / "broker-operator"), "--namespace", namespace, "--operator-id", "e2e-operator"]
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--reconcile-seconds", "2"]
     # Who the operator's pods would be, for NetworkPolicies (the chart sets these from the Deployment;
-    # this operator runs outside the cluster, and the local cluster enforces no policy).
+    # this operator runs outside any pod, and the local cluster enforces no policy).
     argv += ["--pod-namespace", OPERATOR_POD_NAMESPACE, "--pod-labels", OPERATOR_POD_LABELS]
-    process = LocalProcess(argv, log, env=cluster.env)
+    process = LocalProcess(cluster.node_command(argv), log, env=node_env(cluster))
     wait_for(
-        "operator metrics endpoint", lambda: listening(metrics_port) or process.process.poll() is not None
+        "operator metrics endpoint",
+        lambda: node_listening(cluster, metrics_port) or process.process.poll() is not None,
     )
     assert process.process.poll() is None, process.tail()
     process.metrics_port = metrics_port  # type: ignore[attr-defined]
@@ -147,9 +200,9 @@ def start_operator(cluster: LocalCluster, namespace: str, log: Path) -> LocalPro
 
 @pytest.fixture(scope="module")
 def operator(
-    kube_cluster: LocalCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+    sealed_cluster: SealedCluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalProcess]:
-    process = start_operator(kube_cluster, namespace, tmp_path_factory.mktemp("operator") / "operator.log")
+    process = start_operator(sealed_cluster, namespace, tmp_path_factory.mktemp("operator") / "operator.log")
     try:
         yield process
     finally:
@@ -160,14 +213,14 @@ def operator(
 # ---- the CRD on its own ---------------------------------------------------------------
 
 
-def test_kubectl_knows_the_short_name_and_columns(kube_cluster: LocalCluster, namespace: str) -> None:
-    created = apply(kube_cluster, namespace, broker_cluster("columns", replicas=1, company="3000"))
+def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster, namespace: str) -> None:
+    created = apply(sealed_cluster, namespace, broker_cluster("columns", replicas=1, company="3000"))
     assert created.returncode == 0, created.stderr
-    table = kube_cluster.kubectl("-n", namespace, "get", "bc", "columns").stdout
+    table = sealed_cluster.kubectl("-n", namespace, "get", "bc", "columns").stdout
     header = table.splitlines()[0].split()
     assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["columns", "acme", "3000"]
-    defaulted = get_json(kube_cluster, namespace, "bc", "columns")["spec"]
+    defaulted = get_json(sealed_cluster, namespace, "bc", "columns")["spec"]
     assert defaulted["heartbeat"] == {
         "intervalSeconds": 1,
         "timeoutSeconds": 1,
@@ -181,7 +234,7 @@ def test_kubectl_knows_the_short_name_and_columns(kube_cluster: LocalCluster, na
         "whenScaled": "Retain",
         "whenDeleted": "Retain",
     }
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "columns", "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "columns", "--wait=false")
 
 
 INVALID = [
@@ -233,24 +286,26 @@ INVALID = [
 
 @pytest.mark.parametrize(("spec", "message"), INVALID, ids=[m.split(" ")[0] for _, m in INVALID])
 def test_invalid_manifests_are_refused_naming_the_field(
-    kube_cluster: LocalCluster, namespace: str, spec: dict[str, Any], message: str
+    sealed_cluster: SealedCluster, namespace: str, spec: dict[str, Any], message: str
 ) -> None:
-    result = apply(kube_cluster, namespace, broker_cluster("invalid", **spec))
+    result = apply(sealed_cluster, namespace, broker_cluster("invalid", **spec))
     assert result.returncode != 0, f"accepted: {spec}"
     assert message in result.stderr, result.stderr
-    assert get_json(kube_cluster, namespace, "bc", "invalid") is None
+    assert get_json(sealed_cluster, namespace, "bc", "invalid") is None
 
 
-def test_decimal_heartbeat_seconds_are_accepted_and_kept(kube_cluster: LocalCluster, namespace: str) -> None:
+def test_decimal_heartbeat_seconds_are_accepted_and_kept(
+    sealed_cluster: SealedCluster, namespace: str
+) -> None:
     # Sub-second heartbeats (the failover benchmark's settings) on a real API server.
     heartbeat = {"intervalSeconds": 0.2, "timeoutSeconds": 0.2, "failureThreshold": 2, "leaseSeconds": 2.5}
-    created = apply(kube_cluster, namespace, broker_cluster("decimal", replicas=1, heartbeat=heartbeat))
+    created = apply(sealed_cluster, namespace, broker_cluster("decimal", replicas=1, heartbeat=heartbeat))
     assert created.returncode == 0, created.stderr
-    stored = get_json(kube_cluster, namespace, "bc", "decimal")["spec"]
+    stored = get_json(sealed_cluster, namespace, "bc", "decimal")["spec"]
     assert stored["heartbeat"] == {**heartbeat, "standbyProbeSeconds": 10}
     settings = parse_spec("decimal", stored).heartbeat
     assert (settings.interval_seconds, settings.timeout_seconds, settings.lease_seconds) == (0.2, 0.2, 2.5)
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "decimal", "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "decimal", "--wait=false")
 
 
 @pytest.mark.parametrize(
@@ -264,37 +319,37 @@ def test_decimal_heartbeat_seconds_are_accepted_and_kept(kube_cluster: LocalClus
     ],
 )
 def test_the_api_server_refuses_decimals_with_the_python_parsers_words(
-    kube_cluster: LocalCluster, namespace: str, heartbeat: dict[str, Any]
+    sealed_cluster: SealedCluster, namespace: str, heartbeat: dict[str, Any]
 ) -> None:
     with pytest.raises(SpecError) as parsed:
         parse_spec("refused", {"account": "acme", "company": "1000", "heartbeat": heartbeat})
     (problem,) = parsed.value.problems
-    result = apply(kube_cluster, namespace, broker_cluster("refused", heartbeat=heartbeat))
+    result = apply(sealed_cluster, namespace, broker_cluster("refused", heartbeat=heartbeat))
     assert result.returncode != 0, f"accepted: {heartbeat}"
     assert problem in result.stderr, result.stderr
-    assert get_json(kube_cluster, namespace, "bc", "refused") is None
+    assert get_json(sealed_cluster, namespace, "bc", "refused") is None
 
 
-def test_account_is_immutable(kube_cluster: LocalCluster, namespace: str) -> None:
+def test_account_is_immutable(sealed_cluster: SealedCluster, namespace: str) -> None:
     assert (
-        apply(kube_cluster, namespace, broker_cluster("frozen", replicas=1, company="4000")).returncode == 0
+        apply(sealed_cluster, namespace, broker_cluster("frozen", replicas=1, company="4000")).returncode == 0
     )
     changed = broker_cluster("frozen", replicas=1, company="4000")
     changed["spec"]["account"] = "other"
-    result = apply(kube_cluster, namespace, changed)
+    result = apply(sealed_cluster, namespace, changed)
     assert result.returncode != 0
     assert "spec.account is immutable" in result.stderr
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "frozen", "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "frozen", "--wait=false")
 
 
 def test_the_epoch_write_is_conditional_on_the_resource_version(
-    kube_cluster: LocalCluster, crd_installed: None
+    sealed_cluster: SealedCluster, crd_installed: None
 ) -> None:
     # A namespace the operator does not watch: only this test writes the object.
-    namespace = new_namespace(kube_cluster, "epochs")
+    namespace = new_namespace(sealed_cluster, "epochs")
     try:
-        assert apply(kube_cluster, namespace, broker_cluster("fenced", replicas=1)).returncode == 0
-        api = KubeApi(kube_cluster.api_client())
+        assert apply(sealed_cluster, namespace, broker_cluster("fenced", replicas=1)).returncode == 0
+        api = KubeApi(sealed_cluster.api_client())
 
         async def scenario() -> None:
             assert await allocate_epoch(api, namespace, "fenced", current=0) == 1
@@ -312,9 +367,9 @@ def test_the_epoch_write_is_conditional_on_the_resource_version(
             assert conflict.value.current == 2
 
         asyncio.run(scenario())
-        assert get_json(kube_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 2
+        assert get_json(sealed_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 2
     finally:
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 class InProcessBrokers:
@@ -390,7 +445,7 @@ async def engine_reaches(engine: asyncio.Task[None], description: str, check: Ca
 
 
 def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
-    kube_cluster: LocalCluster, crd_installed: None
+    sealed_cluster: SealedCluster, crd_installed: None
 ) -> None:
     """Issue 13: status.epoch had two writers, the conditional allocation and the engine's status patch.
 
@@ -399,7 +454,7 @@ def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
     its next allocation then granted that epoch a second time. The engine and its Kubernetes
     shell are the operator's own; only the brokers are stand-ins (see ``InProcessBrokers``).
     """
-    namespace = new_namespace(kube_cluster, "epochs")  # no operator watches it
+    namespace = new_namespace(sealed_cluster, "epochs")  # no operator watches it
     endpoints = [
         {"name": "b0", "url": "http://127.0.0.1:9/soap", "priority": 0},
         {"name": "b1", "url": "http://127.0.0.1:9/soap", "priority": 1},
@@ -410,7 +465,7 @@ def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
     targets = [BrokerTarget(e["name"], e["url"], e["priority"]) for e in endpoints]
 
     async def scenario() -> None:
-        api = KubeApi(kube_cluster.api_client())
+        api = KubeApi(sealed_cluster.api_client())
         body = await api.read_cluster(namespace, "stalled")
         shell = PausableShell(api, body, ClusterObservations(), {}, manages_pods=False)
         brokers = InProcessBrokers(["b0", "b1"])
@@ -442,17 +497,17 @@ def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
             await asyncio.gather(engine, return_exceptions=True)
 
     try:
-        created = apply(kube_cluster, namespace, broker_cluster("stalled", endpoints=endpoints))
+        created = apply(sealed_cluster, namespace, broker_cluster("stalled", endpoints=endpoints))
         assert created.returncode == 0, created.stderr
         asyncio.run(scenario())
     finally:
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 # ---- the operator running brokers -----------------------------------------------------------
 
 
-def bc_row(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str]:
+def bc_row(cluster: SealedCluster, namespace: str, name: str) -> dict[str, str]:
     """``kubectl get bc <name>`` as {column: value}, exactly what a person sees.
 
     Cut at the header's column positions, not at spaces: empty cells (no ORDERING yet) would
@@ -465,7 +520,7 @@ def bc_row(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str]:
 
 
 def wait_for_row(  # noqa: PLR0917  (reads as the sentence: cluster, namespace, name, what, until)
-    cluster: LocalCluster,
+    cluster: SealedCluster,
     namespace: str,
     name: str,
     description: str,
@@ -486,28 +541,36 @@ def wait_for_row(  # noqa: PLR0917  (reads as the sentence: cluster, namespace, 
         pytest.fail(f"{description}: last row {seen[-1] if seen else None}, status {status}")
 
 
-def pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+def pod(cluster: SealedCluster, namespace: str, name: str) -> dict[str, Any] | None:
     return get_json(cluster, namespace, "pod", name)
 
 
-def role_of(cluster: LocalCluster, namespace: str, name: str) -> str | None:
+def role_of(cluster: SealedCluster, namespace: str, name: str) -> str | None:
     body = pod(cluster, namespace, name)
     return (body or {}).get("metadata", {}).get("labels", {}).get("role")
 
 
-def container_pid(body: dict[str, Any]) -> int:
-    (status,) = body["status"]["containerStatuses"]
-    container_id = status.get("containerID", "")
-    assert container_id.startswith("local://"), f"unexpected containerID {container_id!r}"
-    return int(container_id.removeprefix("local://"))
+def running_pod(cluster: SealedCluster, namespace: str, name: str) -> dict[str, Any]:
+    """The pod, once its container has started (its containerID names the container to signal)."""
+    return dict(
+        wait_for(
+            f"pod {name} with a started container",
+            lambda: (
+                (body := pod(cluster, namespace, name))
+                and any(s.get("containerID") for s in body["status"].get("containerStatuses") or [])
+                and body
+            ),
+        )
+    )
 
 
-def broker_gauge(cluster: LocalCluster, namespace: str, name: str, metric: str) -> float | None:
+def broker_gauge(cluster: SealedCluster, namespace: str, name: str, metric: str) -> float | None:
     """A gauge from the broker's own /metrics, at its pod IP (None while it does not answer)."""
     ip = (pod(cluster, namespace, name) or {}).get("status", {}).get("podIP")
+    if not ip:
+        return None
     try:
-        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=2) as response:
-            text = response.read().decode()
+        text = http_in_network(cluster, f"http://{ip}:8080/metrics", timeout=2)
     except OSError:
         return None
     for line in text.splitlines():
@@ -516,12 +579,12 @@ def broker_gauge(cluster: LocalCluster, namespace: str, name: str, metric: str) 
     return None
 
 
-def event_reasons(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+def event_reasons(cluster: SealedCluster, namespace: str, name: str) -> list[str]:
     events = get_json(cluster, namespace, "events", "--field-selector", f"involvedObject.name={name}")
     return [e["reason"] for e in (events or {}).get("items", [])]
 
 
-def assert_children_owned(cluster: LocalCluster, namespace: str, uid: str) -> None:
+def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> None:
     """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``), but the
     journal claims, which the default ``whenDeleted: Retain`` leaves unowned."""
     for name in ("journal-orders-0", "journal-orders-1"):
@@ -545,28 +608,28 @@ def assert_children_owned(cluster: LocalCluster, namespace: str, uid: str) -> No
     assert selector["role"] == "active"
 
 
-def assert_deleted_services_come_back(kube_cluster: LocalCluster, namespace: str) -> None:
+def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: str) -> None:
     """Services of cluster ``orders`` deleted by hand are created again (new uids), selectors intact."""
     old_uids = {
-        name: get_json(kube_cluster, namespace, "service", name)["metadata"]["uid"]
+        name: get_json(sealed_cluster, namespace, "service", name)["metadata"]["uid"]
         for name in ("orders-active", "orders-brokers")
     }
-    kube_cluster.kubectl("-n", namespace, "delete", "service", "orders-active", "orders-brokers")
+    sealed_cluster.kubectl("-n", namespace, "delete", "service", "orders-active", "orders-brokers")
     for name, old_uid in old_uids.items():
         wait_for(
             f"service/{name} created again",
             lambda name=name, old_uid=old_uid: (
-                (body := get_json(kube_cluster, namespace, "service", name))
+                (body := get_json(sealed_cluster, namespace, "service", name))
                 and body["metadata"]["uid"] != old_uid
             ),
             timeout=30,
         )
-    selector = get_json(kube_cluster, namespace, "service", "orders-active")["spec"]["selector"]
+    selector = get_json(sealed_cluster, namespace, "service", "orders-active")["spec"]["selector"]
     assert selector["role"] == "active"
 
 
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
-    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+    sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
     manifest = broker_cluster(
         "orders",
@@ -575,15 +638,15 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
         backend={"url": simulators["backend"]},
         cloud={"url": simulators["cloud"]},
     )
-    created = apply(kube_cluster, namespace, manifest)
+    created = apply(sealed_cluster, namespace, manifest)
     assert created.returncode == 0, created.stderr
-    uid = get_json(kube_cluster, namespace, "bc", "orders")["metadata"]["uid"]
+    uid = get_json(sealed_cluster, namespace, "bc", "orders")["metadata"]["uid"]
 
-    assert_children_owned(kube_cluster, namespace, uid)
+    assert_children_owned(sealed_cluster, namespace, uid)
 
     # The engine activates the highest-priority broker and moves the label to it.
     healthy = wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         "orders",
         "orders-0 active and the cluster Healthy",
@@ -593,22 +656,22 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     assert healthy["ACCOUNT"] == "acme" and healthy["COMPANY"] == "1000"
     first_epoch = int(healthy["EPOCH"])
     assert first_epoch >= 1
-    wait_for("role=active on orders-0", lambda: role_of(kube_cluster, namespace, "orders-0") == "active")
-    assert role_of(kube_cluster, namespace, "orders-1") == "standby"
+    wait_for("role=active on orders-0", lambda: role_of(sealed_cluster, namespace, "orders-0") == "active")
+    assert role_of(sealed_cluster, namespace, "orders-1") == "standby"
 
-    # kill -9 of the active broker's process: the pod watch sees the container die.
-    os.killpg(container_pid(pod(kube_cluster, namespace, "orders-0")), signal.SIGKILL)
+    # kill -9 of the active broker's container (the runtime's): the pod watch sees the container die.
+    sealed_cluster.signal_container(running_pod(sealed_cluster, namespace, "orders-0"), "SIGKILL")
     moved = wait_for_row(
-        kube_cluster, namespace, "orders", "failover to orders-1", lambda row: row["ACTIVE"] == "orders-1"
+        sealed_cluster, namespace, "orders", "failover to orders-1", lambda row: row["ACTIVE"] == "orders-1"
     )
     assert int(moved["EPOCH"]) > first_epoch
-    wait_for("role=active on orders-1", lambda: role_of(kube_cluster, namespace, "orders-1") == "active")
-    wait_for("role=standby on orders-0", lambda: role_of(kube_cluster, namespace, "orders-0") == "standby")
-    status = get_json(kube_cluster, namespace, "bc", "orders")["status"]
+    wait_for("role=active on orders-1", lambda: role_of(sealed_cluster, namespace, "orders-1") == "active")
+    wait_for("role=standby on orders-0", lambda: role_of(sealed_cluster, namespace, "orders-0") == "standby")
+    status = get_json(sealed_cluster, namespace, "bc", "orders")["status"]
     assert status["lastFailover"]["from"] == "orders-0"
     assert status["lastFailover"]["to"] == "orders-1"
     assert status["failovers"] >= 1
-    reasons = event_reasons(kube_cluster, namespace, "orders")
+    reasons = event_reasons(sealed_cluster, namespace, "orders")
     assert "Failover" in reasons, reasons
 
     # The killed broker comes back (restartPolicy Always) as a standby; a planned switchover
@@ -616,12 +679,12 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     wait_for(
         "orders-0 running again",
         lambda: (
-            (body := pod(kube_cluster, namespace, "orders-0"))
+            (body := pod(sealed_cluster, namespace, "orders-0"))
             and any(c.get("ready") for c in body["status"].get("containerStatuses") or [])
         ),
         timeout=60,
     )
-    kube_cluster.kubectl(
+    sealed_cluster.kubectl(
         "-n",
         namespace,
         "patch",
@@ -632,7 +695,7 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
         '{"spec": {"preferredActive": "orders-0"}}',
     )
     back = wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         "orders",
         "switchover back to orders-0",
@@ -640,18 +703,18 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     )
     assert int(back["EPOCH"]) > int(moved["EPOCH"])
     wait_for(
-        "role=active on orders-0 again", lambda: role_of(kube_cluster, namespace, "orders-0") == "active"
+        "role=active on orders-0 again", lambda: role_of(sealed_cluster, namespace, "orders-0") == "active"
     )
-    assert "Switchover" in event_reasons(kube_cluster, namespace, "orders")
+    assert "Switchover" in event_reasons(sealed_cluster, namespace, "orders")
 
     # A partition: SIGSTOP freezes the active broker without killing it. Heartbeats time out, the
     # operator waits out the lease (the frozen broker fences itself when it runs again), then
     # activates the standby with a newer epoch.
-    frozen = container_pid(pod(kube_cluster, namespace, "orders-0"))
-    os.killpg(frozen, signal.SIGSTOP)
+    frozen = running_pod(sealed_cluster, namespace, "orders-0")
+    sealed_cluster.signal_container(frozen, "SIGSTOP")
     try:
         partitioned = wait_for_row(
-            kube_cluster,
+            sealed_cluster,
             namespace,
             "orders",
             "failover away from the frozen orders-0",
@@ -659,60 +722,63 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
         )
         assert int(partitioned["EPOCH"]) > int(back["EPOCH"])
     finally:
-        os.killpg(frozen, signal.SIGCONT)
+        try:
+            sealed_cluster.signal_container(frozen, "SIGCONT")
+        except SealedClusterError:
+            # The kubelet's liveness probe (30 s) may have restarted the frozen container already.
+            print(f"SIGCONT of orders-0 not delivered: {pod(sealed_cluster, namespace, 'orders-0')}")
     wait_for(
         "role=active on orders-1 after the partition",
-        lambda: role_of(kube_cluster, namespace, "orders-1") == "active",
+        lambda: role_of(sealed_cluster, namespace, "orders-1") == "active",
     )
     # Once running again, the frozen broker finds its lease expired and is not active: never two.
     wait_for(
         "orders-0 self-fenced",
-        lambda: broker_gauge(kube_cluster, namespace, "orders-0", "broker_active") == 0,
+        lambda: broker_gauge(sealed_cluster, namespace, "orders-0", "broker_active") == 0,
     )
-    assert broker_gauge(kube_cluster, namespace, "orders-1", "broker_active") == 1
+    assert broker_gauge(sealed_cluster, namespace, "orders-1", "broker_active") == 1
     back = partitioned
 
-    # The engine's metrics are served by the operator process.
+    # The engine's metrics are served by the operator process (on the cluster namespace's loopback).
     port = operator.metrics_port  # type: ignore[attr-defined]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        metrics = response.read().decode()
+    metrics = http_in_network(sealed_cluster, f"http://127.0.0.1:{port}/metrics")
     assert f'broker_failover_epoch{{cluster="orders"}} {back["EPOCH"]}.0' in metrics
     assert 'broker_failover_phase{cluster="orders",phase="Healthy"}' in metrics
     assert 'broker_failover_failovers_total{cluster="orders",kind="Failover"}' in metrics
     assert "broker_failover_heartbeats_total" in metrics
 
     # Children deleted by hand come back (the operator runs with --reconcile-seconds 2).
-    assert_deleted_services_come_back(kube_cluster, namespace)
+    assert_deleted_services_come_back(sealed_cluster, namespace)
 
 
 def test_a_second_cluster_for_the_same_pair_is_a_conflict(
-    kube_cluster: LocalCluster, namespace: str, operator: LocalProcess
+    sealed_cluster: SealedCluster, namespace: str, operator: LocalProcess
 ) -> None:
-    first = apply(kube_cluster, namespace, broker_cluster("pair-first", replicas=1, company="2000"))
+    first = apply(sealed_cluster, namespace, broker_cluster("pair-first", replicas=1, company="2000"))
     assert first.returncode == 0, first.stderr
-    wait_for("pair-first has a pod", lambda: pod(kube_cluster, namespace, "pair-first-0"))
-    second = apply(kube_cluster, namespace, broker_cluster("pair-second", replicas=1, company="2000"))
+    wait_for("pair-first has a pod", lambda: pod(sealed_cluster, namespace, "pair-first-0"))
+    second = apply(sealed_cluster, namespace, broker_cluster("pair-second", replicas=1, company="2000"))
     assert second.returncode == 0, second.stderr
     wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         "pair-second",
         "pair-second in phase Conflict",
         lambda row: row["PHASE"] == "Conflict",
     )
-    status = get_json(kube_cluster, namespace, "bc", "pair-second")["status"]
+    status = get_json(sealed_cluster, namespace, "bc", "pair-second")["status"]
     assert status["conflictsWith"] == "pair-first"
-    assert "Conflict" in event_reasons(kube_cluster, namespace, "pair-second")
-    assert pod(kube_cluster, namespace, "pair-second-0") is None
+    assert "Conflict" in event_reasons(sealed_cluster, namespace, "pair-second")
+    assert pod(sealed_cluster, namespace, "pair-second-0") is None
     # Deleting the first hands the pair to the second.
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "pair-first", "--wait=false")
-    wait_for("pair-second runs a pod", lambda: pod(kube_cluster, namespace, "pair-second-0"), timeout=60)
-    assert bc_row(kube_cluster, namespace, "pair-second")["PHASE"] != "Conflict"
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "pair-second", "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "pair-first", "--wait=false")
+    wait_for("pair-second runs a pod", lambda: pod(sealed_cluster, namespace, "pair-second-0"), timeout=60)
+    assert bc_row(sealed_cluster, namespace, "pair-second")["PHASE"] != "Conflict"
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "pair-second", "--wait=false")
 
 
 def test_a_spec_change_rolls_standbys_first_then_switches_over(
-    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+    sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
     manifest = broker_cluster(
         "upgrade",
@@ -722,20 +788,24 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
         backend={"url": simulators["backend"]},
         cloud={"url": simulators["cloud"]},
     )
-    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    assert apply(sealed_cluster, namespace, manifest).returncode == 0
     wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         "upgrade",
         "upgrade-0 active",
         lambda row: row["ACTIVE"] == "upgrade-0" and row["PHASE"] == "Healthy",
         timeout=90,
     )
-    old_hash = template_hash(kube_cluster, namespace, "upgrade-0")
+    old_hash = template_hash(sealed_cluster, namespace, "upgrade-0")
 
-    # A new image tag: the node agent maps it to the same broker command, the operator sees a
-    # new pod template and must replace both pods, the active last.
-    kube_cluster.kubectl(
+    # A new image tag (the same image under the next version's tag in the node's containerd, as a
+    # registry would serve it): the operator sees a new pod template and must replace both pods,
+    # the active last.
+    sealed_cluster.tag_image(
+        "docker.io/broker-failover/broker:0.1.0", "docker.io/broker-failover/broker:0.1.1"
+    )
+    sealed_cluster.kubectl(
         "-n",
         namespace,
         "patch",
@@ -748,10 +818,12 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
     actives_seen: list[int] = []
 
     def rolled() -> bool:
-        pods = get_json(kube_cluster, namespace, "pods", "-l", "broker.failover.dev/cluster=upgrade")["items"]
+        pods = get_json(sealed_cluster, namespace, "pods", "-l", "broker.failover.dev/cluster=upgrade")[
+            "items"
+        ]
         actives_seen.append(sum(p["metadata"]["labels"].get("role") == "active" for p in pods))
         hashes = {p["metadata"]["name"]: p["metadata"]["annotations"].get(TEMPLATE_HASH) for p in pods}
-        row = bc_row(kube_cluster, namespace, "upgrade")
+        row = bc_row(sealed_cluster, namespace, "upgrade")
         return (
             len(hashes) == 2
             and old_hash not in hashes.values()
@@ -761,17 +833,17 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
 
     wait_for("both pods replaced and the active moved to upgrade-1", rolled, timeout=120)
     assert max(actives_seen) <= 1, "two pods labelled active at once"
-    reasons = event_reasons(kube_cluster, namespace, "upgrade")
+    reasons = event_reasons(sealed_cluster, namespace, "upgrade")
     assert "RollingUpdate" in reasons and "SwitchoverRequested" in reasons and "Switchover" in reasons, (
         reasons
     )
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "upgrade", "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "upgrade", "--wait=false")
 
 
 TEMPLATE_HASH = "broker.failover.dev/template-hash"
 
 
-def template_hash(cluster: LocalCluster, namespace: str, name: str) -> str:
+def template_hash(cluster: SealedCluster, namespace: str, name: str) -> str:
     return str((pod(cluster, namespace, name) or {})["metadata"]["annotations"][TEMPLATE_HASH])
 
 
@@ -779,11 +851,11 @@ LEASE_RESTART_SECONDS = 15
 
 
 def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
-    kube_cluster: LocalCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
+    sealed_cluster: SealedCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
 ) -> None:
     # Its own namespace and operator: this test kills the operator.
-    namespace = new_namespace(kube_cluster, "restart")
-    first = start_operator(kube_cluster, namespace, tmp_path / "first.log")
+    namespace = new_namespace(sealed_cluster, "restart")
+    first = start_operator(sealed_cluster, namespace, tmp_path / "first.log")
     second: LocalProcess | None = None
     try:
         # A 15 s lease: an operator restart on a loaded 2-core machine can take longer than the
@@ -795,9 +867,9 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
             cloud={"url": simulators["cloud"]},
             heartbeat={"leaseSeconds": LEASE_RESTART_SECONDS},
         )
-        assert apply(kube_cluster, namespace, manifest).returncode == 0
+        assert apply(sealed_cluster, namespace, manifest).returncode == 0
         before = wait_for_row(
-            kube_cluster,
+            sealed_cluster,
             namespace,
             "restart",
             "restart-0 active",
@@ -805,12 +877,12 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
             timeout=90,
         )
         first.kill()
-        second = start_operator(kube_cluster, namespace, tmp_path / "second.log")
+        second = start_operator(sealed_cluster, namespace, tmp_path / "second.log")
         # The new operator reads the active and the epoch back from status and renews that active;
         # it never activates anything with an epoch at or below one already granted.
         time.sleep(LEASE_RESTART_SECONDS + 2)  # longer than the lease: a lost active would show by now
         after = wait_for_row(
-            kube_cluster,
+            sealed_cluster,
             namespace,
             "restart",
             "restart-0 still active",
@@ -818,25 +890,24 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
         )
         assert after["ACTIVE"] == "restart-0"
         assert after["EPOCH"] == before["EPOCH"]  # renewed, not re-elected
-        assert broker_gauge(kube_cluster, namespace, "restart-0", "broker_epoch") == int(after["EPOCH"])
-        assert broker_gauge(kube_cluster, namespace, "restart-1", "broker_active") == 0
+        assert broker_gauge(sealed_cluster, namespace, "restart-0", "broker_epoch") == int(after["EPOCH"])
+        assert broker_gauge(sealed_cluster, namespace, "restart-1", "broker_active") == 0
     finally:
         first.stop()
         if second is not None:
             second.stop()
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
-    kube_cluster: LocalCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
+    sealed_cluster: SealedCluster, crd_installed: None, simulators: dict[str, str], tmp_path: Path
 ) -> None:
     """Pod Security admission of the real API server, in a namespace that enforces "restricted":
     a pod without the operator's security contexts (non-root, no escalation, no capabilities,
-    RuntimeDefault seccomp) would be refused and the cluster would never get a broker. The node
-    agent does not enforce the contexts themselves (docs/local-cluster.md): the brokers start
-    as before."""
-    namespace = new_namespace(kube_cluster, "restricted")
-    kube_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    RuntimeDefault seccomp) would be refused and the cluster would never get a broker. The real
+    kubelet and runc enforce those contexts, and the brokers start under them."""
+    namespace = new_namespace(sealed_cluster, "restricted")
+    sealed_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     # The namespace really refuses what the standard forbids (a dry run: nothing starts).
     bare = {
         "apiVersion": "v1",
@@ -844,37 +915,37 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
         "metadata": {"name": "bare"},
         "spec": {"containers": [{"name": "main", "image": "broker-failover/broker:0.1.0"}]},
     }
-    refused = kube_cluster.kubectl(
+    refused = sealed_cluster.kubectl(
         "-n", namespace, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(bare), check=False
     )
     assert refused.returncode != 0
     assert 'violates PodSecurity "restricted:' in refused.stderr, refused.stderr
-    operator = start_operator(kube_cluster, namespace, tmp_path / "operator.log")
+    operator = start_operator(sealed_cluster, namespace, tmp_path / "operator.log")
     try:
         manifest = broker_cluster(
             "locked", replicas=2, backend={"url": simulators["backend"]}, cloud={"url": simulators["cloud"]}
         )
-        created = apply(kube_cluster, namespace, manifest)
+        created = apply(sealed_cluster, namespace, manifest)
         assert created.returncode == 0, created.stderr
         wait_for_row(
-            kube_cluster,
+            sealed_cluster,
             namespace,
             "locked",
             "locked-0 active and the cluster Healthy in a restricted namespace",
             lambda row: row["ACTIVE"] == "locked-0" and row["PHASE"] == "Healthy",
             timeout=90,
         )
-        body = pod(kube_cluster, namespace, "locked-1")
+        body = pod(sealed_cluster, namespace, "locked-1")
         assert body is not None
         assert body["spec"]["securityContext"]["runAsUser"] == 10001
         assert body["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     finally:
         operator.stop()
         print(operator.tail())  # shown by pytest on failure
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def claim_names(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+def claim_names(cluster: SealedCluster, namespace: str, name: str) -> list[str]:
     """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by the local provisioner)."""
     listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
     return sorted(c["metadata"]["name"] for c in (listing or {}).get("items", []))
@@ -882,7 +953,7 @@ def claim_names(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
 
 @pytest.mark.parametrize("policy", ["Retain", "Delete"])
 def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
-    kube_cluster: LocalCluster,
+    sealed_cluster: SealedCluster,
     namespace: str,
     simulators: dict[str, str],
     operator: LocalProcess,
@@ -897,9 +968,9 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
         backend={"url": simulators["backend"]},
         cloud={"url": simulators["cloud"]},
     )
-    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    assert apply(sealed_cluster, namespace, manifest).returncode == 0
     wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         name,
         f"{name}-0 active",
@@ -907,42 +978,42 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
         timeout=120,
     )
     claims = [f"journal-{name}-{ordinal}" for ordinal in range(3)]
-    assert claim_names(kube_cluster, namespace, name) == claims
+    assert claim_names(sealed_cluster, namespace, name) == claims
     owners = {
         claim: [
             ref["uid"]
-            for ref in get_json(kube_cluster, namespace, "pvc", claim)["metadata"].get("ownerReferences")
+            for ref in get_json(sealed_cluster, namespace, "pvc", claim)["metadata"].get("ownerReferences")
             or []
         ]
         for claim in claims
     }
-    uid = get_json(kube_cluster, namespace, "bc", name)["metadata"]["uid"]
+    uid = get_json(sealed_cluster, namespace, "bc", name)["metadata"]["uid"]
     assert set(map(tuple, owners.values())) == ({(uid,)} if policy == "Delete" else {()}), owners
 
-    patched = kube_cluster.kubectl(
+    patched = sealed_cluster.kubectl(
         "-n", namespace, "patch", "bc", name, "--type=merge", "-p", '{"spec": {"replicas": 2}}'
     )
     assert patched.returncode == 0, patched.stderr
-    wait_for(f"pod {name}-2 gone", lambda: pod(kube_cluster, namespace, f"{name}-2") is None, timeout=90)
+    wait_for(f"pod {name}-2 gone", lambda: pod(sealed_cluster, namespace, f"{name}-2") is None, timeout=90)
     if policy == "Delete":
         wait_for(
             f"journal-{name}-2 deleted",
-            lambda: claim_names(kube_cluster, namespace, name) == claims[:2],
+            lambda: claim_names(sealed_cluster, namespace, name) == claims[:2],
             timeout=60,
         )
-        assert "ClaimDeleted" in event_reasons(kube_cluster, namespace, name)
+        assert "ClaimDeleted" in event_reasons(sealed_cluster, namespace, name)
     else:
         time.sleep(6)  # three reconcile periods of the operator (--reconcile-seconds 2)
-        assert claim_names(kube_cluster, namespace, name) == claims
-    assert bc_row(kube_cluster, namespace, name)["ACTIVE"] == f"{name}-0"
+        assert claim_names(sealed_cluster, namespace, name) == claims
+    assert bc_row(sealed_cluster, namespace, name)["ACTIVE"] == f"{name}-0"
 
     # Deleting the BrokerCluster: the garbage collector takes the owned claims (whenDeleted: Delete),
     # or they stay for a BrokerCluster created again under the name (Retain).
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
     wait_for(
         f"pods of {name} gone",
         lambda: (
-            not get_json(kube_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")[
+            not get_json(sealed_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")[
                 "items"
             ]
         ),
@@ -950,21 +1021,21 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
     )
     if policy == "Delete":
         wait_for(
-            f"claims of {name} gone", lambda: claim_names(kube_cluster, namespace, name) == [], timeout=90
+            f"claims of {name} gone", lambda: claim_names(sealed_cluster, namespace, name) == [], timeout=90
         )
     else:
         time.sleep(4)
-        assert claim_names(kube_cluster, namespace, name) == claims
+        assert claim_names(sealed_cluster, namespace, name) == claims
 
 
-def ready_condition(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+def ready_condition(cluster: SealedCluster, namespace: str, name: str) -> dict[str, Any] | None:
     status = (get_json(cluster, namespace, "bc", name) or {}).get("status") or {}
     conditions = status.get("conditions") or []
     return next((c for c in conditions if c["type"] == "Ready"), None)
 
 
 def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_exists(
-    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+    sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
     """As a new user tried it: the example applied before the Secret it names. The cluster must say
     which Secret its pods wait for (not only "Pending"), and turn Ready once the Secret exists."""
@@ -976,48 +1047,51 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
         backend={"urlSecretRef": {"name": "unready-endpoints", "key": "backend"}},
         cloud={"url": simulators["cloud"]},
     )
-    assert apply(kube_cluster, namespace, manifest).returncode == 0
+    assert apply(sealed_cluster, namespace, manifest).returncode == 0
     seen: list[Any] = []
 
     def stuck_condition() -> dict[str, Any] | None:
-        condition = ready_condition(kube_cluster, namespace, name)
+        condition = ready_condition(sealed_cluster, namespace, name)
         seen[:] = [condition]
-        return condition if condition and condition["reason"] == "BrokerPodsNotRunning" else None
+        # The real scheduler first reports the pods Unschedulable until the provisioner has bound
+        # their fresh journal claims (a second or two); the state that lasts is the missing Secret.
+        named = condition and condition["reason"] == "BrokerPodsNotRunning"
+        return condition if named and "unready-endpoints" in condition["message"] else None
 
     try:
         stuck = wait_for("Ready=False naming the missing Secret", stuck_condition, timeout=90)
     except pytest.fail.Exception:
-        pods = get_json(kube_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")
+        pods = get_json(sealed_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")
         statuses = [p.get("status") for p in (pods or {}).get("items", [])]
         pytest.fail(f"Ready condition {seen}; pod statuses {statuses}")
     assert stuck["status"] == "False"
     assert "CreateContainerConfigError" in stuck["message"] and "unready-endpoints" in stuck["message"]
     assert "create the Secret" in stuck["message"]
-    assert "BrokerPodsNotRunning" in event_reasons(kube_cluster, namespace, name)
-    kube_cluster.kubectl(
+    assert "BrokerPodsNotRunning" in event_reasons(sealed_cluster, namespace, name)
+    sealed_cluster.kubectl(
         "-n", namespace, "create", "secret", "generic", "unready-endpoints",
         f"--from-literal=backend={simulators['backend']}",
     )  # fmt: skip
     ready = wait_for(
         "Ready=True once the Secret exists",
-        lambda: (c := ready_condition(kube_cluster, namespace, name)) and c["status"] == "True" and c,
+        lambda: (c := ready_condition(sealed_cluster, namespace, name)) and c["status"] == "True" and c,
         timeout=120,
     )
     assert ready["reason"] == "ActiveBrokerServing" and f"{name}-0 is active" in ready["message"]
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", name, "--wait=false")
 
 
 def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_the_admin_port(
-    kube_cluster: LocalCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
+    sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
     """spec.networkPolicy on the real API server: the CRD takes and refuses peers, the API server
     accepts the operator's NetworkPolicy, and the brokers go Active through the admin port (the
-    main port refuses Heartbeat). The local cluster does not enforce NetworkPolicies: what they
-    admit is their API server's business and the network plugin's, checked here as written."""
+    main port refuses Heartbeat). The local cluster's network plugin (the CNI bridge) does not
+    enforce NetworkPolicies: what they admit is checked here as written."""
     erp = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "erp"}}}
     relay = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.9.0/24"]}}
     refused = apply(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         broker_cluster("guarded", company="7100", networkPolicy={"enabled": True, "sendMessagesFrom": [{}]}),
     )
@@ -1031,13 +1105,13 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
         cloud={"url": simulators["cloud"]},
         networkPolicy={"enabled": True, "sendMessagesFrom": [erp, relay]},
     )
-    created = apply(kube_cluster, namespace, manifest)
+    created = apply(sealed_cluster, namespace, manifest)
     assert created.returncode == 0, created.stderr
-    uid = get_json(kube_cluster, namespace, "bc", "guarded")["metadata"]["uid"]
+    uid = get_json(sealed_cluster, namespace, "bc", "guarded")["metadata"]["uid"]
 
     policy = wait_for(
         "networkpolicy/guarded-brokers-ingress",
-        lambda: get_json(kube_cluster, namespace, "networkpolicy", "guarded-brokers-ingress"),
+        lambda: get_json(sealed_cluster, namespace, "networkpolicy", "guarded-brokers-ingress"),
     )
     (owner,) = policy["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "guarded", uid)
@@ -1050,25 +1124,25 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
         {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": "admin"}]},
         {"from": [erp, relay, operator_peer], "ports": [{"protocol": "TCP", "port": "soap"}]},
     ]
-    listed = kube_cluster.kubectl("-n", namespace, "get", "networkpolicy", "-o", "name").stdout.split()
+    listed = sealed_cluster.kubectl("-n", namespace, "get", "networkpolicy", "-o", "name").stdout.split()
     assert "networkpolicy.networking.k8s.io/guarded-brokers-ingress" in listed
 
     # The brokers are heartbeated on their admin port: one goes Active, the other is a ready standby.
     wait_for_row(
-        kube_cluster,
+        sealed_cluster,
         namespace,
         "guarded",
         "guarded-0 active and the cluster Healthy",
         lambda row: row["ACTIVE"] == "guarded-0" and row["PHASE"] == "Healthy",
         timeout=90,
     )
-    body = pod(kube_cluster, namespace, "guarded-0")
+    body = pod(sealed_cluster, namespace, "guarded-0")
     assert body is not None
     (container,) = body["spec"]["containers"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"soap": 8080, "admin": 8081}
     # The main port refuses the operator's call, naming the admin port; so Healthy came through 8081.
     ip = body["status"]["podIP"]
-    token = kube_cluster.kubectl(
+    token = sealed_cluster.kubectl(
         "-n", namespace, "get", "secret", "guarded-broker-token", "-o", "jsonpath={.data.token}"
     ).stdout
     heartbeat = HEARTBEAT_CHECK.encode()
@@ -1082,14 +1156,14 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
         method="POST",
     )
     with pytest.raises(urllib.error.HTTPError) as fault:
-        urllib.request.urlopen(request, timeout=10)
+        http_in_network(sealed_cluster, request)
     text = fault.value.read().decode()
     assert "WRONG_PORT" in text and "admin port 8081" in text, text
-    brokers = get_json(kube_cluster, namespace, "bc", "guarded")["status"]["brokers"]
+    brokers = get_json(sealed_cluster, namespace, "bc", "guarded")["status"]["brokers"]
     assert {b["name"]: b["state"] for b in brokers} == {"guarded-0": "Active", "guarded-1": "Inactive"}
 
     # Turned off, the policy goes; the brokers keep running.
-    kube_cluster.kubectl(
+    sealed_cluster.kubectl(
         "-n",
         namespace,
         "patch",
@@ -1101,11 +1175,11 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
     )
     wait_for(
         "networkpolicy/guarded-brokers-ingress deleted",
-        lambda: get_json(kube_cluster, namespace, "networkpolicy", "guarded-brokers-ingress") is None,
+        lambda: get_json(sealed_cluster, namespace, "networkpolicy", "guarded-brokers-ingress") is None,
         timeout=30,
     )
-    assert "Deleted" in event_reasons(kube_cluster, namespace, "guarded")
-    kube_cluster.kubectl("-n", namespace, "delete", "bc", "guarded", "--wait=false")
+    assert "Deleted" in event_reasons(sealed_cluster, namespace, "guarded")
+    sealed_cluster.kubectl("-n", namespace, "delete", "bc", "guarded", "--wait=false")
 
 
 # A renewLease=false check: it would change nothing even where it were accepted.

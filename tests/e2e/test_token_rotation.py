@@ -1,11 +1,12 @@
 """Rotating the operator token on the real control plane (issue 13 item 5): no restart, no failover.
 
-The operator runs as its own process, the brokers as pods whose token is a Secret volume, and
-the node agent (the local cluster's kubelet) re-syncs Secret volumes with the kubelet's atomic
-``..data`` swap. A new value patched into the generated Secret must reach every broker (it
-re-reads the file it was given) and the operator (it re-reads the Secret) while heartbeats go
-on: same active, same epoch, no Failover event, no container restarted; and once the brokers'
-grace window (30 s by default) has passed, the old token opens nothing.
+The operator runs as its own process (in the sealed cluster's namespaces), the brokers as pods
+on the real kubelet whose token is a Secret volume, which the kubelet re-syncs with its atomic
+``..data`` swap (``syncFrequency`` 10 s on this node). A new value patched into the generated
+Secret must reach every broker (it re-reads the file it was given) and the operator (it re-reads
+the Secret) while heartbeats go on: same active, same epoch, no Failover event, no container
+restarted; and once the brokers' grace window (30 s by default) has passed, the old token opens
+nothing.
 
 Waits are bounded failure limits, not performance assertions.
 """
@@ -24,16 +25,17 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, SOAP_ENV_NAMESPACE
-from local_cluster.cluster import LocalCluster
-from tests.e2e.support import LocalProcess, free_port, get_json, installed_crd, listening, wait_for
+from local_cluster.sealed_cluster import SealedCluster
+from tests.e2e.support import LocalProcess, get_json, installed_crd, wait_for
 from tests.e2e.test_operator import (
-    VENV_BIN,
     apply,
     broker_cluster,
     event_reasons,
+    http_in_network,
     new_namespace,
     pod,
     start_operator,
+    start_simulator,
     wait_for_row,
 )
 
@@ -49,32 +51,30 @@ LIST_HELD = (
 
 
 @pytest.fixture(scope="module")
-def crd(kube_cluster: LocalCluster) -> Iterator[None]:
-    with installed_crd(kube_cluster):
+def crd(sealed_cluster: SealedCluster) -> Iterator[None]:
+    with installed_crd(sealed_cluster):
         yield
 
 
 @pytest.fixture
-def backend_and_cloud(tmp_path: Path) -> Iterator[dict[str, str]]:
+def backend_and_cloud(sealed_cluster: SealedCluster, tmp_path: Path) -> Iterator[dict[str, str]]:
     """A backend and a cloud simulator of this test's own (targets remember epochs per account)."""
-    ports = {"backend": free_port(), "cloud": free_port()}
-    started = {
-        role: LocalProcess(
-            [str(VENV_BIN / f"{role}-simulator"), "--port", str(port)], tmp_path / f"{role}.log"
-        )
-        for role, port in ports.items()
-    }
+    started: list[LocalProcess] = []
+    urls: dict[str, str] = {}
     try:
-        for role, port in ports.items():
-            wait_for(f"{role} simulator", lambda port=port: listening(port))
-        yield {role: f"http://127.0.0.1:{port}" for role, port in ports.items()}
+        for role in ("backend", "cloud"):
+            process, urls[role] = start_simulator(sealed_cluster, role, tmp_path / f"{role}.log")
+            started.append(process)
+        yield urls
     finally:
-        for process in started.values():
+        for process in started:
             process.stop()
 
 
-def list_held_status(cluster: LocalCluster, namespace: str, broker: str, token: str) -> str:
-    """``ListHeld`` (changes nothing) with ``token`` at the admin port: "ok", a fault code, or why not."""
+def list_held_status(cluster: SealedCluster, namespace: str, broker: str, token: str) -> str:
+    """``ListHeld`` (changes nothing) with ``token`` at the admin port: "ok", a fault code, or why not.
+
+    Sent from the cluster's network, where the pod IP routes."""
     ip = ((pod(cluster, namespace, broker) or {}).get("status") or {}).get("podIP")
     request = urllib.request.Request(
         f"http://{ip}:8081/soap",  # the admin port: the main port refuses ListHeld (WRONG_PORT)
@@ -83,8 +83,8 @@ def list_held_status(cluster: LocalCluster, namespace: str, broker: str, token: 
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return "ok" if response.status == 200 else f"HTTP {response.status}"
+        http_in_network(cluster, request, timeout=5)
+        return "ok"  # urllib raises HTTPError for any other status
     except urllib.error.HTTPError as error:
         body = error.read().decode(errors="replace")
         return (
@@ -94,12 +94,12 @@ def list_held_status(cluster: LocalCluster, namespace: str, broker: str, token: 
         return f"unreachable: {error}"
 
 
-def secret_token(cluster: LocalCluster, namespace: str, name: str) -> str:
+def secret_token(cluster: SealedCluster, namespace: str, name: str) -> str:
     secret = get_json(cluster, namespace, "secret", name)
     return base64.b64decode(secret["data"]["token"]).decode()
 
 
-def containers(cluster: LocalCluster, namespace: str) -> dict[str, tuple[str, int]]:
+def containers(cluster: SealedCluster, namespace: str) -> dict[str, tuple[str, int]]:
     """Each broker's (containerID, restartCount): a restart changes one or the other."""
     found = {}
     for name in BROKERS:
@@ -109,17 +109,17 @@ def containers(cluster: LocalCluster, namespace: str) -> dict[str, tuple[str, in
 
 
 def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failover(
-    kube_cluster: LocalCluster,
+    sealed_cluster: SealedCluster,
     crd: None,
     backend_and_cloud: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    namespace = new_namespace(kube_cluster, "rotate")
+    namespace = new_namespace(sealed_cluster, "rotate")
     # The operator reads the Secret again every 2 s here (default 30 s), so the test sees the
     # ordinary path; a broker refusing the old token would also make it read the Secret.
     monkeypatch.setenv("OPERATOR_TOKEN_RECHECK_SECONDS", "2")
-    operator = start_operator(kube_cluster, namespace, tmp_path / "operator.log")
+    operator = start_operator(sealed_cluster, namespace, tmp_path / "operator.log")
     try:
         manifest = broker_cluster(
             CLUSTER,
@@ -129,32 +129,33 @@ def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failove
             backend={"url": backend_and_cloud["backend"]},
             cloud={"url": backend_and_cloud["cloud"]},
         )
-        assert apply(kube_cluster, namespace, manifest).returncode == 0
+        assert apply(sealed_cluster, namespace, manifest).returncode == 0
         before = wait_for_row(
-            kube_cluster,
+            sealed_cluster,
             namespace,
             CLUSTER,
             f"{CLUSTER}-0 active",
             lambda row: row["ACTIVE"] == BROKERS[0] and row["PHASE"] == "Healthy",
             timeout=120,
         )
-        status_before = get_json(kube_cluster, namespace, "bc", CLUSTER)["status"]
-        started = containers(kube_cluster, namespace)
+        status_before = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]
+        started = containers(sealed_cluster, namespace)
         secret = f"{CLUSTER}-broker-token"
-        old = secret_token(kube_cluster, namespace, secret)
+        old = secret_token(sealed_cluster, namespace, secret)
         for broker in BROKERS:
-            assert list_held_status(kube_cluster, namespace, broker, old) == "ok"
+            assert list_held_status(sealed_cluster, namespace, broker, old) == "ok"
 
         new = uuid.uuid4().hex
         patch = json.dumps({"stringData": {"token": new}})
-        kube_cluster.kubectl("-n", namespace, "patch", "secret", secret, "--type=merge", "-p", patch)
+        sealed_cluster.kubectl("-n", namespace, "patch", "secret", secret, "--type=merge", "-p", patch)
 
-        # Every broker takes the new token without a restart (the node agent swapped ..data).
+        # Every broker takes the new token without a restart (the kubelet swapped ..data; it syncs
+        # a pod's Secret volumes every syncFrequency, 10 s, plus its jitter).
         for broker in BROKERS:
             wait_for(
                 f"{broker} to accept the new token",
-                lambda broker=broker: list_held_status(kube_cluster, namespace, broker, new) == "ok",
-                timeout=30,
+                lambda broker=broker: list_held_status(sealed_cluster, namespace, broker, new) == "ok",
+                timeout=90,
             )
         # Both brokers have seen the change by now, so their grace window ends before this + 30 s.
         all_seen_at = time.monotonic()
@@ -169,7 +170,7 @@ def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failove
         # Through the grace window and past it, heartbeats never fail: same active, same epoch.
         rows: list[dict[str, str]] = []
         while time.monotonic() < all_seen_at + BROKER_GRACE_SECONDS + 5:
-            rows.append(wait_for_row(kube_cluster, namespace, CLUSTER, "a row", lambda row: True))
+            rows.append(wait_for_row(sealed_cluster, namespace, CLUSTER, "a row", lambda row: True))
             time.sleep(1)
         assert {(r["ACTIVE"], r["EPOCH"], r["PHASE"]) for r in rows} == {
             (BROKERS[0], before["EPOCH"], "Healthy")
@@ -177,16 +178,16 @@ def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failove
 
         # The old token stops working once the window has passed; the new one keeps working.
         for broker in BROKERS:
-            assert list_held_status(kube_cluster, namespace, broker, old) == "UNAUTHENTICATED"
-            assert list_held_status(kube_cluster, namespace, broker, new) == "ok"
-        status = get_json(kube_cluster, namespace, "bc", CLUSTER)["status"]
+            assert list_held_status(sealed_cluster, namespace, broker, old) == "UNAUTHENTICATED"
+            assert list_held_status(sealed_cluster, namespace, broker, new) == "ok"
+        status = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]
         assert status.get("failovers", 0) == status_before.get("failovers", 0)
         assert status["active"] == BROKERS[0] and status["epoch"] == status_before["epoch"]
-        reasons = event_reasons(kube_cluster, namespace, CLUSTER)
+        reasons = event_reasons(sealed_cluster, namespace, CLUSTER)
         assert "Failover" not in reasons, reasons
-        assert containers(kube_cluster, namespace) == started, "a broker container was restarted"
+        assert containers(sealed_cluster, namespace) == started, "a broker container was restarted"
         assert operator.process.poll() is None, "the operator must not have restarted either"
     finally:
         operator.stop()
         print(operator.tail())  # shown by pytest on failure
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
