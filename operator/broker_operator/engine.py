@@ -2,7 +2,7 @@
 
 ``ClusterLoop`` runs one BrokerCluster: it asks the pure decision core
 (:mod:`broker_operator.core`) what to do, carries the actions out (heartbeats via
-:class:`HeartbeatClient`, epochs, labels, status and events via a
+:class:`HeartbeatClient`, epochs, the ``-active`` Service, status and events via a
 :class:`ClusterShell`), and feeds the outcomes back. The kopf controller runs one
 loop per cluster in a daemon; the local runner and the benchmarks run the same
 loop with shells of their own, without Kubernetes.
@@ -28,19 +28,20 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from broker_operator import metrics
 from broker_operator.core import (
+    ActivePointed,
     AllocateEpoch,
     ClusterConfig,
     EpochGranted,
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
-    LabelMoved,
-    MoveActiveLabel,
     Observation,
+    PointActive,
     RecordEvent,
     SendHeartbeat,
     initial_state,
@@ -86,6 +87,11 @@ class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/s
         self.current = current
 
 
+class ServiceFenced(Exception):  # noqa: N818 - named for what it is, like EpochConflict
+    """The ``-active`` Service was pointed under a higher epoch than the write carried: a newer
+    term has begun, and an older one must not move the Service back."""
+
+
 class ClusterShell(Protocol):
     """What the engine needs from its surroundings (Kubernetes, or a local state file)."""
 
@@ -94,7 +100,11 @@ class ClusterShell(Protocol):
         if the stored epoch is above ``current``. The only writer of the stored epoch."""
         ...
 
-    async def move_active_label(self, active: str | None) -> None: ...
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+        """Point the ``-active`` Service at ``active`` (the broker activated at ``url``) or at
+        nobody, fenced by ``epoch``: raise :class:`ServiceFenced` if it was pointed under a
+        higher one. Then move the ``role=active`` label."""
+        ...
 
     async def record_status(self, status: ClusterStatus) -> None:
         """Called only when the engine-owned status changed; never writes ``status.epoch``."""
@@ -157,6 +167,11 @@ class ClusterLoop:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
         self._wakeup.set()
 
+    def repoint(self) -> None:
+        """The ``-active`` Service's endpoints were lost (deleted by hand): write them again now."""
+        self._state = replace(self._state, pointed_known=False, point_retry_at=0.0)
+        self._wakeup.set()
+
     async def run(self) -> None:
         # Many loops start together when the operator starts; a random phase within
         # one interval spreads their heartbeats instead of sending them in bursts.
@@ -186,17 +201,17 @@ class ClusterLoop:
                     pass
 
     async def _carry_out(self, actions: Sequence[object]) -> list[Observation]:
-        # The label move runs alongside the heartbeats rather than after them: the
-        # backend reaches the new active only once the label has moved, and a
-        # heartbeat of the same step to a frozen broker takes a whole timeout.
+        # Pointing the Service runs alongside the heartbeats rather than after them
+        # (and is started first): the backend reaches the new active only through it,
+        # and a heartbeat of the same step to a frozen broker takes a whole timeout.
         calls = [
             self._heartbeat(action)
             if isinstance(action, SendHeartbeat)
             else self._allocate(action)
             if isinstance(action, AllocateEpoch)
-            else self._move_label(action)
+            else self._point(action)
             for action in actions
-            if isinstance(action, SendHeartbeat | AllocateEpoch | MoveActiveLabel)
+            if isinstance(action, SendHeartbeat | AllocateEpoch | PointActive)
         ]
         observations = [outcome for outcome in await asyncio.gather(*calls) if outcome is not None]
         for action in actions:
@@ -204,13 +219,16 @@ class ClusterLoop:
                 await self._event(action)
         return observations
 
-    async def _move_label(self, action: MoveActiveLabel) -> Observation | None:
+    async def _point(self, action: PointActive) -> Observation | None:
         try:
-            await self._shell.move_active_label(action.active)
-        except Exception:  # the core retries once per interval
-            logger.exception("%s: moving the active label to %s failed", self.cluster, action.active)
+            await self._shell.point_active(action.active, action.epoch, action.url)
+        except ServiceFenced as fenced:  # a newer term moved it; our renewals will hear so
+            logger.warning("%s: not pointing the Service at %s: %s", self.cluster, action.active, fenced)
             return None
-        return LabelMoved(action.active)
+        except Exception:  # the core retries once per interval
+            logger.exception("%s: pointing the Service at %s failed", self.cluster, action.active)
+            return None
+        return ActivePointed(action.active)
 
     async def _heartbeat(self, action: SendHeartbeat) -> Observation:
         target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)

@@ -247,6 +247,7 @@ async def _run_engine(
 
     observations.wake = loop.wake
     observations.retarget = retarget
+    observations.repoint = loop.repoint
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
     token_due = time.monotonic() + context.settings.token_recheck_seconds
     try:
@@ -265,6 +266,7 @@ async def _run_engine(
     finally:
         observations.wake = None
         observations.retarget = None
+        observations.repoint = None
         engine.cancel()
         await asyncio.gather(engine, return_exceptions=True)
         await heartbeats.close()

@@ -47,8 +47,17 @@ class AllocateEpoch:
 
 
 @dataclass(frozen=True)
-class MoveActiveLabel:
+class PointActive:
+    """Point the ``<cluster>-active`` Service at ``active`` (at ``url``'s address), or at nobody.
+
+    ``epoch`` fences the write: the active's epoch, or the cluster's while none is active. A
+    shell that finds the Service already pointed under a higher epoch refuses (another term
+    has begun). The ``role=active`` label follows, for people and ``kubectl get pods -l``.
+    """
+
     active: str | None
+    epoch: int
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class RecordEvent:
     warning: bool
 
 
-Action = SendHeartbeat | AllocateEpoch | MoveActiveLabel | RecordEvent
+Action = SendHeartbeat | AllocateEpoch | PointActive | RecordEvent
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,8 @@ class EpochRefused:
 
 
 @dataclass(frozen=True)
-class LabelMoved:
+class ActivePointed:
     active: str | None
 
 
-Observation = HeartbeatAnswered | HeartbeatFailed | EpochGranted | EpochRefused | LabelMoved
+Observation = HeartbeatAnswered | HeartbeatFailed | EpochGranted | EpochRefused | ActivePointed

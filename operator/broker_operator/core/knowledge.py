@@ -165,9 +165,11 @@ class EngineState:
     active_epoch: int = 0  # the epoch the active was activated with
     next_active_heartbeat_at: float = 0.0
     move: Move | None = None
-    label: str | None = None
-    label_known: bool = False  # False until a move_active_label succeeded once
-    label_retry_at: float = 0.0
+    # Where the ``-active`` Service points (a broker, or nobody), as this engine last wrote it;
+    # unknown until its first write, which a restarted engine makes once it has an active.
+    pointed: str | None = None
+    pointed_known: bool = False
+    point_retry_at: float = 0.0
     epoch_retry_at: float = 0.0
     honoured_preferred: str | None = None  # preferredActive already acted upon
     last_move: LastMove | None = None

@@ -23,11 +23,11 @@ from dataclasses import replace
 
 from broker_contracts.soap import BrokerState
 from broker_operator.core.actions import (
+    ActivePointed,
     EpochGranted,
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
-    LabelMoved,
     Observation,
 )
 from broker_operator.core.knowledge import (
@@ -71,8 +71,8 @@ def observe(state: EngineState, config: ClusterConfig, observation: Observation,
                 f" {config.settings.interval_seconds:g}s",
                 True,
             )
-        case LabelMoved(active=active):
-            return replace(state, label=active, label_known=True)
+        case ActivePointed(active=active):
+            return replace(state, pointed=active, pointed_known=True)
 
 
 def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered, now: float) -> EngineState:

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker_operator.core import (
+    ActivePointed,
     AllocateEpoch,
     BrokerTarget,
     ClusterConfig,
@@ -55,10 +56,9 @@ from broker_operator.core import (
     HeartbeatFailed,
     HeartbeatReply,
     HeartbeatSettings,
-    LabelMoved,
-    MoveActiveLabel,
     Observation,
     PodFacts,
+    PointActive,
     RecordEvent,
     SendHeartbeat,
     initial_state,
@@ -93,7 +93,10 @@ class World:
     engine_epochs: set[int] = field(default_factory=set)
     recorded_status: ClusterStatus | None = None
     status_writes: int = 0
-    label: str | None = None
+    # The -active Service as the Kubernetes shell writes it: (broker or None, epoch), fenced.
+    service: tuple[str | None, int] = (None, 0)
+    service_writes: list[tuple[float, str | None, int]] = field(default_factory=list)
+    terms: set[tuple[str, int]] = field(default_factory=set)  # (broker, epoch) it was ever active with
     events: list[RecordEvent] = field(default_factory=list)
     activations: list[tuple[float, str, int]] = field(default_factory=list)
     epoch_owner: dict[int, str] = field(default_factory=dict)
@@ -232,6 +235,7 @@ class World:
         broker.handle(True, epoch, self.now)
         self.target_epoch = max(self.target_epoch, epoch)
         assert broker.active, f"{name} could not be left active with epoch {epoch}"
+        self.terms.add((name, epoch))
 
     def crash(self, name: str) -> None:
         broker = self.brokers[name]
@@ -341,9 +345,8 @@ class World:
                 else:
                     self._grant(action.epoch, "engine")
                     self.pending.append(EpochGranted(action.epoch))
-            elif isinstance(action, MoveActiveLabel):
-                self.label = action.active
-                self.pending.append(LabelMoved(action.active))
+            elif isinstance(action, PointActive):
+                self._point_service(action)
             elif isinstance(action, RecordEvent):
                 self.events.append(action)
         return latency
@@ -383,6 +386,19 @@ class World:
             self._check_activation(broker)
         return reply
 
+    def _point_service(self, action: PointActive) -> None:
+        """As controller/endpoints.py: refused under a lower epoch than the Service's."""
+        if action.epoch < self.service[1]:
+            return  # ServiceFenced: the engine sees no ActivePointed and retries
+        if action.active is not None:
+            # The Service only ever names a broker that was activated with that very epoch.
+            assert (action.active, action.epoch) in self.terms, (
+                f"Service pointed at {action.active} under epoch {action.epoch}, never its activation"
+            )
+        self.service = (action.active, action.epoch)
+        self.service_writes.append((self.now, action.active, action.epoch))
+        self.pending.append(ActivePointed(action.active))
+
     def _check_activation(self, broker: SimBroker) -> None:
         self._run_processes()  # self-fence whoever's lease ran out
         others = [b.name for b in self.processes() if b is not broker and b.acts_as_active(self.now)]
@@ -391,3 +407,4 @@ class World:
         owner = self.epoch_owner.setdefault(epoch, broker.name)
         assert owner == broker.name, f"epoch {epoch} given to both {owner} and {broker.name}"
         self.activations.append((self.now, broker.name, epoch))
+        self.terms.add((broker.name, epoch))

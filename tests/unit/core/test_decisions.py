@@ -16,6 +16,7 @@ from broker_operator.core import (
     ClusterStatus,
     FailbackMode,
     HeartbeatSettings,
+    PointActive,
     SendHeartbeat,
     SettingsError,
     next_epoch,
@@ -431,3 +432,27 @@ def test_targets_that_refuse_the_epoch_fail_the_activation_without_a_tight_loop(
     assert shown["b0"].unavailability_code == "STALE_EPOCH"
     # One new epoch per broker per round, the rounds backing off: a handful, not one per step.
     assert len(world.grants) <= 2 * 8, world.grants
+
+
+def test_the_service_follows_the_activation_first_in_its_step_and_points_at_nobody_meanwhile() -> None:
+    world = World.create(["b0", "b1"], FAST, pod_mode=True)
+    world.run(2.0)
+    assert world.service == ("b0", 1)
+    world.crash("b0")  # the pod facts say its container terminated: a failover at once
+    decision = step(world.state, world.config, world.pod_facts(), world.now)
+    assert isinstance(decision.actions[0], PointActive) and decision.actions[0].active is None
+    world.run(2.0)
+    epoch = next(e for _, name, e in world.activations if name == "b1")
+    assert world.service == ("b1", epoch)
+    writes = [(name, e) for _, name, e in world.service_writes]
+    assert writes == [("b0", 1), (None, writes[1][1]), ("b1", epoch)]
+    assert writes[1][1] <= epoch  # the blank is written under the cluster's epoch, never above
+
+
+def test_a_restarted_engine_leaves_the_service_alone_until_it_has_an_active() -> None:
+    world = World.create(["b0", "b1"], FAST, stored_epoch=4, last_active="b0")
+    world.run(2.0)
+    assert world.actives() == ["b0"]
+    # Confirming the last active took a round trip; blanking the Service meanwhile would have
+    # cut traffic at every operator restart.
+    assert [name for _, name, _ in world.service_writes] == ["b0"]

@@ -13,6 +13,8 @@ every broker action that
   is its only writer, the status patches the shell writes on every change included,
 - ``active=true`` goes only to the current active or the move's candidate (never
   to a standby that should stay inactive),
+- the ``-active`` Service is pointed only at a broker activated with the epoch the write
+  carries, and never back under a lower epoch (the shell's fence),
 - all of this also while the spec's broker set changes under the engine (brokers
   added, removed, re-addressed, or none at all, as for a cluster whose pods have
   no IPs yet): removed or re-addressed processes count as actives until they are
@@ -20,8 +22,9 @@ every broker action that
 
 and, once the faults stop, that the cluster converges: under ``Automatic`` to the
 preferred broker or else the highest-priority one, under ``Manual`` to some
-broker that then stays put. The simulated brokers stand in for broker processes
-(the integration tests run real ones), but their heartbeat rules are the broker's own
+broker that then stays put, with the Service pointing at it. The simulated brokers
+stand in for broker processes (the integration tests run real ones), but their
+heartbeat rules are the broker's own
 term state machine (``broker_service.term``); the core itself is the real code.
 """
 
@@ -237,6 +240,9 @@ class FailoverMachine(RuleBasedStateMachine):
         assert world.state.active == actives[0], (world.state.active, actives)
         status = status_of(world.state, world.config)
         assert status.active == actives[0]
+        assert world.service == (actives[0], world.state.active_epoch), (
+            f"the -active Service points at {world.service}, the active is {actives[0]}"
+        )
         # Failback needs evidence that the better broker is healthy: with standby
         # probes off (standbyProbeSeconds 0) the engine stays where it is.
         if heartbeat.failback is FailbackMode.AUTOMATIC and heartbeat.standby_probe_seconds > 0:
