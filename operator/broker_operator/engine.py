@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from broker_operator import metrics
+from broker_operator.broker_watch import BrokerWatches
 from broker_operator.core import (
     ActivePointed,
     AllocateEpoch,
@@ -133,7 +134,10 @@ class ClusterLoop:
         *,
         wall_clock: Callable[[], float] = time.time,
         start_jitter: bool = True,
+        watch: bool = False,
     ) -> None:
+        """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
+        it hears of a crash at once and can prove a process gone."""
         self.cluster = cluster
         self._config = ClusterConfig.of(cluster, targets, settings, preferred_active)
         self._shell = shell
@@ -150,6 +154,8 @@ class ClusterLoop:
         )
         self._wakeup = asyncio.Event()
         self._start_jitter = 1.0 if start_jitter else 0.0
+        self._watch = watch
+        self._signals: list[Observation] = []  # from the watch connections, for the next step
 
     @property
     def status(self) -> ClusterStatus:
@@ -167,6 +173,11 @@ class ClusterLoop:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
         self._wakeup.set()
 
+    def signal(self, observation: Observation) -> None:
+        """A watch connection saw something (``ConnectionLost``, ``ProcessGone``): step now."""
+        self._signals.append(observation)
+        self._wakeup.set()
+
     def repoint(self) -> None:
         """The ``-active`` Service's endpoints were lost (deleted by hand): write them again now."""
         self._state = replace(self._state, pointed_known=False, point_retry_at=0.0)
@@ -177,10 +188,23 @@ class ClusterLoop:
         # one interval spreads their heartbeats instead of sending them in bursts.
         # Safe: the lease exceeds interval x failureThreshold, so the active outlives it.
         await asyncio.sleep(random.uniform(0, self._config.settings.interval_seconds) * self._start_jitter)
+        watches = BrokerWatches(self._heartbeats, self.signal, self._clock) if self._watch else None
+        try:
+            await self._run(watches)
+        finally:
+            if watches is not None:
+                await watches.close()
+
+    async def _run(self, watches: BrokerWatches | None) -> None:
         observations: list[Observation] = []
         last_phase: str | None = None
         while True:
             self._wakeup.clear()
+            if watches is not None:
+                watches.follow(self._config.targets)
+            # The outcomes of the last step first, then what the watches saw since: a proof of
+            # death is weighed against every answer that came before it (core.observe).
+            observations, self._signals = [*observations, *self._signals], []
             decision = step(self._state, self._config, self._shell.pod_facts(), self._clock(), observations)
             self._state = decision.state
             observations = await self._carry_out(decision.actions)

@@ -154,6 +154,11 @@ class HeartbeatClient:
             }
         return headers
 
+    def watch_token(self, url: str) -> str:
+        """The token to open a broker's ``/watch`` with (``broker_watch``): the one the broker at
+        ``url`` last took, else the current one."""
+        return self._taken.get(url) or self._token
+
     def _tokens_to_offer(self, url: str) -> list[str]:
         """The token this broker last took first, then the current one, then the previous one."""
         ordered = [self._taken.get(url), self._token, self._previous_token]

@@ -224,6 +224,9 @@ async def _run_engine(
         heartbeats=heartbeats,
         initial=ClusterStatus.from_status(dict(ref.status)),
         preferred_active=observations.switchover_target or parsed.preferred_active,
+        # Pods mode: each target is a pod's own address, so a refused connection is the pod's
+        # (broker_watch); endpoints may sit behind a proxy whose refusal would say nothing.
+        watch=not parsed.endpoints_mode,
     )
 
     def retarget() -> None:

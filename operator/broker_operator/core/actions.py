@@ -107,4 +107,42 @@ class ActivePointed:
     active: str | None
 
 
-Observation = HeartbeatAnswered | HeartbeatFailed | EpochGranted | EpochRefused | ActivePointed
+@dataclass(frozen=True)
+class ConnectionLost:
+    """The operator's watch connection to ``broker`` at ``url`` broke (an EOF or a reset).
+
+    Proof of nothing: a hung broker, a partition or a middlebox can cause one. It counts as a
+    failed heartbeat of that broker, and the broker is checked again at once.
+    """
+
+    broker: str
+    url: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProcessGone:
+    """The broker process the operator watched at ``url`` is gone, proven at ``at``.
+
+    Its watch stream ended with a FIN (its kernel closed it) and, at ``at``, a new connection to
+    the same pod address and admin port was refused: nothing listens there. It proves the process
+    is not active because a broker never closes its admin listener while it may act
+    (docs/failover-engine.md, "Proofs of death"). A process that answered, or a call that may
+    have reached one, after ``at`` voids it.
+    """
+
+    broker: str
+    url: str
+    at: float
+    reason: str
+
+
+Observation = (
+    HeartbeatAnswered
+    | HeartbeatFailed
+    | EpochGranted
+    | EpochRefused
+    | ActivePointed
+    | ConnectionLost
+    | ProcessGone
+)

@@ -189,6 +189,8 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         reason, detail = "RemovedFromSpec", "was removed from the spec"
     elif broker.dead:
         reason, detail = broker.code or "CONTAINER_TERMINATED", broker.message or "its container is dead"
+    elif broker.gone_at is not None:
+        reason, detail = "PROCESS_GONE", broker.message or "its process is gone"
     elif broker.earlier_address_possibly_active(now):
         # Renewing at the new address could activate a second process while the
         # one at the old address is still active: fail over through the gate.

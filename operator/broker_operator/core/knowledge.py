@@ -92,6 +92,9 @@ class BrokerKnowledge:
     activation_message: str | None = None
     reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
     dead: bool = False  # Kubernetes says its container terminated or its pod is gone
+    # When the operator proved the process at ``url`` gone (its watch ended, its port refused):
+    # an active fails over at once. Cleared by any answer, which only a live process gives.
+    gone_at: float | None = None
     # An active=true call that may have arrived got no answer: a paused broker can
     # still act on it when it resumes, so it is fenced every interval until it
     # answers active=false, even after its lease bound has passed.
@@ -368,6 +371,7 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
             state = state.with_broker(
                 broker.name,
                 dead=False,
+                gone_at=None,
                 state=UNKNOWN_STATE,
                 code=None,
                 message=None,

@@ -49,6 +49,7 @@ from broker_operator.core import (
     BrokerTarget,
     ClusterConfig,
     ClusterStatus,
+    ConnectionLost,
     EngineState,
     EpochGranted,
     EpochRefused,
@@ -59,6 +60,7 @@ from broker_operator.core import (
     Observation,
     PodFacts,
     PointActive,
+    ProcessGone,
     RecordEvent,
     SendHeartbeat,
     initial_state,
@@ -97,6 +99,8 @@ class World:
     service: tuple[str | None, int] = (None, 0)
     service_writes: list[tuple[float, str | None, int]] = field(default_factory=list)
     terms: set[tuple[str, int]] = field(default_factory=set)  # (broker, epoch) it was ever active with
+    # What the operator's watch connections report, each delivered at its time (may be late).
+    signals: list[tuple[float, Observation]] = field(default_factory=list)
     events: list[RecordEvent] = field(default_factory=list)
     activations: list[tuple[float, str, int]] = field(default_factory=list)
     epoch_owner: dict[int, str] = field(default_factory=dict)
@@ -237,10 +241,24 @@ class World:
         assert broker.active, f"{name} could not be left active with epoch {epoch}"
         self.terms.add((name, epoch))
 
-    def crash(self, name: str) -> None:
+    def crash(self, name: str, *, noticed_after: float | None = None) -> None:
+        """kill -9. ``noticed_after``: the watch proves it (FIN, then a refused connect, now) and the
+        engine hears of it that much later, possibly after a restart: the proof must not carry
+        over to the new process."""
         broker = self.brokers[name]
         broker.alive = False
         broker.new_process()  # kill -9: the process and its activity are gone; the epoch is on disk
+        target = self.config.target(name)
+        if noticed_after is not None and target is not None:
+            gone = ProcessGone(name, target.url, self.now, "watch ended; admin port refused (simulated)")
+            self.signals.append((self.now + noticed_after, gone))
+
+    def connection_lost(self, name: str, *, after: float = 0.0) -> None:
+        """The watch connection breaks with the process alive or not: proof of nothing."""
+        target = self.config.target(name)
+        if target is not None:
+            lost = ConnectionLost(name, target.url, "reset by peer (simulated)")
+            self.signals.append((self.now + after, lost))
 
     def restart(self, name: str) -> None:
         broker = self.brokers[name]
@@ -299,6 +317,9 @@ class World:
         for _ in range(max_steps):
             if self.now >= until:  # outcomes still pending are folded in by the next run
                 return
+            due = [signal for at, signal in self.signals if at <= self.now]
+            self.signals = [(at, signal) for at, signal in self.signals if at > self.now]
+            self.pending = [*self.pending, *due]  # as the loop: outcomes first, then signals
             decision = step(self.state, self.config, self.pod_facts(), self.now, self.pending)
             self.state = decision.state
             recent = [*recent[-4:], f"t={self.now:.3f} {decision.actions} move={self.state.move}"]

@@ -1,8 +1,9 @@
 """Stateful property tests: the decision core against simulated brokers under random faults.
 
-Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes,
-restarts, partitions, pauses (SIGSTOP), slow replies, journal failures, activation
-failures, epoch conflicts, preferredActive changes and clock steps, and checks on
+Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes (some proven
+at once or late by the operator's watch connection), broken watch connections, restarts,
+partitions, pauses (SIGSTOP), slow replies, journal failures, activation failures, epoch
+conflicts, preferredActive changes and clock steps, and checks on
 every broker action that
 
 - no two brokers are ever active at the same instant (also during planned moves),
@@ -129,6 +130,16 @@ class FailoverMachine(RuleBasedStateMachine):
     def crash(self, data: st.DataObject) -> None:
         self.world.crash(self._name(data))
         self.world.run(0.01)
+
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 0.05, 1.5, 6.0]))
+    def crash_seen_by_the_watch(self, data: st.DataObject, delay: float) -> None:
+        # The proof of death from the watch (ProcessGone), heard at once or late, after a restart.
+        self.world.crash(self._name(data), noticed_after=delay)
+        self.world.run(0.01)
+
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 0.5]))
+    def watch_connection_breaks(self, data: st.DataObject, delay: float) -> None:
+        self.world.connection_lost(self._name(data), after=delay)
 
     @rule(data=st.data())
     def restart(self, data: st.DataObject) -> None:
