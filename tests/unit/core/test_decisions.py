@@ -14,9 +14,11 @@ import pytest
 
 from broker_operator.core import (
     ClusterStatus,
+    ConnectionLost,
     FailbackMode,
     HeartbeatSettings,
     PointActive,
+    ProcessGone,
     SendHeartbeat,
     SettingsError,
     next_epoch,
@@ -456,3 +458,35 @@ def test_a_restarted_engine_leaves_the_service_alone_until_it_has_an_active() ->
     # Confirming the last active took a round trip; blanking the Service meanwhile would have
     # cut traffic at every operator restart.
     assert [name for _, name, _ in world.service_writes] == ["b0"]
+
+
+def test_a_lost_watch_connection_counts_a_failure_and_checks_the_active_at_once() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    url = world.config.targets[0].url
+    lost = ConnectionLost("b0", url, "reset by peer (simulated)")
+    decision = step(world.state, world.config, {}, world.now, [lost])
+    checks = [a for a in decision.actions if isinstance(a, SendHeartbeat) and a.broker == "b0"]
+    # At once, not at the next interval; a check (renew=False), since a failure was counted.
+    assert [(a.active, a.renew) for a in checks] == [(True, False)]
+    b0 = decision.state.broker("b0")
+    assert b0 is not None and b0.failures == 1 and b0.code == "CONNECTION_LOST"
+    world.state = decision.state
+    world.run(2.0)
+    assert world.actives() == ["b0"]  # alive: the check answered Active and renewals resumed
+
+
+def test_a_proof_of_death_is_void_once_the_broker_answered_after_it() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    url = world.config.targets[0].url
+    b0 = world.state.broker("b0")
+    assert b0 is not None and b0.last_reply_at is not None
+    earlier = b0.last_reply_at - 0.001  # b0 answered a renewal after it: something listens there
+    decision = step(world.state, world.config, {}, world.now, [ProcessGone("b0", url, earlier, "stale")])
+    assert decision.state.active == "b0"
+    fresh = step(world.state, world.config, {}, world.now, [ProcessGone("b0", url, world.now, "gone")])
+    gone = fresh.state.broker("b0")
+    assert gone is not None and gone.possibly_active_until is None
+    assert fresh.state.active is None and fresh.state.move is not None  # failing over, at once
+    assert fresh.state.move.reason == "PROCESS_GONE"
