@@ -280,6 +280,7 @@ class ClusterLoop:
                 reached=error.reached,
                 reason=error.reason,
                 renew=action.renew,
+                peer_closed=error.peer_closed,
             )
         else:
             outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)

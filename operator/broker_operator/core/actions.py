@@ -89,6 +89,9 @@ class HeartbeatFailed:
     reached: bool
     reason: str
     renew: bool = True
+    # Reached, but the connection was reset or closed by the peer before any reply: no live
+    # process answered it (proof of nothing by itself; see observe._process_gone).
+    peer_closed: bool = False
 
 
 @dataclass(frozen=True)

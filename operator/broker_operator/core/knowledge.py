@@ -100,6 +100,10 @@ class BrokerKnowledge:
     # answers active=false, even after its lease bound has passed.
     unanswered_activation: bool = False
     last_reply_at: float | None = None
+    # The latest outcome that a live process may have given or received: an answer, a timeout, an
+    # unusable reply; not a refusal, nor a reset or close before any reply. A proof of death from
+    # before it is void (observe._process_gone).
+    last_contact_at: float | None = None
     next_probe_at: float = 0.0  # standby probe with active=false
     next_fence_at: float = 0.0  # active=false to a broker that may still be active
 

@@ -101,11 +101,10 @@ def _process_gone(state: EngineState, config: ClusterConfig, gone: ProcessGone) 
     broker = state.broker(gone.broker)
     if broker is None or broker.url != gone.url:
         return state
-    if broker.last_reply_at is not None and broker.last_reply_at >= gone.at:
-        return state  # something answered after the refusal: a process listens there again
-    bound = broker.possibly_active_until
-    if bound is not None and bound >= gone.at + config.settings.fence_seconds:
-        return state  # set by an outcome after the refusal: the call may have reached a new process
+    if broker.last_contact_at is not None and broker.last_contact_at >= gone.at:
+        # An answer, or a call that may have reached a live process, since the refusal: a new
+        # process may listen there now, and a stale active=true may have activated it.
+        return state
     return state.with_broker(
         broker.name,
         possibly_active_until=None,
@@ -138,6 +137,7 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         "message": None if is_active else reply.unavailability_message,
         "reported_epoch": max(broker.reported_epoch, reply.epoch),
         "last_reply_at": now,
+        "last_contact_at": now,
         "gone_at": None,
     }
     fence_until = now + config.settings.fence_seconds
@@ -201,6 +201,8 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
         "message": seen.reason,
         "ready_since": None,
     }
+    if seen.reached and not seen.peer_closed:
+        changes["last_contact_at"] = now
     if seen.active and seen.reached and seen.renew:
         changes.update(
             possibly_active_until=now + config.settings.fence_seconds,
