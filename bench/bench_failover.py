@@ -8,8 +8,8 @@ messages each per 100 ms, produced through the backend simulator's
 failover put the active; switchovers are driven through ``preferredActive``.
 
 How the backend finds the active (what is emulated): in Kubernetes the backend
-sends to the ``<cluster>-active`` Service, whose selector ``role=active`` follows
-the label the engine moves (``move_active_label``). Here :class:`ActiveService`
+sends to the ``<cluster>-active`` Service, whose endpoints the engine writes
+(``point_active``). Here :class:`ActiveService`
 stands in for that Service as kube-proxy implements it, at layer 4: a TCP
 forwarder on one loopback address, in a thread and event loop of its own, and
 the backend simulator is given only its URL. Emulated:
@@ -296,7 +296,7 @@ class BenchShell:
         self.epoch = max(self.epoch + 1, epoch)
         return self.epoch
 
-    async def move_active_label(self, active: str | None) -> None:
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
         self.label = active
         self.label_moved_at = time.monotonic()
         broker = self.brokers[active] if active is not None else None

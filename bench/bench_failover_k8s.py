@@ -17,11 +17,13 @@ cluster's network for the rest, every 25 ms; each figure carries that observatio
 
 - noticed: the kubelet reported the container not ready (crash only: its PLEG relist, about once
   a second, sees the dead container; in a partition the process lives on and only the missed
-  heartbeats tell);
-- decided: ``status.active`` names the other broker;
-- labelled: the new active pod carries ``role=active`` (the operator moves the label only once
-  the broker answered Activate);
-- endpointslice: the ``-active`` Service's EndpointSlice lists only the new pod's IP;
+  heartbeats tell). Since issue 23 the operator does not wait for it: its watch connection to
+  the broker proves a crash (docs/failover-engine.md, "Proofs of death"), so this hop may come
+  after the others;
+- endpointslice: the ``-active`` Service's EndpointSlice lists only the new pod's IP (the
+  operator writes it first, in the step after the new active answered its activation);
+- labelled: the new active pod carries ``role=active`` (moved after the EndpointSlice);
+- decided: ``status.active`` names the other broker (written after both);
 - kube-proxy: kube-proxy's last sync (its ``sync_proxy_rules_last_timestamp`` metric) is after
   the EndpointSlice change;
 - accepted: the new active's ``broker_messages_accepted_total`` grew: the first bundle the
@@ -62,7 +64,7 @@ from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 STREAMS = 4
 PER_STREAM_PER_TICK = 5
 TICK = 0.1
-HOPS = ("noticed", "decided", "labelled", "endpointslice", "kube-proxy", "accepted")
+HOPS = ("noticed", "endpointslice", "labelled", "decided", "kube-proxy", "accepted")
 KUBE_PROXY_METRICS = "http://127.0.0.1:10249/metrics"
 
 
@@ -183,17 +185,17 @@ def _start_in_cluster(cluster: SealedCluster, name: str, function: Callable[[], 
     ).start()
 
 
-def kube_proxy_sync(obs: Observations, labelled: float) -> float | None:
+def kube_proxy_sync(obs: Observations, changed: float) -> float | None:
     """When kube-proxy's rules had the new endpoint: its own sync timestamp, not when we saw it.
 
-    The sync that matters comes after the label moved (the EndpointSlice changes only then). It
-    may land before this process saw the EndpointSlice change (watch delay), so: the first sync
-    stamped after the label was seen moving, waiting up to 2 s past the EndpointSlice for it.
+    The sync that matters comes after the EndpointSlice changed. It may land before this process
+    saw the change (its poll's delay), so: the first sync stamped after ``changed`` minus 50 ms,
+    waiting up to 2 s for it.
     """
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         with obs.lock:
-            stamps = sorted({at for _, at in obs.syncs if at >= labelled - 50})
+            stamps = sorted({at for _, at in obs.syncs if at >= changed - 50})
         if stamps:
             return stamps[0]
         time.sleep(0.05)
@@ -241,7 +243,7 @@ def run_round(relay: Relay, obs: Observations, kind: str, index: int, total: int
         30,
         0.05,
     )
-    synced = kube_proxy_sync(obs, obs.first(obs.labelled, t0, lambda name: name == other) or t0)
+    synced = kube_proxy_sync(obs, slice_at)
     hops = {
         "noticed": obs.first(obs.not_ready, t0, lambda name: name == victim) if kind == "crash" else None,
         "decided": obs.first(obs.active, t0, lambda name: name == other),

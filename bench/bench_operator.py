@@ -194,8 +194,8 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool, p
             self.epoch = max(self.epoch + 1, epoch)
             return self.epoch
 
-        async def move_active_label(self, active: str | None) -> None:
-            return None  # endpoints mode: no pods to label
+        async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+            return None  # endpoints mode: no -active Service
 
         async def record_status(self, status: ClusterStatus) -> None:
             self.count("statuses")

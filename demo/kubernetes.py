@@ -6,20 +6,18 @@ ordering validator's CronJob), ``kubectl apply`` a BrokerCluster from ``examples
 see the failover, then run the validator's Job once and read its verdict and HTML report.
 
 The cluster is the project's sealed local one (``local_cluster.sealed_cluster``, see
-docs/local-cluster.md): the real etcd, kube-apiserver and kube-controller-manager built from
-their Go modules, the real kube-proxy (nftables) and CoreDNS, and one node agent that gives each
-pod its own network namespace and address in 10.244.0.0/24, all inside network and mount
-namespaces with no route out; only the API server is forwarded to a loopback port, for kubectl
-and helm. The operator runs as the chart's pod; the SAP backend and the cloud are simulator pods
-behind Services of their own (``local_cluster.relay``). The backend sends to
+docs/local-cluster.md): the real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+built from their Go modules, a real kubelet with containerd and runc running the images that
+``make images`` built (nothing is pulled), the real kube-proxy (nftables) and CoreDNS, and a CNI
+bridge giving each pod its address in 10.244.0.0/24, all inside network, mount and PID namespaces
+with no route out; only the API server is forwarded to a loopback port, for kubectl and helm. The
+operator runs as the chart's pod; the SAP backend and the cloud are simulator pods behind
+Services of their own (``local_cluster.relay``). The backend sends to
 ``http://orders-active.demo.svc:8080``: the ``-active`` Service, through CoreDNS and kube-proxy,
-which follows the ``role=active`` label the operator moves on failover.
+whose EndpointSlice the operator points at the new active on failover.
 
-What is still not real, and says so: there are no container images and no isolation beyond the
-namespaces (each container is a local process of this machine's user, started by the node agent,
-which plays scheduler and kubelet); volumes other than the service account's are directories of
-the node, path-rewritten rather than mounted, so the validator's report is read from the node's
-claim directory; one node, no NetworkPolicy; simulators stand in for SAP and the cloud.
+What is still not real, and says so: one node, no NetworkPolicy enforcement (no policy plugin on
+the bridge); simulators stand in for SAP and the cloud.
 Everything is torn down at the end, also on Ctrl-C; the report is copied out first.
 
 Exit status: 0 when the validator's verdict is Passed, 1 otherwise (with what went wrong).

@@ -24,7 +24,8 @@ operations on held messages). Order of checks on ``POST /soap``:
 With ``--admin-port`` the broker listens twice, so that a NetworkPolicy (which sees ports, never
 SOAP operations) can admit the operator's calls from the operator alone and ``SendMessages`` from
 the backend: the main port serves ``SendMessages``, the WSDL, ``/healthz``, ``/readyz`` and
-``/metrics``; the admin port serves ``Heartbeat``, the admin operations, the WSDL and ``/metrics``.
+``/metrics``; the admin port serves ``Heartbeat``, the admin operations, the WSDL, ``/metrics`` and
+the operator's ``/watch`` stream (``watch.py``), and stays open until the broker has deactivated.
 An operation sent to the other port is a ``WRONG_PORT`` fault naming the right one, checked after
 the parse (one lookup of the request's type, and only an empty-dict test without an admin port,
 where both surfaces are one). The admin listener is a second aiohttp application on the same
@@ -55,6 +56,7 @@ from broker_service.soap_codec import (
     SoapFaultError,
     SoapRequest,
 )
+from broker_service.watch import add_watch
 
 logger = logging.getLogger(__name__)
 
@@ -249,11 +251,13 @@ def build_app(broker: Broker) -> web.Application:
             )
 
     async def on_shutdown(app: web.Application) -> None:
-        if admin_runner is not None:
-            # Stop taking the operator's calls before draining, as the main port's runner has
-            # already stopped taking new connections when this runs.
-            await admin_runner.cleanup()
+        # Deactivate and drain first, then close the admin listener (and end the watch streams):
+        # the operator takes a refused admin port for a process that no longer acts (watch.py),
+        # so it must not refuse while this one may. During the drain the operator's calls still
+        # arrive: active=true is refused (SHUTTING_DOWN), active=false waits for the drain.
         await broker.stop()
+        if admin_runner is not None:
+            await admin_runner.cleanup()
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -261,5 +265,8 @@ def build_app(broker: Broker) -> web.Application:
 
 
 def build_admin_app(broker: Broker, credentials: BrokerCredentials) -> web.Application:
-    """The admin listener's application: Heartbeat, the admin operations, the WSDL, /metrics."""
-    return _soap_app(broker, credentials, _refused_on_admin(broker.settings.port))
+    """The admin listener's application: Heartbeat, the admin operations, the WSDL, /metrics, and
+    the operator's ``/watch`` stream (watch.py)."""
+    app = _soap_app(broker, credentials, _refused_on_admin(broker.settings.port))
+    add_watch(app, credentials, broker.settings.name)
+    return app

@@ -10,7 +10,7 @@ Settings that differ from kube-proxy's defaults, and why:
 - ``conntrack.maxPerCore: 0``: do not touch ``nf_conntrack_max`` (refused in this sandbox;
   a production node keeps the default).
 - ``nftables.minSyncPeriod: 100ms``: with the default 1 s, back-to-back EndpointSlice
-  changes (a failover moves the ``role=active`` label off one pod and onto another) wait
+  changes (a failover blanks the ``-active`` slice, then points it at the new pod) wait
   up to a second for the second sync; 100 ms keeps a failover's rule update at tens of
   milliseconds. A production cluster that wants the same failover latency sets the same.
 

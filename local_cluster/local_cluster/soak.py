@@ -13,14 +13,16 @@ ways, healed after the failover) and of the standby, kill -9 of an operator cont
 hits the replica handling the cluster and the other must take over; the short form runs one),
 and kill -9 of kube-apiserver (the supervisor restarts it with the same flags, data and
 certificates, as a static pod's kubelet would; the fault waits until ``/readyz`` is ok again).
-While the API server is down the operator's watches break and its label moves and status writes
-fail; brokers and heartbeats go on. The next fault in turn is a kill of the active, which only
-an operator whose watches and writes came back recovers from. The restarted API server answers
-some requests with 403 before its RBAC cache is filled, and kube-proxy and the controller-manager
-(client-go reflectors) back off before they list again: 0.8 s, doubling while restarts come less
-than 2 min apart, up to 30-60 s; until then label moves do not reach the ``-active`` Service, so
-the fault after a restart can take that much longer to recover from (seen: 55 s after six
-restarts in 100 s with ``--faults-only``). ``--faults-only`` picks kinds of fault.
+While the API server is down the operator's watches break and its writes (the ``-active``
+EndpointSlice, labels, status) fail; brokers and heartbeats go on. The next fault in turn is a
+kill of the active, which only an operator whose watches and writes came back recovers from. The
+restarted API server answers some requests with 403 before its RBAC cache is filled, and
+kube-proxy and the controller-manager (client-go reflectors) back off before they list again:
+0.8 s, doubling while restarts come less than 2 min apart, up to 30-60 s. Before issue 23 the
+``-active`` Service waited for the controller-manager's EndpointSlice controller, so the fault
+after a restart could take that much longer to recover from (seen: 55 s after six restarts in
+100 s with ``--faults-only``); now the operator writes the slice itself, and only kube-proxy's
+own back-off remains. ``--faults-only`` picks kinds of fault.
 After each fault the soak waits until it is recovered: the cluster Healthy with an active, both
 broker pods and the operators Ready, the backend's confirmed count moving again, and an operator
 heartbeating brokers again (its ``broker_failover_heartbeats_total`` grew since the fault).

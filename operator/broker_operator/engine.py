@@ -2,7 +2,7 @@
 
 ``ClusterLoop`` runs one BrokerCluster: it asks the pure decision core
 (:mod:`broker_operator.core`) what to do, carries the actions out (heartbeats via
-:class:`HeartbeatClient`, epochs, labels, status and events via a
+:class:`HeartbeatClient`, epochs, the ``-active`` Service, status and events via a
 :class:`ClusterShell`), and feeds the outcomes back. The kopf controller runs one
 loop per cluster in a daemon; the local runner and the benchmarks run the same
 loop with shells of their own, without Kubernetes.
@@ -28,19 +28,21 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from broker_operator import metrics
+from broker_operator.broker_watch import BrokerWatches
 from broker_operator.core import (
+    ActivePointed,
     AllocateEpoch,
     ClusterConfig,
     EpochGranted,
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
-    LabelMoved,
-    MoveActiveLabel,
     Observation,
+    PointActive,
     RecordEvent,
     SendHeartbeat,
     initial_state,
@@ -86,6 +88,11 @@ class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/s
         self.current = current
 
 
+class ServiceFenced(Exception):  # noqa: N818 - named for what it is, like EpochConflict
+    """The ``-active`` Service was pointed under a higher epoch than the write carried: a newer
+    term has begun, and an older one must not move the Service back."""
+
+
 class ClusterShell(Protocol):
     """What the engine needs from its surroundings (Kubernetes, or a local state file)."""
 
@@ -94,7 +101,11 @@ class ClusterShell(Protocol):
         if the stored epoch is above ``current``. The only writer of the stored epoch."""
         ...
 
-    async def move_active_label(self, active: str | None) -> None: ...
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+        """Point the ``-active`` Service at ``active`` (the broker activated at ``url``) or at
+        nobody, fenced by ``epoch``: raise :class:`ServiceFenced` if it was pointed under a
+        higher one. Then move the ``role=active`` label."""
+        ...
 
     async def record_status(self, status: ClusterStatus) -> None:
         """Called only when the engine-owned status changed; never writes ``status.epoch``."""
@@ -123,7 +134,10 @@ class ClusterLoop:
         *,
         wall_clock: Callable[[], float] = time.time,
         start_jitter: bool = True,
+        watch: bool = False,
     ) -> None:
+        """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
+        it hears of a crash at once and can prove a process gone."""
         self.cluster = cluster
         self._config = ClusterConfig.of(cluster, targets, settings, preferred_active)
         self._shell = shell
@@ -140,6 +154,8 @@ class ClusterLoop:
         )
         self._wakeup = asyncio.Event()
         self._start_jitter = 1.0 if start_jitter else 0.0
+        self._watch = watch
+        self._signals: list[Observation] = []  # from the watch connections, for the next step
 
     @property
     def status(self) -> ClusterStatus:
@@ -157,15 +173,38 @@ class ClusterLoop:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
         self._wakeup.set()
 
+    def signal(self, observation: Observation) -> None:
+        """A watch connection saw something (``ConnectionLost``, ``ProcessGone``): step now."""
+        self._signals.append(observation)
+        self._wakeup.set()
+
+    def repoint(self) -> None:
+        """The ``-active`` Service's endpoints were lost (deleted by hand): write them again now."""
+        self._state = replace(self._state, pointed_known=False, point_retry_at=0.0)
+        self._wakeup.set()
+
     async def run(self) -> None:
         # Many loops start together when the operator starts; a random phase within
         # one interval spreads their heartbeats instead of sending them in bursts.
         # Safe: the lease exceeds interval x failureThreshold, so the active outlives it.
         await asyncio.sleep(random.uniform(0, self._config.settings.interval_seconds) * self._start_jitter)
+        watches = BrokerWatches(self._heartbeats, self.signal, self._clock) if self._watch else None
+        try:
+            await self._run(watches)
+        finally:
+            if watches is not None:
+                await watches.close()
+
+    async def _run(self, watches: BrokerWatches | None) -> None:
         observations: list[Observation] = []
         last_phase: str | None = None
         while True:
             self._wakeup.clear()
+            if watches is not None:
+                watches.follow(self._config.targets)
+            # The outcomes of the last step first, then what the watches saw since: a proof of
+            # death is weighed against every answer that came before it (core.observe).
+            observations, self._signals = [*observations, *self._signals], []
             decision = step(self._state, self._config, self._shell.pod_facts(), self._clock(), observations)
             self._state = decision.state
             observations = await self._carry_out(decision.actions)
@@ -186,17 +225,17 @@ class ClusterLoop:
                     pass
 
     async def _carry_out(self, actions: Sequence[object]) -> list[Observation]:
-        # The label move runs alongside the heartbeats rather than after them: the
-        # backend reaches the new active only once the label has moved, and a
-        # heartbeat of the same step to a frozen broker takes a whole timeout.
+        # Pointing the Service runs alongside the heartbeats rather than after them
+        # (and is started first): the backend reaches the new active only through it,
+        # and a heartbeat of the same step to a frozen broker takes a whole timeout.
         calls = [
             self._heartbeat(action)
             if isinstance(action, SendHeartbeat)
             else self._allocate(action)
             if isinstance(action, AllocateEpoch)
-            else self._move_label(action)
+            else self._point(action)
             for action in actions
-            if isinstance(action, SendHeartbeat | AllocateEpoch | MoveActiveLabel)
+            if isinstance(action, SendHeartbeat | AllocateEpoch | PointActive)
         ]
         observations = [outcome for outcome in await asyncio.gather(*calls) if outcome is not None]
         for action in actions:
@@ -204,13 +243,16 @@ class ClusterLoop:
                 await self._event(action)
         return observations
 
-    async def _move_label(self, action: MoveActiveLabel) -> Observation | None:
+    async def _point(self, action: PointActive) -> Observation | None:
         try:
-            await self._shell.move_active_label(action.active)
-        except Exception:  # the core retries once per interval
-            logger.exception("%s: moving the active label to %s failed", self.cluster, action.active)
+            await self._shell.point_active(action.active, action.epoch, action.url)
+        except ServiceFenced as fenced:  # a newer term moved it; our renewals will hear so
+            logger.warning("%s: not pointing the Service at %s: %s", self.cluster, action.active, fenced)
             return None
-        return LabelMoved(action.active)
+        except Exception:  # the core retries once per interval
+            logger.exception("%s: pointing the Service at %s failed", self.cluster, action.active)
+            return None
+        return ActivePointed(action.active)
 
     async def _heartbeat(self, action: SendHeartbeat) -> Observation:
         target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)
@@ -238,6 +280,7 @@ class ClusterLoop:
                 reached=error.reached,
                 reason=error.reason,
                 renew=action.renew,
+                peer_closed=error.peer_closed,
             )
         else:
             outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)

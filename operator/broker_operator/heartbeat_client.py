@@ -28,6 +28,7 @@ This module does not decide anything and does not retry otherwise; the engine do
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import time
@@ -51,6 +52,7 @@ _SOAP_ACTION = f"{NAMESPACE}/Heartbeat"
 _MAX_REPLY_BYTES = 64 * 1024  # a Heartbeat reply is a few hundred bytes; refuse anything huge
 _REPLY_CACHE_SIZE = 8192  # distinct replies kept; cleared when full (replies are ~400 bytes)
 _REFRESH_MIN_SECONDS = 1.0  # a broker refusing every token re-reads the Secret at most this often
+_PEER_CLOSED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
 
 logger = logging.getLogger(__name__)
 TokenReader = Callable[[], Awaitable[str | None]]
@@ -59,12 +61,23 @@ TokenReader = Callable[[], Awaitable[str | None]]
 class HeartbeatError(Exception):
     """A heartbeat that got no usable answer. ``reached`` is False only if it surely never arrived."""
 
-    def __init__(self, target: BrokerTarget, reason: str, *, reached: bool, code: str | None = None) -> None:
+    def __init__(
+        self,
+        target: BrokerTarget,
+        reason: str,
+        *,
+        reached: bool,
+        code: str | None = None,
+        peer_closed: bool = False,
+    ) -> None:
         super().__init__(f"heartbeat to {target.name} at {target.url}: {reason}")
         self.target = target
         self.reason = reason
         self.reached = reached
         self.code = code  # the SOAP fault's code, when the broker answered with one
+        # The connection was closed or reset by the peer before any reply: whatever process got
+        # the request is gone or never read it (a live broker answers; it does not reset).
+        self.peer_closed = peer_closed
 
 
 @dataclass
@@ -154,6 +167,11 @@ class HeartbeatClient:
             }
         return headers
 
+    def watch_token(self, url: str) -> str:
+        """The token to open a broker's ``/watch`` with (``broker_watch``): the one the broker at
+        ``url`` last took, else the current one."""
+        return self._taken.get(url) or self._token
+
     def _tokens_to_offer(self, url: str) -> list[str]:
         """The token this broker last took first, then the current one, then the previous one."""
         ordered = [self._taken.get(url), self._token, self._previous_token]
@@ -221,7 +239,12 @@ class HeartbeatClient:
         except TimeoutError as error:
             raise HeartbeatError(target, f"timeout after {self._timeout.total:g}s", reached=True) from error
         except aiohttp.ClientError as error:
-            raise HeartbeatError(target, f"connection failed: {error!r}", reached=True) from error
+            closed = isinstance(error, aiohttp.ServerDisconnectedError) or (
+                isinstance(error, aiohttp.ClientOSError) and error.errno in _PEER_CLOSED_ERRNOS
+            )
+            raise HeartbeatError(
+                target, f"connection failed: {error!r}", reached=True, peer_closed=closed
+            ) from error
         if len(content) > _MAX_REPLY_BYTES:
             raise HeartbeatError(target, f"reply larger than {_MAX_REPLY_BYTES} bytes", reached=True)
         return self._parse(target, status, content, content_type)

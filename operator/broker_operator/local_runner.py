@@ -186,8 +186,8 @@ class LocalShell:
         self._line(f"epoch granted={granted}")
         return granted
 
-    async def move_active_label(self, active: str | None) -> None:
-        self._line(f"label active={active}")
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+        self._line(f"service active={active} epoch={epoch}")
 
     async def record_status(self, status: ClusterStatus) -> None:
         self._status = status

@@ -5,8 +5,8 @@ brokers are the example's pods, and the SAP backend and the cloud are simulator 
 (``local_cluster.relay``): the backend sends to ``http://orders-active.<namespace>.svc:8080``
 through CoreDNS and kube-proxy, and the brokers reach both simulators by their Service names.
 The active broker is killed with kill -9 mid-stream, or cut off by a real network partition
-(nftables drops on its interface, both directions); the Service follows the ``role=active``
-label to the other broker. Proof comes from the simulators' own records: every message
+(nftables drops on its interface, both directions); the operator points the Service's
+EndpointSlice at the other broker. Proof comes from the simulators' own records: every message
 arrived, none twice, each stream in order, in both directions.
 """
 

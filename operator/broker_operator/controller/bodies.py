@@ -98,11 +98,12 @@ class Container(TypedDict, total=False):
 
 class PodSpec(TypedDict, total=False):
     containers: list[Container]
+    nodeName: str
 
 
 class PodBody(TypedDict, total=False):
     metadata: ObjectMeta
-    spec: PodSpec  # read for the broker's admin port (observed.admin_port)
+    spec: PodSpec  # read for the broker's ports (observed) and node (the -active EndpointSlice)
     status: PodStatus
 
 

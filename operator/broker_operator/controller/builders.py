@@ -292,16 +292,78 @@ def build_headless_service(owner: Mapping[str, Any]) -> Manifest:
 
 
 def build_active_service(owner: Mapping[str, Any]) -> Manifest:
-    """``<cluster>-active``: the backend's address; it follows the ``role=active`` label."""
+    """``<cluster>-active``: the backend's address. No selector: the operator writes its
+    EndpointSlice (:func:`build_active_endpoint_slice`) in the step that activates a broker."""
     cluster = owner["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _owned_meta(owner, names.active_service_name(cluster), cluster_labels(cluster)),
-        "spec": {
-            "selector": {**cluster_labels(cluster), names.LABEL_ROLE: names.ROLE_ACTIVE},
-            "ports": [_service_port()],
-        },
+        "spec": {"ports": [_service_port()]},
+    }
+
+
+@dataclass(frozen=True)
+class ActiveEndpoint:
+    """The broker the ``-active`` Service points at: the address it was activated at, its port."""
+
+    pod: str
+    address: str
+    port: int = names.BROKER_PORT
+    uid: str | None = None
+    node: str | None = None
+
+
+def build_active_endpoint_slice(
+    owner: Mapping[str, Any], endpoint: ActiveEndpoint | None, epoch: int
+) -> Manifest:
+    """The ``-active`` Service's one EndpointSlice: the active broker, or no endpoint at all.
+
+    ``managed-by`` names the operator, so the EndpointSlice controller leaves it alone; the epoch
+    annotation is the fence a later write checks (``active_service.point_active_service``).
+    """
+    cluster = owner["metadata"]["name"]
+    service = names.active_service_name(cluster)
+    labels = {
+        **cluster_labels(cluster),
+        names.LABEL_SERVICE_NAME: service,
+        names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER,
+    }
+    metadata = _owned_meta(owner, service, labels)
+    metadata["annotations"] = {
+        names.ANNOTATION_EPOCH: str(epoch),
+        names.ANNOTATION_ACTIVE: endpoint.pod if endpoint is not None else "",
+    }
+    endpoints: list[Manifest] = []
+    if endpoint is not None:
+        entry: Manifest = {
+            "addresses": [endpoint.address],
+            "conditions": {"ready": True, "serving": True, "terminating": False},
+        }
+        if endpoint.uid is not None:
+            entry["targetRef"] = {
+                "kind": "Pod",
+                "namespace": owner["metadata"]["namespace"],
+                "name": endpoint.pod,
+                "uid": endpoint.uid,
+            }
+        if endpoint.node is not None:
+            entry["nodeName"] = endpoint.node
+        endpoints.append(entry)
+    ipv6 = endpoint is not None and ":" in endpoint.address
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": metadata,
+        "addressType": "IPv6" if ipv6 else "IPv4",
+        "ports": [
+            {
+                "name": names.BROKER_PORT_NAME,
+                "port": endpoint.port if endpoint is not None else names.BROKER_PORT,
+                "protocol": "TCP",
+            }
+        ],
+        "endpoints": endpoints,
     }
 
 

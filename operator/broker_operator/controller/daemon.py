@@ -224,6 +224,9 @@ async def _run_engine(
         heartbeats=heartbeats,
         initial=ClusterStatus.from_status(dict(ref.status)),
         preferred_active=observations.switchover_target or parsed.preferred_active,
+        # Pods mode: each target is a pod's own address, so a refused connection is the pod's
+        # (broker_watch); endpoints may sit behind a proxy whose refusal would say nothing.
+        watch=not parsed.endpoints_mode,
     )
 
     def retarget() -> None:
@@ -247,6 +250,7 @@ async def _run_engine(
 
     observations.wake = loop.wake
     observations.retarget = retarget
+    observations.repoint = loop.repoint
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
     token_due = time.monotonic() + context.settings.token_recheck_seconds
     try:
@@ -265,6 +269,7 @@ async def _run_engine(
     finally:
         observations.wake = None
         observations.retarget = None
+        observations.repoint = None
         engine.cancel()
         await asyncio.gather(engine, return_exceptions=True)
         await heartbeats.close()

@@ -14,7 +14,8 @@ Handlers:
 - pod events: record the pod, wake the engine when the active's pod dies;
 - journal claim events: record the claim for the retention policy (``claims``);
 - deletions of Services and PVCs: forget that they were ensured, so the next
-  periodic reconcile creates them again. Secrets are not watched (that would
+  periodic reconcile creates them again; a deletion of the ``-active`` Service's
+  EndpointSlice makes the engine write it again at once. Secrets are not watched (that would
   stream every Secret of the cluster through the operator); the token Secret is
   re-ensured whenever a pod is created, the only time it is needed.
 
@@ -270,6 +271,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         context.observations_for(*key).claims[name] = cast(ClaimBody, dict(body))
 
     _register_child_deletion(registry, "Service", "services")
+    _register_active_slice_watch(registry)
 
 
 def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:
@@ -293,3 +295,24 @@ def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural:
         key = (namespace or "", labels[names.LABEL_CLUSTER])
         if key in context.observations:  # else: the cluster itself is gone, and its children with it
             context.observations[key].ensured.discard(f"{kind}/{name}")
+
+
+def _register_active_slice_watch(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.event(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        id="repoint-deleted-active-slices",
+        labels={names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER, names.LABEL_CLUSTER: kopf.PRESENT},
+        registry=registry,
+    )
+    async def repoint_deleted_slice(
+        *, event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+    ) -> None:
+        # The engine remembers where it pointed the Service; without its slice, the Service would
+        # have no endpoint until the next move of the active.
+        if event.get("type") != "DELETED":
+            return
+        observations = context_from(memo).observations.get((namespace or "", labels[names.LABEL_CLUSTER]))
+        if observations is not None and observations.repoint is not None:
+            observations.repoint()

@@ -38,6 +38,7 @@ class KubeApi:
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._custom = kubernetes.client.CustomObjectsApi(api_client)
         self._networking = kubernetes.client.NetworkingV1Api(api_client)
+        self._discovery = kubernetes.client.DiscoveryV1Api(api_client)
 
     async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
         body = await asyncio.to_thread(
@@ -110,7 +111,7 @@ class KubeApi:
             )
 
     async def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a core/v1 object (or the NetworkPolicy) unless it exists; True if this call created it."""
+        """Create a core/v1 object, NetworkPolicy or EndpointSlice unless it exists; True if created now."""
         namespace = manifest["metadata"]["namespace"]
         creators: dict[str, Callable[..., object]] = {
             "Pod": self._core.create_namespaced_pod,
@@ -118,6 +119,7 @@ class KubeApi:
             "Service": self._core.create_namespaced_service,
             "Secret": self._core.create_namespaced_secret,
             "NetworkPolicy": self._networking.create_namespaced_network_policy,
+            "EndpointSlice": self._discovery.create_namespaced_endpoint_slice,
         }
         create = creators[manifest["kind"]]
         try:
@@ -223,6 +225,73 @@ class KubeApi:
                 return False
             raise
         return True
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            result = await asyncio.to_thread(
+                self._core.read_namespaced_service, name, namespace, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return _json(result)
+
+    async def remove_service_selector(self, namespace: str, name: str, resource_version: str) -> None:
+        """Drop the Service's selector (a merge patch, conditional on ``resource_version``)."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"selector": None}}
+        await asyncio.to_thread(
+            self._core.patch_namespaced_service,
+            name,
+            namespace,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    async def delete_endpoints(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(self._core.delete_namespaced_endpoints, name, namespace)
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:
+                raise
+
+    async def read_endpoint_slice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            result = await asyncio.to_thread(
+                self._discovery.read_namespaced_endpoint_slice, name, namespace, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return _json(result)
+
+    async def replace_endpoint_slice(self, namespace: str, name: str, body: Mapping[str, Any]) -> bool:
+        """PUT ``body`` (which carries the read ``resourceVersion``); False if it changed meanwhile."""
+        try:
+            replace: Callable[..., object] = self._discovery.replace_namespaced_endpoint_slice
+            await asyncio.to_thread(replace, name, namespace, dict(body))
+        except ApiException as error:
+            if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
+                return False
+            raise
+        return True
+
+    async def list_endpoint_slices(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        result = await asyncio.to_thread(
+            self._discovery.list_namespaced_endpoint_slice,
+            namespace,
+            label_selector=label_selector,
+            _preload_content=False,
+        )
+        return list(_json(result).get("items") or [])
+
+    async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(self._discovery.delete_namespaced_endpoint_slice, name, namespace)
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:
+                raise
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""

@@ -22,7 +22,8 @@ KOPF_VERSION: Final = "v1"
 PEERINGS: Final = "kopfpeerings"
 CLUSTER_PEERINGS: Final = "clusterkopfpeerings"
 
-# Labels on every managed pod; `role` is what the `<name>-active` Service selects on.
+# Labels on every managed pod. `role` follows the active for people and `kubectl get pods -l`;
+# the `<name>-active` Service does not select on it (the operator writes its EndpointSlice).
 LABEL_APP: Final = "app.kubernetes.io/name"
 APP_BROKER: Final = "broker"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
@@ -38,6 +39,16 @@ ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"
 # kopf keeps its handler progress in annotations under this prefix, not in status, so that the
 # structural status schema stays exactly what ARCHITECTURE.md lists.
 KOPF_ANNOTATION_PREFIX: Final = f"kopf.{GROUP}"
+
+# The `<name>-active` Service's EndpointSlice, which the operator writes (active_service.py): the
+# labels that tie it to its Service and keep the EndpointSlice controller away from it, and the
+# epoch it was written under, the fence against an older term writing it back.
+LABEL_SERVICE_NAME: Final = "kubernetes.io/service-name"
+LABEL_SLICE_MANAGED_BY: Final = "endpointslice.kubernetes.io/managed-by"
+SLICE_MANAGER: Final = "broker-failover-operator.broker.failover.dev"
+SLICE_CONTROLLER: Final = "endpointslice-controller.k8s.io"  # the controller-manager's, on selector Services
+ANNOTATION_EPOCH: Final = f"{GROUP}/epoch"
+ANNOTATION_ACTIVE: Final = f"{GROUP}/active"
 
 BROKER_CONTAINER: Final = "broker"
 BROKER_PORT: Final = 8080

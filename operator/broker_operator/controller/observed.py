@@ -65,6 +65,17 @@ def admin_port(pod: PodBody) -> int:
     return names.BROKER_PORT
 
 
+def main_port(pod: PodBody) -> int:
+    """The broker container's SOAP port (``soap``): what the ``-active`` Service forwards to."""
+    for container in pod.get("spec", {}).get("containers") or []:
+        if container.get("name") != names.BROKER_CONTAINER:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == names.BROKER_PORT_NAME and port.get("containerPort"):
+                return int(port["containerPort"])
+    return names.BROKER_PORT
+
+
 def admin_soap_url(pod: PodBody) -> str | None:
     """The SOAP URL of a pod's Heartbeat and admin operations; None while it has no IP."""
     ip = pod.get("status", {}).get("podIP")
@@ -123,6 +134,8 @@ class ClusterObservations:
     wake: Callable[[], None] | None = None
     # Set by the daemon: push new targets to a running engine when an IP appears or changes.
     retarget: Callable[[], None] | None = None
+    # Set by the daemon: the -active Service's EndpointSlice was deleted; write it again now.
+    repoint: Callable[[], None] | None = None
     # The latest body of every journal claim of the cluster, by name (the retention policy's input).
     claims: dict[str, ClaimBody] = field(default_factory=dict)
     # Children the reconciler created or found, so that it does not re-create them every pass.

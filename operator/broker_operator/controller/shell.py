@@ -5,9 +5,10 @@ server for one BrokerCluster:
 
 - ``allocate_epoch``: the conditional write of the next epoch (``epochs.py``),
   the only write of ``status.epoch``;
-- ``move_active_label``: take ``role=active`` off every other pod first, then
-  put it on the new active, so the ``<name>-active`` Service never selects two
-  brokers (endpoints mode has no pods: nothing to move);
+- ``point_active``: write the ``<name>-active`` Service's EndpointSlice, fenced by the
+  epoch (``active_service.py``; a Service of the selector era is converted first), then
+  move the ``role=active`` label, off every other pod first (endpoints mode has no
+  pods and no Service: nothing to point);
 - ``record_status``: a merge patch of the status subresource without ``epoch``
   (which has no precondition here and so must not be written here); the engine
   calls it only when the status changed, so there is no write per heartbeat;
@@ -23,13 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 
-from broker_operator.controller import names
+from broker_operator.controller import active_service, builders, names
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
-from broker_operator.controller.observed import ClusterObservations, facts_for
+from broker_operator.controller.observed import ClusterObservations, facts_for, main_port
 from broker_operator.core.model import PodFacts
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import EpochConflict
@@ -56,6 +58,7 @@ class KubernetesClusterShell:
         self._observations = observations
         self._broker_names = broker_names
         self._manages_pods = manages_pods
+        self._service_converted = False
 
     def set_broker_names(self, broker_names: Mapping[str, object]) -> None:
         """The brokers the engine knows of changed (spec update): report facts for exactly these."""
@@ -70,19 +73,58 @@ class KubernetesClusterShell:
         logger.info("%s/%s: epoch %d recorded", self._namespace, self._cluster, granted)
         return granted
 
-    async def move_active_label(self, active: str | None) -> None:
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
         if not self._manages_pods:
             return
+        if not self._service_converted:
+            # Once per engine: a Service created with a selector (before issue 23) stops selecting,
+            # and the EndpointSlice controller's slices go, before ours is written: no moment with
+            # two endpoints, a short one with none.
+            if await active_service.convert_selector_service(self._api, self._namespace, self._cluster):
+                await active_service.delete_controller_slices(self._api, self._namespace, self._cluster)
+            self._service_converted = True
+        endpoint = self._endpoint(active, url)
+        await active_service.point_active_service(self._api, self._body, endpoint, epoch)
+        # Off the critical path: a controller with a lagging informer may have written one since.
+        if await active_service.delete_controller_slices(self._api, self._namespace, self._cluster):
+            logger.warning(
+                "%s/%s: deleted an EndpointSlice controller's slice of the -active Service",
+                self._namespace,
+                self._cluster,
+            )
+        if active is not None:
+            await self._move_active_label(active)
+
+    def _endpoint(self, active: str | None, url: str | None) -> builders.ActiveEndpoint | None:
+        """The address the engine activated ``active`` at (its URL), with the pod's identity."""
+        if active is None or url is None:
+            return None
+        address = urlsplit(url).hostname
+        if address is None:
+            raise ValueError(f"{active}: no address in its URL {url!r}")
+        pod = self._observations.pods.get(active)
+        if pod is None or pod.get("status", {}).get("podIP") != address:
+            # Not the pod the engine activated (replaced since): the address alone, no identity.
+            return builders.ActiveEndpoint(pod=active, address=address)
+        return builders.ActiveEndpoint(
+            pod=active,
+            address=address,
+            port=main_port(pod),
+            uid=pod.get("metadata", {}).get("uid"),
+            node=pod.get("spec", {}).get("nodeName"),
+        )
+
+    async def _move_active_label(self, active: str) -> None:
         pods = await self._api.list_cluster_pods(self._namespace, self._cluster)
         labelled = {
             pod["metadata"]["name"]: (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE)
             for pod in pods
         }
-        # Demote before promoting: for a moment no pod is selected, never two.
+        # Demote before promoting: for a moment no pod is labelled, never two.
         for pod, role in labelled.items():
             if pod != active and role != names.ROLE_STANDBY:
                 await self._api.set_pod_role(self._namespace, pod, names.ROLE_STANDBY)
-        if active is not None and active in labelled and labelled[active] != names.ROLE_ACTIVE:
+        if active in labelled and labelled[active] != names.ROLE_ACTIVE:
             await self._api.set_pod_role(self._namespace, active, names.ROLE_ACTIVE)
 
     async def record_status(self, status: ClusterStatus) -> None:

@@ -2,7 +2,7 @@
 
 ``step`` takes what is known about a cluster's brokers, the spec, pod facts and the
 time, and returns new knowledge plus a list of actions (heartbeat a broker with
-``active`` and an epoch, allocate an epoch, move the label, record an event).
+``active`` and an epoch, allocate an epoch, point the ``-active`` Service, record an event).
 Keeping the rules free of I/O lets hypothesis drive them against simulated brokers
 with crashes, partitions, slow replies and clock steps (``tests/unit/core``).
 
@@ -12,14 +12,16 @@ loop that carries out the actions lives in ``broker_operator.engine``.
 
 from broker_operator.core.actions import (
     Action,
+    ActivePointed,
     AllocateEpoch,
+    ConnectionLost,
     EpochGranted,
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
-    LabelMoved,
-    MoveActiveLabel,
     Observation,
+    PointActive,
+    ProcessGone,
     RecordEvent,
     SendHeartbeat,
 )
@@ -47,11 +49,13 @@ from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailove
 
 __all__ = [
     "Action",
+    "ActivePointed",
     "AllocateEpoch",
     "BrokerStatus",
     "BrokerTarget",
     "ClusterConfig",
     "ClusterStatus",
+    "ConnectionLost",
     "Decision",
     "EngineState",
     "EpochGranted",
@@ -61,13 +65,13 @@ __all__ = [
     "HeartbeatFailed",
     "HeartbeatReply",
     "HeartbeatSettings",
-    "LabelMoved",
     "LastFailover",
-    "MoveActiveLabel",
     "MoveKind",
     "Observation",
     "Phase",
     "PodFacts",
+    "PointActive",
+    "ProcessGone",
     "RecordEvent",
     "SendHeartbeat",
     "SettingsError",

@@ -47,8 +47,17 @@ class AllocateEpoch:
 
 
 @dataclass(frozen=True)
-class MoveActiveLabel:
+class PointActive:
+    """Point the ``<cluster>-active`` Service at ``active`` (at ``url``'s address), or at nobody.
+
+    ``epoch`` fences the write: the active's epoch, or the cluster's while none is active. A
+    shell that finds the Service already pointed under a higher epoch refuses (another term
+    has begun). The ``role=active`` label follows, for people and ``kubectl get pods -l``.
+    """
+
     active: str | None
+    epoch: int
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class RecordEvent:
     warning: bool
 
 
-Action = SendHeartbeat | AllocateEpoch | MoveActiveLabel | RecordEvent
+Action = SendHeartbeat | AllocateEpoch | PointActive | RecordEvent
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,9 @@ class HeartbeatFailed:
     reached: bool
     reason: str
     renew: bool = True
+    # Reached, but the connection was reset or closed by the peer before any reply: no live
+    # process answered it (proof of nothing by itself; see observe._process_gone).
+    peer_closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,8 +106,46 @@ class EpochRefused:
 
 
 @dataclass(frozen=True)
-class LabelMoved:
+class ActivePointed:
     active: str | None
 
 
-Observation = HeartbeatAnswered | HeartbeatFailed | EpochGranted | EpochRefused | LabelMoved
+@dataclass(frozen=True)
+class ConnectionLost:
+    """The operator's watch connection to ``broker`` at ``url`` broke (an EOF or a reset).
+
+    Proof of nothing: a hung broker, a partition or a middlebox can cause one. It counts as a
+    failed heartbeat of that broker, and the broker is checked again at once.
+    """
+
+    broker: str
+    url: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProcessGone:
+    """The broker process the operator watched at ``url`` is gone, proven at ``at``.
+
+    Its watch stream ended with a FIN (its kernel closed it) and, at ``at``, a new connection to
+    the same pod address and admin port was refused: nothing listens there. It proves the process
+    is not active because a broker never closes its admin listener while it may act
+    (docs/failover-engine.md, "Proofs of death"). A process that answered, or a call that may
+    have reached one, after ``at`` voids it.
+    """
+
+    broker: str
+    url: str
+    at: float
+    reason: str
+
+
+Observation = (
+    HeartbeatAnswered
+    | HeartbeatFailed
+    | EpochGranted
+    | EpochRefused
+    | ActivePointed
+    | ConnectionLost
+    | ProcessGone
+)

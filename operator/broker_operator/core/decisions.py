@@ -3,7 +3,7 @@
 ``step(state, config, pod_facts, now, observations)`` folds in what the last
 actions produced, then decides what to do now: renew the active, probe standbys,
 fence brokers that may still be active, allocate an epoch, activate the next
-candidate, move the label, record events. It returns the new knowledge, the
+candidate, point the ``-active`` Service, record events. It returns the new knowledge, the
 actions, and when it next needs to run. The loop in ``engine.py`` is the only
 caller in production; the property tests drive it against simulated brokers.
 
@@ -33,8 +33,8 @@ from broker_contracts.soap import UNAVAILABILITY_CODE_MAX_LEN, BrokerState
 from broker_operator.core.actions import (
     Action,
     AllocateEpoch,
-    MoveActiveLabel,
     Observation,
+    PointActive,
     RecordEvent,
     SendHeartbeat,
 )
@@ -77,7 +77,7 @@ def step(
     _progress_move(plan, config)
     _renew_active(plan, config)
     _fence_and_probe(plan, config)
-    _sync_label(plan, config)
+    _point_service(plan, config)
     for reason, message, warning in plan.state.events_due:
         plan.actions.append(RecordEvent(reason, message, warning))
     plan.state = replace(plan.state, events_due=())
@@ -189,6 +189,8 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         reason, detail = "RemovedFromSpec", "was removed from the spec"
     elif broker.dead:
         reason, detail = broker.code or "CONTAINER_TERMINATED", broker.message or "its container is dead"
+    elif broker.gone_at is not None:
+        reason, detail = "PROCESS_GONE", broker.message or "its process is gone"
     elif broker.earlier_address_possibly_active(now):
         # Renewing at the new address could activate a second process while the
         # one at the old address is still active: fail over through the gate.
@@ -399,7 +401,7 @@ def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
     if plan.activating:
         # The loop folds a step's outcomes in when its slowest call ends, so an
         # active=false to a frozen broker would hold the activation's answer (and
-        # the label move) back by a whole timeout. The gate has just established
+        # the Service's move) back by a whole timeout. The gate has just established
         # that nobody else may be active: these calls can wait for the next step,
         # which runs as soon as the activation is answered.
         return
@@ -427,16 +429,33 @@ def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
     plan.state = replace(state, brokers=tuple(b for b in brokers if b.in_spec or b.needs_fencing(now)))
 
 
-def _sync_label(plan: _Plan, config: ClusterConfig) -> None:
+def _point_service(plan: _Plan, config: ClusterConfig) -> None:
+    """Point the ``-active`` Service at the active, or at nobody while a move is under way.
+
+    Its endpoints are the engine's to write (the Service has no selector), so traffic follows
+    the activation in one write rather than after the EndpointSlice controller; blanked while
+    no broker is active, so no new connection reaches a broker whose term is over. Not blanked
+    in the first round after a (re)start: the Service most likely points at the broker about
+    to be confirmed, and blanking it would cut traffic at every operator restart.
+    """
     state, now = plan.state, plan.now
-    # While no broker is active the label stays where it is: moving it to nobody
-    # would only churn the Service; the old active refuses traffic anyway.
-    if state.active is None or (state.label_known and state.label == state.active):
+    move = state.move
+    if state.active is not None:
+        target: str | None = state.active
+    elif move is not None and not (move.kind is MoveKind.STARTUP and move.rounds == 1):
+        target = None
+    else:
         return
-    if now < state.label_retry_at:
+    if (state.pointed_known and state.pointed == target) or now < state.point_retry_at:
         return
-    plan.state = replace(state, label_retry_at=now + config.settings.interval_seconds)
-    plan.actions.append(MoveActiveLabel(state.active))
+    plan.state = replace(state, point_retry_at=now + config.settings.interval_seconds)
+    if target is None:
+        plan.actions.insert(0, PointActive(None, state.epoch))
+        return
+    broker = state.broker(target)
+    assert broker is not None, target
+    # First in the step: the loop starts actions in order, and traffic waits on this one.
+    plan.actions.insert(0, PointActive(target, state.active_epoch, broker.url))
 
 
 def _wake_at(state: EngineState, config: ClusterConfig, now: float) -> float:

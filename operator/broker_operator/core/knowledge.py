@@ -92,11 +92,18 @@ class BrokerKnowledge:
     activation_message: str | None = None
     reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
     dead: bool = False  # Kubernetes says its container terminated or its pod is gone
+    # When the operator proved the process at ``url`` gone (its watch ended, its port refused):
+    # an active fails over at once. Cleared by any answer, which only a live process gives.
+    gone_at: float | None = None
     # An active=true call that may have arrived got no answer: a paused broker can
     # still act on it when it resumes, so it is fenced every interval until it
     # answers active=false, even after its lease bound has passed.
     unanswered_activation: bool = False
     last_reply_at: float | None = None
+    # The latest outcome that a live process may have given or received: an answer, a timeout, an
+    # unusable reply; not a refusal, nor a reset or close before any reply. A proof of death from
+    # before it is void (observe._process_gone).
+    last_contact_at: float | None = None
     next_probe_at: float = 0.0  # standby probe with active=false
     next_fence_at: float = 0.0  # active=false to a broker that may still be active
 
@@ -165,9 +172,11 @@ class EngineState:
     active_epoch: int = 0  # the epoch the active was activated with
     next_active_heartbeat_at: float = 0.0
     move: Move | None = None
-    label: str | None = None
-    label_known: bool = False  # False until a move_active_label succeeded once
-    label_retry_at: float = 0.0
+    # Where the ``-active`` Service points (a broker, or nobody), as this engine last wrote it;
+    # unknown until its first write, which a restarted engine makes once it has an active.
+    pointed: str | None = None
+    pointed_known: bool = False
+    point_retry_at: float = 0.0
     epoch_retry_at: float = 0.0
     honoured_preferred: str | None = None  # preferredActive already acted upon
     last_move: LastMove | None = None
@@ -366,6 +375,7 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
             state = state.with_broker(
                 broker.name,
                 dead=False,
+                gone_at=None,
                 state=UNKNOWN_STATE,
                 code=None,
                 message=None,

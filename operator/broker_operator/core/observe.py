@@ -23,12 +23,14 @@ from dataclasses import replace
 
 from broker_contracts.soap import BrokerState
 from broker_operator.core.actions import (
+    ActivePointed,
+    ConnectionLost,
     EpochGranted,
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
-    LabelMoved,
     Observation,
+    ProcessGone,
 )
 from broker_operator.core.knowledge import (
     LEASE_EXPIRED,
@@ -48,7 +50,9 @@ _EVENT_OF_KIND = {
 }
 
 
-def observe(state: EngineState, config: ClusterConfig, observation: Observation, now: float) -> EngineState:
+def observe(  # noqa: PLR0911 - one return per kind of observation
+    state: EngineState, config: ClusterConfig, observation: Observation, now: float
+) -> EngineState:
     match observation:
         case HeartbeatAnswered():
             return _answered(state, config, observation, now)
@@ -71,8 +75,46 @@ def observe(state: EngineState, config: ClusterConfig, observation: Observation,
                 f" {config.settings.interval_seconds:g}s",
                 True,
             )
-        case LabelMoved(active=active):
-            return replace(state, label=active, label_known=True)
+        case ActivePointed(active=active):
+            return replace(state, pointed=active, pointed_known=True)
+        case ConnectionLost():
+            return _connection_lost(state, observation, now)
+        case ProcessGone():
+            return _process_gone(state, config, observation)
+
+
+def _connection_lost(state: EngineState, lost: ConnectionLost, now: float) -> EngineState:
+    """A failed heartbeat of the broker, and a check (or probe, or fence) of it at once."""
+    broker = state.broker(lost.broker)
+    if broker is None or broker.url != lost.url:
+        return state  # about an address the broker has left: its own watch covers the new one
+    if lost.broker == state.active:
+        state = replace(state, next_active_heartbeat_at=now)
+        return state.with_broker(
+            broker.name, failures=broker.failures + 1, code="CONNECTION_LOST", message=lost.reason
+        )
+    return state.with_broker(broker.name, next_probe_at=now, next_fence_at=now)
+
+
+def _process_gone(state: EngineState, config: ClusterConfig, gone: ProcessGone) -> EngineState:
+    """Known not active, unless a live process may have been reached at that address since."""
+    broker = state.broker(gone.broker)
+    if broker is None or broker.url != gone.url:
+        return state
+    if broker.last_contact_at is not None and broker.last_contact_at >= gone.at:
+        # An answer, or a call that may have reached a live process, since the refusal: a new
+        # process may listen there now, and a stale active=true may have activated it.
+        return state
+    return state.with_broker(
+        broker.name,
+        possibly_active_until=None,
+        unanswered_activation=False,
+        gone_at=gone.at,
+        state=BrokerState.UNAVAILABLE.value,
+        code="PROCESS_GONE",
+        message=gone.reason,
+        ready_since=None,
+    )
 
 
 def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered, now: float) -> EngineState:
@@ -95,6 +137,8 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         "message": None if is_active else reply.unavailability_message,
         "reported_epoch": max(broker.reported_epoch, reply.epoch),
         "last_reply_at": now,
+        "last_contact_at": now,
+        "gone_at": None,
     }
     fence_until = now + config.settings.fence_seconds
     move = state.move
@@ -157,6 +201,8 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
         "message": seen.reason,
         "ready_since": None,
     }
+    if seen.reached and not seen.peer_closed:
+        changes["last_contact_at"] = now
     if seen.active and seen.reached and seen.renew:
         changes.update(
             possibly_active_until=now + config.settings.fence_seconds,

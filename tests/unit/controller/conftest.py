@@ -71,6 +71,9 @@ def declare_resources(api: kmock.KubernetesEmulator) -> None:
     api.resources["networking.k8s.io/v1/networkpolicies"] = kmock.ResourceInfo(
         kind="NetworkPolicy", namespaced=True, verbs=VERBS
     )
+    api.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
+        kind="EndpointSlice", namespaced=True, verbs=VERBS
+    )
     # kopf's backbone: it waits for these to be discoverable before it starts any watch.
     api.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=VERBS)
     api.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(

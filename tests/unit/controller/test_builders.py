@@ -97,6 +97,7 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
         builders.build_journal_claim(OWNER, 0, deleted),
         builders.build_headless_service(OWNER),
         builders.build_active_service(OWNER),
+        builders.build_active_endpoint_slice(OWNER, None, 1),
         builders.build_token_secret(OWNER),
         builders.build_backend_token_secret(OWNER),
     ]
@@ -111,11 +112,23 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
         assert child["metadata"]["namespace"] == "erp"
 
 
-def test_active_service_selects_only_the_active_role() -> None:
+def test_active_service_selects_nothing_its_slice_names_the_active_under_its_epoch() -> None:
     service = builders.build_active_service(OWNER)
     assert service["metadata"]["name"] == "orders-active"
-    assert service["spec"]["selector"][names.LABEL_ROLE] == "active"
-    assert service["spec"]["selector"][names.LABEL_CLUSTER] == "orders"
+    assert "selector" not in service["spec"]  # the operator writes its endpoints
+    endpoint = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.7", port=8080, uid="u-7", node="n1")
+    slice_ = builders.build_active_endpoint_slice(OWNER, endpoint, 7)
+    labels, annotations = slice_["metadata"]["labels"], slice_["metadata"]["annotations"]
+    assert slice_["metadata"]["name"] == "orders-active"
+    assert labels["kubernetes.io/service-name"] == "orders-active"
+    assert labels["endpointslice.kubernetes.io/managed-by"] != "endpointslice-controller.k8s.io"
+    assert annotations == {"broker.failover.dev/epoch": "7", "broker.failover.dev/active": "orders-1"}
+    assert slice_["ports"] == [{"name": "soap", "port": 8080, "protocol": "TCP"}]  # the Service's port name
+    (only,) = slice_["endpoints"]
+    assert only["addresses"] == ["10.244.0.7"] and only["conditions"]["ready"] is True
+    assert only["targetRef"] == {"kind": "Pod", "namespace": "erp", "name": "orders-1", "uid": "u-7"}
+    nobody = builders.build_active_endpoint_slice(OWNER, None, 8)
+    assert nobody["endpoints"] == [] and nobody["metadata"]["annotations"]["broker.failover.dev/epoch"] == "8"
     headless = builders.build_headless_service(OWNER)
     assert headless["spec"]["clusterIP"] == "None"
     assert names.LABEL_ROLE not in headless["spec"]["selector"]

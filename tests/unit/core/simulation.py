@@ -44,10 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker_operator.core import (
+    ActivePointed,
     AllocateEpoch,
     BrokerTarget,
     ClusterConfig,
     ClusterStatus,
+    ConnectionLost,
     EngineState,
     EpochGranted,
     EpochRefused,
@@ -55,10 +57,10 @@ from broker_operator.core import (
     HeartbeatFailed,
     HeartbeatReply,
     HeartbeatSettings,
-    LabelMoved,
-    MoveActiveLabel,
     Observation,
     PodFacts,
+    PointActive,
+    ProcessGone,
     RecordEvent,
     SendHeartbeat,
     initial_state,
@@ -93,7 +95,12 @@ class World:
     engine_epochs: set[int] = field(default_factory=set)
     recorded_status: ClusterStatus | None = None
     status_writes: int = 0
-    label: str | None = None
+    # The -active Service as the Kubernetes shell writes it: (broker or None, epoch), fenced.
+    service: tuple[str | None, int] = (None, 0)
+    service_writes: list[tuple[float, str | None, int]] = field(default_factory=list)
+    terms: set[tuple[str, int]] = field(default_factory=set)  # (broker, epoch) it was ever active with
+    # What the operator's watch connections report, each delivered at its time (may be late).
+    signals: list[tuple[float, Observation]] = field(default_factory=list)
     events: list[RecordEvent] = field(default_factory=list)
     activations: list[tuple[float, str, int]] = field(default_factory=list)
     epoch_owner: dict[int, str] = field(default_factory=dict)
@@ -232,11 +239,26 @@ class World:
         broker.handle(True, epoch, self.now)
         self.target_epoch = max(self.target_epoch, epoch)
         assert broker.active, f"{name} could not be left active with epoch {epoch}"
+        self.terms.add((name, epoch))
 
-    def crash(self, name: str) -> None:
+    def crash(self, name: str, *, noticed_after: float | None = None) -> None:
+        """kill -9. ``noticed_after``: the watch proves it (FIN, then a refused connect, now) and the
+        engine hears of it that much later, possibly after a restart: the proof must not carry
+        over to the new process."""
         broker = self.brokers[name]
         broker.alive = False
         broker.new_process()  # kill -9: the process and its activity are gone; the epoch is on disk
+        target = self.config.target(name)
+        if noticed_after is not None and target is not None:
+            gone = ProcessGone(name, target.url, self.now, "watch ended; admin port refused (simulated)")
+            self.signals.append((self.now + noticed_after, gone))
+
+    def connection_lost(self, name: str, *, after: float = 0.0) -> None:
+        """The watch connection breaks with the process alive or not: proof of nothing."""
+        target = self.config.target(name)
+        if target is not None:
+            lost = ConnectionLost(name, target.url, "reset by peer (simulated)")
+            self.signals.append((self.now + after, lost))
 
     def restart(self, name: str) -> None:
         broker = self.brokers[name]
@@ -295,6 +317,9 @@ class World:
         for _ in range(max_steps):
             if self.now >= until:  # outcomes still pending are folded in by the next run
                 return
+            due = [signal for at, signal in self.signals if at <= self.now]
+            self.signals = [(at, signal) for at, signal in self.signals if at > self.now]
+            self.pending = [*self.pending, *due]  # as the loop: outcomes first, then signals
             decision = step(self.state, self.config, self.pod_facts(), self.now, self.pending)
             self.state = decision.state
             recent = [*recent[-4:], f"t={self.now:.3f} {decision.actions} move={self.state.move}"]
@@ -341,9 +366,8 @@ class World:
                 else:
                     self._grant(action.epoch, "engine")
                     self.pending.append(EpochGranted(action.epoch))
-            elif isinstance(action, MoveActiveLabel):
-                self.label = action.active
-                self.pending.append(LabelMoved(action.active))
+            elif isinstance(action, PointActive):
+                self._point_service(action)
             elif isinstance(action, RecordEvent):
                 self.events.append(action)
         return latency
@@ -383,6 +407,19 @@ class World:
             self._check_activation(broker)
         return reply
 
+    def _point_service(self, action: PointActive) -> None:
+        """As controller/endpoints.py: refused under a lower epoch than the Service's."""
+        if action.epoch < self.service[1]:
+            return  # ServiceFenced: the engine sees no ActivePointed and retries
+        if action.active is not None:
+            # The Service only ever names a broker that was activated with that very epoch.
+            assert (action.active, action.epoch) in self.terms, (
+                f"Service pointed at {action.active} under epoch {action.epoch}, never its activation"
+            )
+        self.service = (action.active, action.epoch)
+        self.service_writes.append((self.now, action.active, action.epoch))
+        self.pending.append(ActivePointed(action.active))
+
     def _check_activation(self, broker: SimBroker) -> None:
         self._run_processes()  # self-fence whoever's lease ran out
         others = [b.name for b in self.processes() if b is not broker and b.acts_as_active(self.now)]
@@ -391,3 +428,4 @@ class World:
         owner = self.epoch_owner.setdefault(epoch, broker.name)
         assert owner == broker.name, f"epoch {epoch} given to both {owner} and {broker.name}"
         self.activations.append((self.now, broker.name, epoch))
+        self.terms.add((broker.name, epoch))

@@ -14,8 +14,11 @@ import pytest
 
 from broker_operator.core import (
     ClusterStatus,
+    ConnectionLost,
     FailbackMode,
     HeartbeatSettings,
+    PointActive,
+    ProcessGone,
     SendHeartbeat,
     SettingsError,
     next_epoch,
@@ -431,3 +434,59 @@ def test_targets_that_refuse_the_epoch_fail_the_activation_without_a_tight_loop(
     assert shown["b0"].unavailability_code == "STALE_EPOCH"
     # One new epoch per broker per round, the rounds backing off: a handful, not one per step.
     assert len(world.grants) <= 2 * 8, world.grants
+
+
+def test_the_service_follows_the_activation_first_in_its_step_and_points_at_nobody_meanwhile() -> None:
+    world = World.create(["b0", "b1"], FAST, pod_mode=True)
+    world.run(2.0)
+    assert world.service == ("b0", 1)
+    world.crash("b0")  # the pod facts say its container terminated: a failover at once
+    decision = step(world.state, world.config, world.pod_facts(), world.now)
+    assert isinstance(decision.actions[0], PointActive) and decision.actions[0].active is None
+    world.run(2.0)
+    epoch = next(e for _, name, e in world.activations if name == "b1")
+    assert world.service == ("b1", epoch)
+    writes = [(name, e) for _, name, e in world.service_writes]
+    assert writes == [("b0", 1), (None, writes[1][1]), ("b1", epoch)]
+    assert writes[1][1] <= epoch  # the blank is written under the cluster's epoch, never above
+
+
+def test_a_restarted_engine_leaves_the_service_alone_until_it_has_an_active() -> None:
+    world = World.create(["b0", "b1"], FAST, stored_epoch=4, last_active="b0")
+    world.run(2.0)
+    assert world.actives() == ["b0"]
+    # Confirming the last active took a round trip; blanking the Service meanwhile would have
+    # cut traffic at every operator restart.
+    assert [name for _, name, _ in world.service_writes] == ["b0"]
+
+
+def test_a_lost_watch_connection_counts_a_failure_and_checks_the_active_at_once() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    url = world.config.targets[0].url
+    lost = ConnectionLost("b0", url, "reset by peer (simulated)")
+    decision = step(world.state, world.config, {}, world.now, [lost])
+    checks = [a for a in decision.actions if isinstance(a, SendHeartbeat) and a.broker == "b0"]
+    # At once, not at the next interval; a check (renew=False), since a failure was counted.
+    assert [(a.active, a.renew) for a in checks] == [(True, False)]
+    b0 = decision.state.broker("b0")
+    assert b0 is not None and b0.failures == 1 and b0.code == "CONNECTION_LOST"
+    world.state = decision.state
+    world.run(2.0)
+    assert world.actives() == ["b0"]  # alive: the check answered Active and renewals resumed
+
+
+def test_a_proof_of_death_is_void_once_the_broker_answered_after_it() -> None:
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    url = world.config.targets[0].url
+    b0 = world.state.broker("b0")
+    assert b0 is not None and b0.last_reply_at is not None
+    earlier = b0.last_reply_at - 0.001  # b0 answered a renewal after it: something listens there
+    decision = step(world.state, world.config, {}, world.now, [ProcessGone("b0", url, earlier, "stale")])
+    assert decision.state.active == "b0"
+    fresh = step(world.state, world.config, {}, world.now, [ProcessGone("b0", url, world.now, "gone")])
+    gone = fresh.state.broker("b0")
+    assert gone is not None and gone.possibly_active_until is None
+    assert fresh.state.active is None and fresh.state.move is not None  # failing over, at once
+    assert fresh.state.move.reason == "PROCESS_GONE"

@@ -1,8 +1,9 @@
 """Stateful property tests: the decision core against simulated brokers under random faults.
 
-Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes,
-restarts, partitions, pauses (SIGSTOP), slow replies, journal failures, activation
-failures, epoch conflicts, preferredActive changes and clock steps, and checks on
+Hypothesis drives :class:`tests.unit.core.simulation.World` through crashes (some proven
+at once or late by the operator's watch connection), broken watch connections, restarts,
+partitions, pauses (SIGSTOP), slow replies, journal failures, activation failures, epoch
+conflicts, preferredActive changes and clock steps, and checks on
 every broker action that
 
 - no two brokers are ever active at the same instant (also during planned moves),
@@ -13,6 +14,8 @@ every broker action that
   is its only writer, the status patches the shell writes on every change included,
 - ``active=true`` goes only to the current active or the move's candidate (never
   to a standby that should stay inactive),
+- the ``-active`` Service is pointed only at a broker activated with the epoch the write
+  carries, and never back under a lower epoch (the shell's fence),
 - all of this also while the spec's broker set changes under the engine (brokers
   added, removed, re-addressed, or none at all, as for a cluster whose pods have
   no IPs yet): removed or re-addressed processes count as actives until they are
@@ -20,8 +23,9 @@ every broker action that
 
 and, once the faults stop, that the cluster converges: under ``Automatic`` to the
 preferred broker or else the highest-priority one, under ``Manual`` to some
-broker that then stays put. The simulated brokers stand in for broker processes
-(the integration tests run real ones), but their heartbeat rules are the broker's own
+broker that then stays put, with the Service pointing at it. The simulated brokers
+stand in for broker processes (the integration tests run real ones), but their
+heartbeat rules are the broker's own
 term state machine (``broker_service.term``); the core itself is the real code.
 """
 
@@ -126,6 +130,16 @@ class FailoverMachine(RuleBasedStateMachine):
     def crash(self, data: st.DataObject) -> None:
         self.world.crash(self._name(data))
         self.world.run(0.01)
+
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 0.05, 1.5, 6.0]))
+    def crash_seen_by_the_watch(self, data: st.DataObject, delay: float) -> None:
+        # The proof of death from the watch (ProcessGone), heard at once or late, after a restart.
+        self.world.crash(self._name(data), noticed_after=delay)
+        self.world.run(0.01)
+
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 0.5]))
+    def watch_connection_breaks(self, data: st.DataObject, delay: float) -> None:
+        self.world.connection_lost(self._name(data), after=delay)
 
     @rule(data=st.data())
     def restart(self, data: st.DataObject) -> None:
@@ -237,6 +251,9 @@ class FailoverMachine(RuleBasedStateMachine):
         assert world.state.active == actives[0], (world.state.active, actives)
         status = status_of(world.state, world.config)
         assert status.active == actives[0]
+        assert world.service == (actives[0], world.state.active_epoch), (
+            f"the -active Service points at {world.service}, the active is {actives[0]}"
+        )
         # Failback needs evidence that the better broker is healthy: with standby
         # probes off (standbyProbeSeconds 0) the engine stays where it is.
         if heartbeat.failback is FailbackMode.AUTOMATIC and heartbeat.standby_probe_seconds > 0:

@@ -1,0 +1,178 @@
+"""The operator's watch connection to each broker: a crash is known when the process dies.
+
+One task per broker holds ``GET /watch`` open on the broker's admin port (served by
+``broker_service.watch``). When the broker's process dies its kernel closes the connection, so
+the operator hears of a crash at once rather than at the next heartbeat or from the kubelet's
+next relist (about a second). What it then tells the engine:
+
+- the stream **ended with a FIN** and a fresh connection to the same address and port is
+  **refused**: :class:`ProcessGone`, a proof that the process is not active (the broker never
+  closes its admin listener while it may act; docs/failover-engine.md, "Proofs of death");
+- anything else (a reset, a read timeout, the port still accepting, the connect timing out):
+  :class:`ConnectionLost`, proof of nothing; the engine counts a failed heartbeat and checks the
+  broker at once.
+
+The request is HTTP/1.0, so the response body ends with the connection, and it is read from
+asyncio's own streams, where a FIN is an end of stream and a reset raises. Not through aiohttp:
+it ends a close-delimited body the same way for both (it feeds the end of stream first), and the
+proof needs the difference. The request is one fixed line and two headers. A broker
+without ``/watch`` (an image from before it) is not watched; the heartbeats and the kubelet's
+reports cover it as before. Reconnects back off from 0.1 s to 5 s, and start over once a stream
+has lasted a while. Only pods mode watches: there a target's address is the pod's own, with no
+proxy in between whose refusal could be taken for the pod's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME
+from broker_operator.core import BrokerTarget, ConnectionLost, Observation, ProcessGone
+from broker_operator.heartbeat_client import HeartbeatClient
+
+logger = logging.getLogger(__name__)
+
+WATCH_PATH = "/watch"
+# The broker writes a newline every 5 s; three missed ones and the stream is taken for lost.
+READ_TIMEOUT_SECONDS = 15.0
+CONNECT_TIMEOUT_SECONDS = 1.0
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
+STEADY_SECONDS = 10.0  # a stream that lasted this long resets the backoff
+
+Signal = Callable[[Observation], None]
+
+
+class _Quiet(enum.Enum):
+    """A stream's end that tells the engine nothing."""
+
+    RETRY = "retry"  # never held a stream from this process, or a token rotation: try again
+    UNSUPPORTED = "unsupported"  # the broker serves no /watch: stop
+
+
+def _status_code(line: bytes) -> int | None:
+    """The code of an HTTP status line (``HTTP/1.0 200 OK``); None if it is not one."""
+    fields = line.split()
+    return (
+        int(fields[1])
+        if len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1].isdigit()
+        else None
+    )
+
+
+def watch_url(heartbeat_url: str) -> str:
+    """``http://<pod IP>:<admin port>/watch`` for the broker's Heartbeat URL."""
+    parts = urlsplit(heartbeat_url)
+    return urlunsplit((parts.scheme, parts.netloc, WATCH_PATH, "", ""))
+
+
+class BrokerWatches:
+    """The watch tasks of one cluster's brokers, kept in line with its targets by :meth:`follow`."""
+
+    def __init__(
+        self, client: HeartbeatClient, signal: Signal, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._client = client
+        self._signal = signal
+        self._clock = clock
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (broker, url) -> its task
+        self._held: set[str] = set()  # brokers whose stream is open now (for status and tests)
+
+    def holding(self, name: str) -> bool:
+        """Whether a stream from ``name``'s process is open now."""
+        return name in self._held
+
+    def follow(self, targets: Sequence[BrokerTarget]) -> None:
+        """Watch exactly ``targets``: new ones (or new addresses) start, removed ones stop."""
+        wanted = {(t.name, t.url) for t in targets}
+        for key in set(self._tasks) - wanted:
+            self._tasks.pop(key).cancel()
+        for name, url in wanted - set(self._tasks):
+            self._tasks[(name, url)] = asyncio.create_task(self._watch(name, url), name=f"watch {name}")
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, name: str, url: str) -> None:
+        backoff = BACKOFF_FIRST_SECONDS
+        while True:
+            opened = self._clock()
+            outcome = await self._hold(name, url)
+            if outcome is _Quiet.UNSUPPORTED:
+                return
+            if not isinstance(outcome, _Quiet):
+                self._signal(outcome)
+            if self._clock() - opened >= STEADY_SECONDS:
+                backoff = BACKOFF_FIRST_SECONDS
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+    async def _hold(self, name: str, url: str) -> Observation | _Quiet:
+        """One stream, held to its end: what to tell the engine, if anything."""
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+        assert host is not None and port is not None, url
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                reader, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError):
+            return _Quiet.RETRY  # never held a stream from this process: a refusal proves nothing
+        try:
+            token = self._client.watch_token(url)
+            lines = [
+                f"GET {WATCH_PATH} HTTP/1.0",
+                f"Host: {parts.netloc}",
+                f"{AUTH_HEADER}: {AUTH_SCHEME} {token}",
+            ]
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                status = _status_code(await reader.readline())
+                while (await reader.readline()).strip():
+                    pass  # the headers: nothing in them matters here
+            if status == 401:  # a token rotation under way: the next try may fit
+                return _Quiet.RETRY
+            if status != 200:
+                logger.info("%s serves no %s (HTTP %s): not watched", name, WATCH_PATH, status)
+                return _Quiet.UNSUPPORTED
+            self._held.add(name)
+            try:
+                while True:
+                    async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                        if not await reader.read(4096):
+                            break  # a FIN: the peer's kernel closed the connection
+            finally:
+                self._held.discard(name)
+        except (OSError, TimeoutError) as error:  # a reset, or the broker silent for too long
+            return ConnectionLost(name, url, f"watch connection lost: {error!r}")
+        finally:
+            writer.close()
+        return await self._after_end(name, url)
+
+    async def _after_end(self, name: str, url: str) -> Observation:
+        """The stream ended with a FIN: is anything still listening at that address and port?"""
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+        assert host is not None and port is not None, url
+        at = self._clock()  # before the attempt: any later answer or call voids the proof
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                _, writer = await asyncio.open_connection(host, port)
+        except ConnectionRefusedError:
+            reason = f"its watch stream ended and {host}:{port} refuses connections: the process is gone"
+            return ProcessGone(name, url, at, reason)
+        except (OSError, TimeoutError) as error:
+            return ConnectionLost(name, url, f"watch ended; reconnecting to {host}:{port} failed: {error!r}")
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return ConnectionLost(name, url, f"watch ended; {host}:{port} still accepts connections")
