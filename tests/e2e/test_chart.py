@@ -115,6 +115,8 @@ def test_every_pod_the_chart_renders_is_non_root_with_a_read_only_root() -> None
         (["--set", "operator.replicas=two"], "/operator/replicas"),
         (["--set", "operator.replicaz=2"], "additional properties 'replicaz' not allowed"),
         (["--set", "validator.executorMemory=1gb"], "/validator/executorMemory"),
+        (["--set-string", r"validator.sparkConf.spark\.a=x\,y"], "/validator/sparkConf/spark.a"),
+        (["--set-string", "validator.sparkConf.other=1"], "'other' does not match pattern"),
         (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy"),
     ],
 )

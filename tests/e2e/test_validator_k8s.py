@@ -435,22 +435,6 @@ def ordering_column(cluster: ClusterAccess, namespace: str) -> str:
     return row[header.index("ORDERING") :].split()[0]
 
 
-def fit_executors_on_one_small_node(cluster: SealedCluster, namespace: str, cronjob: str) -> None:
-    """Have Spark request a quarter CPU per executor pod instead of its ``executorCores`` (1).
-
-    The sealed cluster is one node with 2 allocatable CPUs; the real scheduler puts the driver
-    (500m), the operator (100m), CoreDNS (50m) and the brokers (3 x 100m) there first, so of two
-    executor pods asking for a whole CPU each only one fits, and the other stays Pending
-    ("Insufficient cpu"; Spark then runs every task on the one executor). The chart has
-    no value for more Spark properties, so this adds ``VALIDATOR_SPARK_CONF`` (documented in
-    charts/README.md) to the CronJob's container, as a user of a small cluster would. Memory
-    requests and limits stay Spark's.
-    """
-    conf = {"name": "VALIDATOR_SPARK_CONF", "value": "spark.kubernetes.executor.request.cores=250m"}
-    patch = [{"op": "add", "path": "/spec/jobTemplate/spec/template/spec/containers/0/env/-", "value": conf}]
-    cluster.kubectl("-n", namespace, "patch", "cronjob", cronjob, "--type=json", "-p", json.dumps(patch))
-
-
 def deploy(cluster: SealedCluster, namespace: str) -> Relay:
     """The chart (operator and the validator's CronJob, suspended, two executors), the simulator
     pods and the example BrokerCluster with three brokers, Healthy (``relay.deploy_relay``)."""
@@ -468,6 +452,11 @@ def deploy(cluster: SealedCluster, namespace: str) -> Relay:
             "validator.executorMemory": EXECUTOR_MEMORY,
             "validator.driverMemory": "1g",
             "validator.store.claimName": STORE_CLAIM,
+            # A quarter CPU per executor pod instead of executorCores (1): the sealed cluster is
+            # one node with 2 allocatable CPUs, and the real scheduler puts the driver (500m), the
+            # operator, CoreDNS and the brokers there first, so of two executors asking for a
+            # whole CPU each only one would fit (the other Pending, "Insufficient cpu").
+            r"validator.sparkConf.spark\.kubernetes\.executor\.request\.cores": "250m",
         },
         # Three brokers; the active stays where the failover put it. A CPU request keeps them out
         # of the BestEffort class (the example sets none): on the real kubelet a BestEffort pod gets
@@ -497,7 +486,9 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
             cronjob_name = f"{relay.release}-broker-failover-validator"
             cronjob = get_json(cluster, namespace, "cronjob", cronjob_name)["spec"]
             assert (cronjob["schedule"], cronjob["concurrencyPolicy"]) == ("*/15 * * * *", "Forbid")
-            fit_executors_on_one_small_node(cluster, namespace, cronjob_name)
+            (container,) = cronjob["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+            env = {item["name"]: item.get("value") for item in container["env"]}
+            assert env["VALIDATOR_SPARK_CONF"] == "spark.kubernetes.executor.request.cores=250m"
             status = relay.status
             # Usually orders-0 (priority 0); a broker that was slow to answer its first heartbeats is
             # passed over, and with failback Manual the active stays where the operator put it.

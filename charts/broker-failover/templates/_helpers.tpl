@@ -30,3 +30,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "broker-failover.validatorImage" -}}
 {{- printf "%s:%s" .Values.validator.image.repository (.Values.validator.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
+
+{{- /* validator.sparkConf as VALIDATOR_SPARK_CONF: property=value pairs, comma separated, sorted. */ -}}
+{{- define "broker-failover.sparkConf" -}}
+{{- $pairs := list -}}
+{{- range $key := keys . | sortAlpha -}}
+{{- $pairs = append $pairs (printf "%s=%v" $key (index $ $key)) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
