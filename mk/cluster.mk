@@ -23,7 +23,7 @@ host-packages: ## Install nft and conntrack (Debian nftables, conntrack) for kub
 
 .PHONY: cluster-up
 cluster-up: venv tools host-packages images ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace. Prints the export KUBECONFIG line.
-	@$(BIN)/python -m local_cluster.cluster up --pod-network --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
+	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
 
 .PHONY: shell
 shell: venv ## A shell inside the running cluster's network (pod IPs, ClusterIPs, service DNS), KUBECONFIG set.

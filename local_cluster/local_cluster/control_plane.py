@@ -11,8 +11,8 @@ chart grants.
 controller-manager has created the ``default`` ServiceAccount and ``kube-root-ca.crt``
 ConfigMap in ``default`` (pods are refused or cannot mount tokens before that).
 
-What it does not do: no scheduler and no kubelet (the node agent plays both), no
-kube-proxy or DNS (ClusterIPs do not route), no cloud controllers, no leader election
+What it does not do: no scheduler, kubelet, kube-proxy or DNS (the sealed cluster's node,
+``kubelet_node``, starts those around it), no cloud controllers, no leader election
 (one instance of each). It never reuses or cleans up directories it did not create.
 """
 
@@ -238,7 +238,7 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
                     f"--tls-cert-file={pki.serving_cert}",
                     f"--tls-private-key-file={pki.serving_key}",
                     f"--client-ca-file={pki.ca_cert}",
-                    # The node agent's kubelet API (kubectl logs): verified against the
+                    # The kubelet's API (kubectl logs, exec, port-forward): verified against the
                     # cluster CA, reached at the Node's InternalIP and daemonEndpoints port.
                     f"--kubelet-client-certificate={pki.kubelet_client.cert}",
                     f"--kubelet-client-key={pki.kubelet_client.key}",
@@ -250,8 +250,9 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
                     f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                     "--authorization-mode=RBAC",
                     "--allow-privileged=true",
-                    # Loopback mode: endpoints for the `kubernetes` Service would name 127.0.0.1,
-                    # which Endpoints validation refuses, and nothing routes ClusterIPs anyway.
+                    # On loopback (the control plane alone, as test_control_plane_start starts
+                    # it): endpoints for the `kubernetes` Service would name 127.0.0.1, which
+                    # Endpoints validation refuses, and nothing routes ClusterIPs anyway.
                     *([] if settings.pod_network else ["--endpoint-reconciler-type=none"]),
                     f"--cert-dir={workdir / 'apiserver-certs'}",
                     f"--audit-policy-file={audit_policy}",
@@ -268,7 +269,7 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
         )
 
         # Node lifecycle (the not-ready taint a new Node starts with is lifted by it) is on for
-        # the kubelet's cluster; the node agent posts no Leases, and it would evict every pod.
+        # the kubelet's cluster; off on loopback, where no kubelet posts Leases.
         disabled = [*DISABLED_CONTROLLERS, *([] if settings.pod_network else ["node-lifecycle-controller"])]
         controllers = ",".join(["*", *(f"-{name}" for name in disabled)])
         plane.processes.append(

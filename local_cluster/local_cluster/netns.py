@@ -1,23 +1,24 @@
-"""The cluster's sealed network: its own network namespace, a bridge, and a namespace per pod.
+"""The cluster's sealed network: its own network namespace and the node's bridge.
 
-The local cluster in pod-network mode lives in network and mount namespaces of its own,
-made by ``unshare`` (``SEALED_COMMAND``) when the supervisor starts. Nothing in them has a
+The local cluster lives in network, mount and PID namespaces of its own, made by ``unshare``
+(``containerd_sandbox.SEALED_COMMAND``) when the supervisor starts. Nothing in them has a
 route out of this machine: the only routes are the bridge's pod subnet and the service
 CIDR on the bridge, so a packet to any other address fails with "Network is unreachable"
 before it is sent. The machine's own network namespace is never changed; everything here
 disappears with the last process of the cluster (the kernel frees the namespaces, and with
 them the bridge, the veths and kube-proxy's nftables rules).
 
-Layout, as the CNI bridge plugin makes it on a kind node:
+Layout:
 
 - bridge ``cni0`` at ``NODE_ADDRESS``/24 (the node's InternalIP; the API server and the
-  kubelet endpoint listen there);
-- per pod a network namespace under ``/run/netns`` (a tmpfs private to the cluster's mount
-  namespace) with ``eth0`` on the bridge, the next free address of ``POD_CIDR``, a default
-  route via the bridge (which leads nowhere beyond the cluster), and hairpin mode on its
-  bridge port so a pod reaches itself through its own Service;
+  kubelet endpoint listen there), made here (``set_up_node_network``);
+- per pod a network namespace with ``eth0`` on the bridge and an address of ``POD_CIDR``,
+  made by containerd's CRI with the CNI bridge plugin (not here);
 - ``ip_forward`` and ``bridge-nf-call-iptables`` on inside the namespace only, so
   kube-proxy's nftables rules see bridged traffic.
+
+Also here: ``call_in_network_namespace`` (a thread of this process in the cluster's network) and
+``partition_network``/``heal_network`` (nftables in a pod's own namespace).
 
 What it does not do: IPv6, more than one node, or network policies.
 """
@@ -25,7 +26,6 @@ What it does not do: IPv6, more than one node, or network policies.
 from __future__ import annotations
 
 import ctypes
-import ipaddress
 import os
 import subprocess
 import threading
@@ -42,10 +42,6 @@ CLUSTER_DNS_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_DIR = Path("/run/netns")
 
-# New network and mount namespaces with private propagation: mounts made inside (the /run
-# tmpfs, pods' bind mounts) never reach the machine's mount table.
-SEALED_COMMAND = ("unshare", "--net", "--mount", "--propagation", "private", "--")
-
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
@@ -54,8 +50,8 @@ class PodNetworkError(RuntimeError):
     """A namespace, link or address could not be set up; carries the failing command's stderr."""
 
 
-def ip(*args: str, namespace: str | None = None) -> str:
-    command = ["ip", *(["-n", namespace] if namespace else []), *args]
+def ip(*args: str) -> str:
+    command = ["ip", *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     if result.returncode != 0:
         raise PodNetworkError(f"{' '.join(command)} failed: {result.stderr.strip()}")
@@ -73,16 +69,16 @@ def _write_sysctl(name: str, value: str) -> None:
 def set_up_node_network() -> None:
     """Turn the (freshly unshared, empty) namespace of this process into the node's network.
 
-    Must run in the namespace ``SEALED_COMMAND`` made: it refuses to touch a namespace that has
-    routes (the machine's own, most likely).
+    Must run in the namespace ``containerd_sandbox.SEALED_COMMAND`` made: it refuses to touch a
+    namespace that has routes (the machine's own, most likely).
     """
     if ip("route", "show").strip():
         raise PodNetworkError(
             "refusing to set up the pod network in a namespace that already has routes "
             "(is this the machine's own namespace? start the cluster through SEALED_COMMAND)"
         )
-    # /run becomes a tmpfs of the cluster's own: `ip netns add` and the pods' service-account
-    # mount points live there, never in the machine's /run.
+    # /run becomes a tmpfs of the cluster's own: the pods' network namespaces (/run/netns) and
+    # the kubelet's and containerd's state live there, never in the machine's /run.
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run"], check=True, timeout=30)
     NETNS_DIR.mkdir(parents=True, exist_ok=True)
     ip("link", "set", "lo", "up")
@@ -99,80 +95,6 @@ def set_up_node_network() -> None:
 def routes() -> list[str]:
     """The routing table of this process's network namespace, one line per route."""
     return [line for line in ip("route", "show").splitlines() if line.strip()]
-
-
-def unreachable(address: str) -> bool:
-    """True if the kernel has no route to ``address`` here (asks the table; sends nothing)."""
-    result = subprocess.run(
-        ["ip", "route", "get", address], capture_output=True, text=True, timeout=10, check=False
-    )
-    return result.returncode != 0 and "unreachable" in result.stderr.lower()
-
-
-class PodAddressPool:
-    """Addresses of ``POD_CIDR`` after the node's; one is reused only after its pod is gone."""
-
-    def __init__(self, cidr: str = POD_CIDR, node_address: str = NODE_ADDRESS) -> None:
-        network = ipaddress.ip_network(cidr)
-        self.cidr = cidr
-        self.prefix = network.prefixlen
-        self.free = [str(host) for host in network.hosts() if str(host) != node_address]
-        self.owner: dict[str, str] = {}
-
-    def allocate(self, uid: str) -> str:
-        if uid not in self.owner:
-            if not self.free:
-                raise PodNetworkError(f"pod CIDR {self.cidr} exhausted: delete pods first")
-            self.owner[uid] = self.free.pop(0)
-        return self.owner[uid]
-
-    def release(self, uid: str) -> None:
-        address = self.owner.pop(uid, None)
-        if address is not None:
-            self.free.append(address)
-
-
-def pod_namespace_name(uid: str) -> str:
-    return f"pod-{uid[:13]}"
-
-
-def add_pod_interface(uid: str, address: str, prefix: int = 24) -> Path:
-    """Create the pod's network namespace with ``eth0`` at ``address``; returns the namespace path."""
-    name = pod_namespace_name(uid)
-    host_side = f"veth{uid[:8]}"  # remove_pod_interface deletes it by this name
-    remove_pod_interface(uid)  # a leftover from an agent that died mid-setup
-    ip("netns", "add", name)
-    try:
-        ip("link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", name)
-        ip("link", "set", host_side, "master", BRIDGE)
-        ip("link", "set", host_side, "up")
-        # What the CNI bridge plugin's hairpinMode does: a pod reaches itself via its Service.
-        subprocess.run(
-            ["bridge", "link", "set", "dev", host_side, "hairpin", "on"],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        ip("addr", "add", f"{address}/{prefix}", "dev", "eth0", namespace=name)
-        ip("link", "set", "lo", "up", namespace=name)
-        ip("link", "set", "eth0", "up", namespace=name)
-        ip("route", "add", "default", "via", NODE_ADDRESS, namespace=name)
-    except (PodNetworkError, subprocess.CalledProcessError) as error:
-        remove_pod_interface(uid)
-        raise PodNetworkError(f"network of pod {uid}: {error}") from error
-    return NETNS_DIR / name
-
-
-def remove_pod_interface(uid: str) -> None:
-    """Delete the pod's veth pair and namespace. No error if they are not there.
-
-    The host side goes first and explicitly: the namespace (and with it the pair) would outlive
-    ``ip netns del`` while anything still holds it, and its eth0 must never answer for an address
-    the pool hands to the next pod."""
-    subprocess.run(["ip", "link", "del", f"veth{uid[:8]}"], capture_output=True, timeout=30, check=False)
-    name = pod_namespace_name(uid)
-    if (NETNS_DIR / name).exists():
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
 
 
 def _setns(path: str, kind: int) -> None:

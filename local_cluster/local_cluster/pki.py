@@ -6,13 +6,11 @@ dependency. Keys are P-256 EC (fast to generate; kube-apiserver accepts ES256 fo
 service-account signing). Everything is valid for one year and lives in the
 cluster's work directory, which is deleted with it.
 
-The node agent's kubelet API (``kubectl logs``) serves with ``kubelet.crt`` (next to
-``ca.crt``, where the agent looks for it) and accepts the apiserver's
-``apiserver-kubelet-client.crt``.
+The kubelet's API (``kubectl logs``, ``exec``, ``port-forward``) serves with ``kubelet.crt``
+and accepts the apiserver's ``apiserver-kubelet-client.crt``.
 
-What it does not do: no certificate rotation, no kubelet client certificate (the node
-agent authenticates to the apiserver as the admin), no CSR signing for the
-controller-manager.
+What it does not do: no certificate rotation, no kubelet client certificate (the kubelet
+authenticates to the apiserver with the admin's), no CSR signing for the controller-manager.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ import yaml
 # kept in the serving certificate so in-cluster names verify even though nothing
 # routes to it here.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
-# The node's address on the (future) pod network; in the kubelet serving certificate now
-# so the certificate need not change when the node agent's InternalIP moves there.
+# The node's address on the pod network (netns.NODE_ADDRESS): the kubelet's InternalIP, in its
+# serving certificate.
 KUBELET_POD_NETWORK_IP = "10.244.0.1"
 
 
@@ -54,8 +52,8 @@ class ClusterPki:
     admin: ClientCertificate
     controller_manager: ClientCertificate
     kube_proxy: ClientCertificate
-    # The node agent's kubelet API (kubectl logs): its serving certificate, and the client
-    # certificate the apiserver presents to it (--kubelet-client-certificate).
+    # The kubelet's API (kubectl logs, exec, port-forward): its serving certificate, and the
+    # client certificate the apiserver presents to it (--kubelet-client-certificate).
     kubelet_serving_cert: Path
     kubelet_serving_key: Path
     kubelet_client: ClientCertificate
@@ -121,9 +119,8 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
     cm_cert = _signed_certificate(
         "controller-manager", "/CN=system:kube-controller-manager", client_extensions, directory
     )
-    # The kubelet API's serving certificate: the node's InternalIP (127.0.0.1 today,
-    # KUBELET_POD_NETWORK_IP once pods get a network), as the apiserver verifies it
-    # against this CA (--kubelet-certificate-authority).
+    # The kubelet API's serving certificate: the node's InternalIP (KUBELET_POD_NETWORK_IP), as
+    # the apiserver verifies it against this CA (--kubelet-certificate-authority).
     kubelet_serving_cert = _signed_certificate(
         "kubelet",
         "/CN=system:node:local-node",

@@ -1,15 +1,15 @@
 """Child processes that never outlive the harness: own process group, log file, bounded stop.
 
-Why process groups: kube-apiserver and friends are single processes, but the node
-agent's pods are whole trees (a shell running a Python entry point, ...). Each child
-starts in a new session, so ``killpg`` reaches everything it spawned, and a Ctrl-C
-in the terminal reaches only us, letting teardown run in order (agent first, so it
-can stop its pods; then controller-manager, apiserver, etcd).
+Why process groups: a child may start a tree of its own (containerd its shims, a shell its
+command, ...). Each child starts in a new session, so ``killpg`` reaches everything it spawned,
+and a Ctrl-C in the terminal reaches only us, letting teardown run in order (the node first, so
+it can stop its pods; then controller-manager, apiserver, etcd).
 
 ``reap_on_exit`` registers an atexit hook and SIGTERM/SIGINT/SIGHUP handlers that
 stop every process still registered, so an interrupted test run or a killed
 ``cluster up`` supervisor leaves nothing behind. What it cannot cover: SIGKILL of the
-harness itself; ``cluster down`` and the pgid files the node agent writes cover that.
+harness itself; ``cluster down`` covers that (and for the sealed cluster the kernel does: its
+namespace ends with its supervisor).
 """
 
 from __future__ import annotations

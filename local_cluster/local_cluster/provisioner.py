@@ -16,17 +16,17 @@ class's name and reclaim policy, node affinity to this node, and the annotation
 
 Where the data lives: ``<state-dir>/claims/<namespace>/<claim>``, the directory callers (the
 validator's e2e test, the demo) read the message-log store from; if a retained volume of an earlier
-claim of that name still holds it, ``<state-dir>/volumes/<pv-name>``. The node agent's pods reach it
-through the bound PV's path (``pod_volumes``), never by the claim's name.
+claim of that name still holds it, ``<state-dir>/volumes/<pv-name>``. Pods reach it through the
+bound PV's ``hostPath``, which the kubelet mounts, never by the claim's name.
 
 Reclaim: a volume of ours that turns ``Released`` (its claim is gone) under ``Delete`` loses its
 directory, then its PV object; under ``Retain`` both stay, as on a real cluster, and an admin deletes
 them. So a claim re-created under the same name starts empty.
 
-Why a thread in the node agent, not a process of its own: the directories are the node's (as the
-local-path provisioner runs on the node), the agent already has the state directory and the API
-credentials, both cluster modes (loopback and the sealed pod network) start the agent, and its
-lifetime, logs and teardown come with it: nothing more to start, sweep or stop.
+Why a thread of the sealed cluster's supervisor (``kubelet_node``), not a process of its own: the
+directories are the node's (as the local-path provisioner runs on the node), the supervisor already
+has the state directory and the API credentials, and its lifetime, logs and teardown come with it:
+nothing more to start, sweep or stop.
 
 What it does not do: quotas (capacity is a label, not a limit), ``volumeMode: Block``, expansion,
 snapshots, or ``WaitForFirstConsumer`` scheduling (a class with that mode is provisioned once a claim
@@ -144,7 +144,7 @@ def within(path: Path, root: Path) -> bool:
 
 
 class LocalPathProvisioner:
-    """The controller: ``run`` until ``stopping`` is set (a thread of the node agent)."""
+    """The controller: ``run`` until ``stopping`` is set (a thread of the cluster's supervisor)."""
 
     def __init__(
         self,
@@ -165,7 +165,7 @@ class LocalPathProvisioner:
         self.storage = client.StorageV1Api(self.api_client)
         self.threads: list[threading.Thread] = []
 
-    # ---- API helpers (dicts, as the node agent handles pods) -------------------------
+    # ---- API helpers (dicts) -----------------------------------------------------------
 
     @staticmethod
     def _items(reply: Any) -> list[Body]:

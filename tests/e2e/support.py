@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalCluster
+from local_cluster.cluster import REPO_ROOT, ClusterAccess
 
-# Images for test pods, from `make images` (the sealed cluster's kubelet runs them; the node agent
-# maps them to local commands): Python with the kubernetes client, and Debian's sh and coreutils.
+# Images for test pods, from `make images` (the sealed cluster's kubelet runs them): Python with
+# the kubernetes client, and Debian's sh and coreutils.
 PYTHON_IMAGE = "docker.io/broker-failover/operator:0.1.0"
 SHELL_IMAGE = "docker.io/broker-failover/broker:0.1.0"
 
@@ -58,7 +58,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def delete_crd_releasing_finalizers(cluster: LocalCluster, crd_file: str) -> None:
+def delete_crd_releasing_finalizers(cluster: ClusterAccess, crd_file: str) -> None:
     """Delete the CRD after the operator has stopped, first dropping finalizers nothing will remove now.
 
     A BrokerCluster left with the operator's finalizer would hold the CRD in Terminating for ever,
@@ -76,7 +76,7 @@ def delete_crd_releasing_finalizers(cluster: LocalCluster, crd_file: str) -> Non
 
 
 @contextlib.contextmanager
-def installed_crd(cluster: LocalCluster, crd_file: Path = CRD_FILE) -> Iterator[None]:
+def installed_crd(cluster: ClusterAccess, crd_file: Path = CRD_FILE) -> Iterator[None]:
     """The CRD for one test module: applied once an earlier module's deletion of it has finished
     (an apply during deletion would be lost with it), deleted again at the end."""
 

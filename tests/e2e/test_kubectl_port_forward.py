@@ -1,10 +1,10 @@
-"""``kubectl port-forward`` against the sealed cluster: kubectl, the API server, the node agent's kubelet API.
+"""``kubectl port-forward`` against the sealed cluster: kubectl, the API server, the real kubelet.
 
 The real kubectl (v1.32: WebSocket) reaches the real API server through the loopback
-forwarder; the API server tunnels SPDY to ``/portForward`` of the node agent
-(``local_cluster/local_cluster/port_forward.py``), which connects inside the pod's network
-namespace. The pod's server listens on 127.0.0.1 only, so nothing but a connection made
-inside its namespace can reach it: an answer proves where the kubelet side connected.
+forwarder; the API server tunnels SPDY to the kubelet's ``/portForward``, and containerd's CRI
+connects inside the pod's network namespace. The pod's server listens on 127.0.0.1 only, so
+nothing but a connection made inside its namespace can reach it: an answer proves where the
+kubelet side connected.
 
 Covered: ``pod/NAME`` with a random local port, two connections through one kubectl (two
 stream pairs), ``svc/NAME`` (kubectl maps the Service port to the pod's targetPort), a
@@ -28,13 +28,11 @@ import textwrap
 import time
 import urllib.request
 import uuid
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from local_cluster import spdy_frames
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import PYTHON_IMAGE, get_json, installed_crd, wait_for
@@ -280,24 +278,3 @@ def test_the_plugin_lists_held_messages_through_a_forwarded_admin_port(
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["cluster"] == "orders" and document["held"] == [], document
-
-
-def test_spdy_header_blocks_use_the_spdy3_dictionary_and_one_context_per_direction() -> None:
-    """No cluster: the framing details a peer (spdystream) checks, pinned."""
-    assert (len(spdy_frames.HEADER_DICTIONARY), zlib.adler32(spdy_frames.HEADER_DICTIONARY)) == (
-        1423,
-        0xE3C6A7C2,
-    )
-    sender, receiver = spdy_frames.HeaderCodec(), spdy_frames.HeaderCodec()
-    for request_id in ("0", "1"):  # the second block only decodes if the context carried over
-        block = sender.encode({"streamType": "data", "port": "8081", "requestID": request_id})
-        assert receiver.decode(block) == {"streamtype": ["data"], "port": ["8081"], "requestid": [request_id]}
-    wire = spdy_frames.data_frame(3, b"hello", fin=True) + spdy_frames.rst_stream(
-        5, spdy_frames.RstStatus.CANCEL
-    )
-    reader = spdy_frames.FrameReader()
-    frames = [frame for byte in range(len(wire)) for frame in reader.feed(wire[byte : byte + 1])]
-    assert frames == [
-        spdy_frames.DataFrame(3, spdy_frames.FLAG_FIN, b"hello"),
-        spdy_frames.ControlFrame(spdy_frames.FrameType.RST_STREAM, 0, bytes.fromhex("0000000500000005")),
-    ]

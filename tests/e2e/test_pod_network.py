@@ -231,7 +231,7 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
     """The user's commands (make cluster-up / shell / cluster-down) and a clean machine afterwards."""
     before = _machine_network()
     workdir = tmp_path / "cluster"
-    up = _cluster_cli("up", "--pod-network", f"--workdir={workdir}", f"--tools-dir={built_tools_dir()}")
+    up = _cluster_cli("up", f"--workdir={workdir}", f"--tools-dir={built_tools_dir()}")
     state = read_state(workdir) if up.returncode == 0 else None
     try:
         assert up.returncode == 0 and state is not None, up.stderr

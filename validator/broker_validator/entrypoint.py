@@ -16,8 +16,8 @@ One image serves both roles, as Apache Spark's own image does (its ``entrypoint.
 
 Each role replaces this process (``exec``), so the JVM or the CLI receives the pod's signals
 directly. Why Python rather than a shell script: ``python -m broker_validator.entrypoint`` runs the
-same in the image and on the local cluster's node agent (``local_cluster/local_cluster/images.yaml``), where
-there is no image file system to put a script on, and the argv it builds is unit-testable. What it
+same in the image and outside it (a local install has no image file system to put a script on),
+and the argv it builds is unit-testable. What it
 does not do: Spark's ``nss_wrapper`` passwd entry for arbitrary UIDs (the image has a fixed user),
 Kerberos or Hadoop configuration, or IPv6 pod addresses.
 """
