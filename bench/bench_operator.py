@@ -212,11 +212,19 @@ def run_operator(clusters: int, warmup: float, window: float, freeze_gc: bool, p
         active_calls = 0
 
         async def heartbeat(
-            self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+            self,
+            target: BrokerTarget,
+            active: bool,
+            epoch: int,
+            *,
+            renew: bool = True,
+            limit_seconds: float | None = None,
         ) -> HeartbeatReply:
             started = time.perf_counter()
             try:
-                return await super().heartbeat(target, active, epoch, renew=renew)
+                return await super().heartbeat(
+                    target, active, epoch, renew=renew, limit_seconds=limit_seconds
+                )
             finally:
                 if self.recording:
                     self.latencies.append(time.perf_counter() - started)

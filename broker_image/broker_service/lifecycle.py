@@ -283,19 +283,27 @@ class Broker:
         self._perform_now(self.term.epoch_stored(epoch))
 
     async def _activate(self, epoch: int) -> tuple[UnavailabilityCode, str] | None:
-        """Probe the cloud, ask the backend to resend, apply its cursors; the code if a step failed."""
-        try:
-            await self.relay.cloud_ready(epoch)
-        except StaleEpochError as error:
-            return UnavailabilityCode.STALE_EPOCH, str(error)
-        except TargetUnreachableError as error:
-            return UnavailabilityCode.CLOUD_UNREACHABLE, str(error)
-        try:
-            cursors = await self.relay.request_resend(epoch, self.settings.account, self.settings.company)
-        except StaleEpochError as error:
-            return UnavailabilityCode.STALE_EPOCH, str(error)
-        except TargetUnreachableError as error:
-            return UnavailabilityCode.BACKEND_UNREACHABLE, str(error)
+        """Probe the cloud and ask the backend to resend, at once; apply its cursors; the code if
+        either failed (the cloud's first). Concurrent because a failover waits on both round trips
+        and neither depends on the other: whichever fails, both targets may have seen the epoch,
+        as with one after the other, and the next activation uses a new one anyway."""
+        cloud, backend = await asyncio.gather(
+            self.relay.cloud_ready(epoch),
+            self.relay.request_resend(epoch, self.settings.account, self.settings.company),
+            return_exceptions=True,
+        )
+        for outcome, unreachable in (
+            (cloud, UnavailabilityCode.CLOUD_UNREACHABLE),
+            (backend, UnavailabilityCode.BACKEND_UNREACHABLE),
+        ):
+            if isinstance(outcome, StaleEpochError):
+                return UnavailabilityCode.STALE_EPOCH, str(outcome)
+            if isinstance(outcome, TargetUnreachableError):
+                return unreachable, str(outcome)
+            if isinstance(outcome, BaseException):
+                raise outcome
+        cursors = backend
+        assert not isinstance(cursors, BaseException)
         moved = self.outbound.apply_resend_cursors(cursors)
         if moved:
             self.journal.append_lazily(confirmed_frame(moved))

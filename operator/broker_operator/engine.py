@@ -11,7 +11,10 @@ How the loop keeps the core's promises:
 - heartbeats of one step run concurrently, but the core never puts two
   activations, or an activation and an epoch allocation, in one step, so
   activations happen strictly one at a time and in priority order;
-- every heartbeat is bounded by ``timeoutSeconds`` here as well as in the client;
+- every heartbeat is bounded by ``timeoutSeconds`` here as well as in the client, an
+  activation by at least ``ACTIVATION_MIN_TIMEOUT_SECONDS``: the broker tells the cloud and the
+  backend its epoch before it answers, two round trips a renewal does not make, and a candidate
+  given up on too soon must be fenced for a whole lease before the walk goes on;
 - status is written only when the engine-owned fields change (heartbeat times
   alone do not count, nor does the epoch: ``allocate_epoch`` is its only writer),
   events as the core emits them.
@@ -86,6 +89,11 @@ class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/s
     def __init__(self, message: str, current: int | None = None) -> None:
         super().__init__(message)
         self.current = current
+
+
+# An activation answers after the broker told both targets its epoch (two HTTP round trips): with
+# the sub-second timeouts a fast failover uses, a busy node made it miss them (docs/benchmarks.md).
+ACTIVATION_MIN_TIMEOUT_SECONDS = 1.0
 
 
 class ServiceFenced(Exception):  # noqa: N818 - named for what it is, like EpochConflict
@@ -258,10 +266,12 @@ class ClusterLoop:
         target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)
         started = time.perf_counter()
         timeout = self._config.settings.timeout_seconds
+        if action.activation:
+            timeout = max(timeout, ACTIVATION_MIN_TIMEOUT_SECONDS)
         try:
             async with asyncio.timeout(timeout):
                 reply = await self._heartbeats.heartbeat(
-                    target, action.active, action.epoch, renew=action.renew
+                    target, action.active, action.epoch, renew=action.renew, limit_seconds=timeout
                 )
         except TimeoutError:
             outcome: Observation = HeartbeatFailed(

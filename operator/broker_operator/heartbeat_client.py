@@ -200,10 +200,18 @@ class HeartbeatClient:
         return bytes(etree.tostring(message, xml_declaration=True, encoding="utf-8"))
 
     async def heartbeat(
-        self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+        self,
+        target: BrokerTarget,
+        active: bool,
+        epoch: int,
+        *,
+        renew: bool = True,
+        limit_seconds: float | None = None,
     ) -> HeartbeatReply:
-        """``renew=False`` (with ``active=True``) checks the active without renewing its lease."""
+        """``renew=False`` (with ``active=True``) checks the active without renewing its lease;
+        ``limit_seconds`` replaces the client's timeout for this call (an activation's is longer)."""
         body = self._envelope(active, epoch, renew)
+        limit = self._timeout if limit_seconds is None else aiohttp.ClientTimeout(total=limit_seconds)
         offered: list[str] = []
         refused: HeartbeatError | None = None
         for attempt in range(2):
@@ -214,7 +222,7 @@ class HeartbeatClient:
                     continue
                 offered.append(token)
                 try:
-                    reply = await self._send(target, body, token)
+                    reply = await self._send(target, body, token, limit)
                 except HeartbeatError as error:
                     if error.code != FaultCode.UNAUTHENTICATED:
                         raise
@@ -226,10 +234,12 @@ class HeartbeatClient:
                 return reply
         raise refused or HeartbeatError(target, "no operator token to send", reached=False)
 
-    async def _send(self, target: BrokerTarget, body: bytes, token: str) -> HeartbeatReply:
+    async def _send(
+        self, target: BrokerTarget, body: bytes, token: str, limit: aiohttp.ClientTimeout
+    ) -> HeartbeatReply:
         try:
             async with self._session_now().post(
-                target.url, data=body, headers=self._headers(token)
+                target.url, data=body, headers=self._headers(token), timeout=limit
             ) as response:
                 content = await response.content.read(_MAX_REPLY_BYTES + 1)
                 status = response.status
@@ -237,7 +247,7 @@ class HeartbeatClient:
         except aiohttp.ClientConnectorError as error:
             raise HeartbeatError(target, f"cannot connect: {error.os_error}", reached=False) from error
         except TimeoutError as error:
-            raise HeartbeatError(target, f"timeout after {self._timeout.total:g}s", reached=True) from error
+            raise HeartbeatError(target, f"timeout after {limit.total:g}s", reached=True) from error
         except aiohttp.ClientError as error:
             closed = isinstance(error, aiohttp.ServerDisconnectedError) or (
                 isinstance(error, aiohttp.ClientOSError) and error.errno in _PEER_CLOSED_ERRNOS

@@ -27,6 +27,10 @@ class SendHeartbeat:
     # False: a pure check of the active (WSDL ``renewLease=false``), sent after a
     # renewal failed; it cannot renew the lease, so it does not extend the fence.
     renew: bool = True
+    # The move's candidate being activated: it may take longer than a renewal (the broker
+    # tells both targets its epoch before it answers), so the loop waits at least
+    # ACTIVATION_MIN_TIMEOUT_SECONDS for it.
+    activation: bool = False
 
 
 @dataclass(frozen=True)

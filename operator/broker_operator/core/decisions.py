@@ -95,11 +95,19 @@ class _Plan:
         self.candidate: str | None = None  # the broker the move is about to (or would) activate
         self.activating = False  # this step sends the candidate active=true
 
-    def heartbeat(self, broker: BrokerKnowledge, active: bool, epoch: int, *, renew: bool = True) -> None:
+    def heartbeat(
+        self,
+        broker: BrokerKnowledge,
+        active: bool,
+        epoch: int,
+        *,
+        renew: bool = True,
+        activation: bool = False,
+    ) -> None:
         # One request per broker per step: the loop runs a step's actions concurrently.
         assert broker.name not in self.contacted, broker.name
         self.contacted.add(broker.name)
-        self.actions.append(SendHeartbeat(broker.name, broker.url, active, epoch, renew))
+        self.actions.append(SendHeartbeat(broker.name, broker.url, active, epoch, renew, activation))
 
 
 def choose_next_active(state: EngineState, move: Move) -> str | None:
@@ -334,7 +342,7 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
     plan.state = replace(
         state, epoch_holder=candidate, move=replace(move, candidate=candidate, attempted=True)
     )
-    plan.heartbeat(target, active=True, epoch=state.epoch)
+    plan.heartbeat(target, active=True, epoch=state.epoch, activation=True)
     plan.activating = True
 
 
