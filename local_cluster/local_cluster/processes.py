@@ -170,3 +170,19 @@ def reap_on_exit() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
     # SIGINT stays a KeyboardInterrupt (pytest needs it); atexit then cleans up.
+
+
+def host_pid_of(namespace_member: int, pid: int) -> int:
+    """The machine's pid of the process whose pid is ``pid`` in the PID namespace that process
+    ``namespace_member`` is in (its ``NSpid`` line ends with ``pid``)."""
+    namespace = os.readlink(f"/proc/{namespace_member}/ns/pid")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                    return int(entry.name)
+    raise ProcessLookupError(f"no process with pid {pid} in the PID namespace of {namespace_member}")

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from local_cluster import netns
+from local_cluster import netns, processes
 from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings
 from local_cluster.cluster_services import LoopbackForwarder
@@ -231,6 +231,11 @@ class SealedCluster(ClusterAccess):
             if len(fields) >= 2 and fields[0] == wanted:
                 return int(fields[1])
         raise SealedClusterError(f"container {wanted} of pod {pod['metadata']['name']} has no task")
+
+    def host_pid(self, pid: int) -> int:
+        """The machine's pid of the process that has ``pid`` in the cluster's PID namespace: for a
+        fault that must land at a known instant (``os.kill`` from here, no ``ctr`` to start)."""
+        return processes.host_pid_of(self.supervisor_pid, pid)
 
     def partition_pod(self, pod: dict[str, Any], direction: str = "both") -> None:
         """A real partition of one pod: nftables drops on its eth0, in its own network namespace

@@ -385,7 +385,13 @@ class InProcessBrokers:
         self.reachable = dict.fromkeys(names, True)
 
     async def heartbeat(
-        self, target: BrokerTarget, active: bool, epoch: int, *, renew: bool = True
+        self,
+        target: BrokerTarget,
+        active: bool,
+        epoch: int,
+        *,
+        renew: bool = True,
+        limit_seconds: float | None = None,
     ) -> HeartbeatReply:
         name = target.name
         if not self.reachable[name]:
