@@ -287,6 +287,7 @@ class Broker:
         either failed (the cloud's first). Concurrent because a failover waits on both round trips
         and neither depends on the other: whichever fails, both targets may have seen the epoch,
         as with one after the other, and the next activation uses a new one anyway."""
+        began = time.monotonic()
         cloud, backend = await asyncio.gather(
             self.relay.cloud_ready(epoch),
             self.relay.request_resend(epoch, self.settings.account, self.settings.company),
@@ -307,7 +308,12 @@ class Broker:
         moved = self.outbound.apply_resend_cursors(cursors)
         if moved:
             self.journal.append_lazily(confirmed_frame(moved))
-        logger.info("activated with epoch %d (%d streams known from the backend)", epoch, len(cursors))
+        logger.info(
+            "activated with epoch %d (%d streams known from the backend; both targets told in %.0f ms)",
+            epoch,
+            len(cursors),
+            (time.monotonic() - began) * 1000,
+        )
         return None
 
     # ---- fencing, the lease watcher, effects ---------------------------------------------------

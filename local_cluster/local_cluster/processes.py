@@ -172,17 +172,32 @@ def reap_on_exit() -> None:
     # SIGINT stays a KeyboardInterrupt (pytest needs it); atexit then cleans up.
 
 
-def host_pid_of(namespace_member: int, pid: int) -> int:
-    """The machine's pid of the process whose pid is ``pid`` in the PID namespace that process
-    ``namespace_member`` is in (its ``NSpid`` line ends with ``pid``)."""
-    namespace = os.readlink(f"/proc/{namespace_member}/ns/pid")
+def host_pid_of(namespace_init: int, pid: int) -> int:
+    """The machine's pid of the process whose pid is ``pid`` in the PID namespace whose init (PID 1)
+    is the machine's ``namespace_init``, or in one nested in it (a container's).
+
+    ``NSpid`` lists a process's pid in each namespace from the machine's down; the init's list
+    says at which depth to look. Another namespace may have a process of that pid at that depth,
+    so the match must also descend from the init (its parents lead there).
+    """
+
+    def status(entry: str) -> dict[str, list[str]]:
+        lines = Path(f"/proc/{entry}/status").read_text().splitlines()
+        return {key: value.split() for key, _, value in (line.partition(":") for line in lines)}
+
+    depth = len(status(str(namespace_init))["NSpid"]) - 1
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            if os.readlink(entry / "ns" / "pid") != namespace:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            nspids = status(entry.name)["NSpid"]
+            if len(nspids) <= depth or int(nspids[depth]) != pid:
                 continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+            ancestor = int(entry.name)
+            for _ in range(64):  # bounded: a process tree is never this deep here
+                if ancestor == namespace_init:
                     return int(entry.name)
-    raise ProcessLookupError(f"no process with pid {pid} in the PID namespace of {namespace_member}")
+                if ancestor <= 1:
+                    break
+                ancestor = int(status(str(ancestor))["PPid"][0])
+    raise ProcessLookupError(f"no process with pid {pid} in the PID namespace of {namespace_init}")

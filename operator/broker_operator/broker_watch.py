@@ -45,6 +45,8 @@ CONNECT_TIMEOUT_SECONDS = 1.0
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 STEADY_SECONDS = 10.0  # a stream that lasted this long resets the backoff
+PROBES = 3  # connects to the admin port after a stream ended, before it counts as still listening
+PROBE_GAP_SECONDS = 0.02
 
 Signal = Callable[[Observation], None]
 
@@ -159,20 +161,29 @@ class BrokerWatches:
         return await self._after_end(name, url)
 
     async def _after_end(self, name: str, url: str) -> Observation:
-        """The stream ended with a FIN: is anything still listening at that address and port?"""
+        """The stream ended with a FIN: is anything still listening at that address and port?
+
+        Asked up to ``PROBES`` times, ``PROBE_GAP_SECONDS`` apart: a process being killed closes
+        its sockets one by one, so the first probe may still reach its listener a moment before
+        it closes too. Each refusal is a proof in itself (nothing listens then), dated before it.
+        """
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
         assert host is not None and port is not None, url
-        at = self._clock()  # before the attempt: any later answer or call voids the proof
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                _, writer = await asyncio.open_connection(host, port)
-        except ConnectionRefusedError:
-            reason = f"its watch stream ended and {host}:{port} refuses connections: the process is gone"
-            return ProcessGone(name, url, at, reason)
-        except (OSError, TimeoutError) as error:
-            return ConnectionLost(name, url, f"watch ended; reconnecting to {host}:{port} failed: {error!r}")
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+        for probe in range(PROBES):
+            if probe:
+                await asyncio.sleep(PROBE_GAP_SECONDS)
+            at = self._clock()  # before the attempt: any later answer or call voids the proof
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                    _, writer = await asyncio.open_connection(host, port)
+            except ConnectionRefusedError:
+                reason = f"its watch stream ended and {host}:{port} refuses connections: the process is gone"
+                return ProcessGone(name, url, at, reason)
+            except (OSError, TimeoutError) as error:
+                failed = f"watch ended; reconnecting to {host}:{port} failed: {error!r}"
+                return ConnectionLost(name, url, failed)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
         return ConnectionLost(name, url, f"watch ended; {host}:{port} still accepts connections")

@@ -22,6 +22,7 @@ It makes no decision of its own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -84,7 +85,16 @@ class KubernetesClusterShell:
                 await active_service.delete_controller_slices(self._api, self._namespace, self._cluster)
             self._service_converted = True
         endpoint = self._endpoint(active, url)
-        await active_service.point_active_service(self._api, self._body, endpoint, epoch)
+        began = time.monotonic()
+        if await active_service.point_active_service(self._api, self._body, endpoint, epoch):
+            logger.info(
+                "%s/%s: the -active Service points at %s (epoch %d), written in %.0f ms",
+                self._namespace,
+                self._cluster,
+                active or "nobody",
+                epoch,
+                (time.monotonic() - began) * 1000,
+            )
         # Off the critical path: a controller with a lagging informer may have written one since.
         if await active_service.delete_controller_slices(self._api, self._namespace, self._cluster):
             logger.warning(
