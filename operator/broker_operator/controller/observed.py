@@ -49,6 +49,17 @@ def pod_ordinal(pod: PodBody) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
+def _broker_port(pod: PodBody, name: str) -> int:
+    """The broker container's port called ``name``; the main port if it has none of that name."""
+    for container in pod.get("spec", {}).get("containers") or []:
+        if container.get("name") != names.BROKER_CONTAINER:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == name and port.get("containerPort"):
+                return int(port["containerPort"])
+    return names.BROKER_PORT
+
+
 def admin_port(pod: PodBody) -> int:
     """The port the operator calls a broker pod on: its container's ``admin`` port, else its only one.
 
@@ -56,24 +67,12 @@ def admin_port(pod: PodBody) -> int:
     existed (an operator upgrade rolls them one at a time) serve Heartbeat on the main port, and a
     heartbeat to a port they do not have would look like a dead broker and fail over for nothing.
     """
-    for container in pod.get("spec", {}).get("containers") or []:
-        if container.get("name") != names.BROKER_CONTAINER:
-            continue
-        for port in container.get("ports") or []:
-            if port.get("name") == names.BROKER_ADMIN_PORT_NAME and port.get("containerPort"):
-                return int(port["containerPort"])
-    return names.BROKER_PORT
+    return _broker_port(pod, names.BROKER_ADMIN_PORT_NAME)
 
 
 def main_port(pod: PodBody) -> int:
     """The broker container's SOAP port (``soap``): what the ``-active`` Service forwards to."""
-    for container in pod.get("spec", {}).get("containers") or []:
-        if container.get("name") != names.BROKER_CONTAINER:
-            continue
-        for port in container.get("ports") or []:
-            if port.get("name") == names.BROKER_PORT_NAME and port.get("containerPort"):
-                return int(port["containerPort"])
-    return names.BROKER_PORT
+    return _broker_port(pod, names.BROKER_PORT_NAME)
 
 
 def admin_soap_url(pod: PodBody) -> str | None:
