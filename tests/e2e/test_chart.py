@@ -265,6 +265,11 @@ GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
     ("patch", "/persistentvolumeclaims"),  # a retention policy change re-owns existing claims
     ("patch", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy changed, or an operator restart
     ("delete", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy.enabled set back to false
+    ("update", "discovery.k8s.io/endpointslices"),  # the -active slice re-pointed: a later failover
+    # Converting a -active Service of the selector era (test_active_service.py takes this path):
+    ("patch", "/services"),
+    ("delete", "/endpoints"),
+    ("delete", "discovery.k8s.io/endpointslices"),
 }
 
 
