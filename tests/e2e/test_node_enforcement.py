@@ -6,9 +6,11 @@ A fake node runs no cgroups and no probes of its own, so these would fail there:
   to the container's memory cgroup, the kernel's OOM killer kills the container when it is over,
   containerd reports ``OOMKilled`` and the kubelet restarts it. If it was the active broker, the
   operator fails over and the simulators' records show nothing lost, duplicated or reordered.
-- **Probes.** The kubelet's readiness probe takes a hung broker out of the endpoints of the
-  selector-based ``<cluster>-active`` Service (kube-proxy then refuses connections to it) and puts it
-  back when it answers again; a broker hung past its liveness budget is killed and restarted.
+- **Probes.** The kubelet's readiness probe takes a hung broker out of the endpoints of a
+  selector-based Service (one a user puts in front of a broker pod; kube-proxy then refuses
+  connections to it) and puts it back when it answers again; a broker hung past its liveness
+  budget is killed and restarted. The ``<cluster>-active`` Service's endpoints are the operator's
+  (issue 23): readiness does not move them, the operator's failover does.
 
 How the OOM kill is caused: this machine's cgroups are v1 (a hybrid layout, memory on the v1
 hierarchy), where ``memory.oom.group`` does not exist: a memory hog ``kubectl exec``'d into the
@@ -214,49 +216,70 @@ def test_an_active_broker_over_its_memory_limit_is_oom_killed_restarted_and_fail
     )
 
 
-def test_a_broker_failing_readiness_leaves_the_active_service_and_comes_back(relay: Relay) -> None:
+def test_a_broker_failing_readiness_leaves_a_selector_service_and_comes_back(relay: Relay) -> None:
     active = str(settled(relay)["active"])
-    active_service, headless = f"{CLUSTER_NAME}-active", f"{CLUSTER_NAME}-brokers"
-    cluster_ip = relay.get("service", active_service)["spec"]["clusterIP"]
-    with operator_stopped(relay):
-        pod = relay.pod(active)
-        ip = pod["status"]["podIP"]
-        restarts = int(container_status(relay, active).get("restartCount", 0))
-        assert service_endpoints(relay, active_service) == {ip: True}
-        assert connects(relay, cluster_ip, names.BROKER_PORT) == "connected"
-
-        relay.cluster.signal_container(pod, "SIGSTOP")
-        try:
+    pod = relay.pod(active)
+    ip = pod["status"]["podIP"]
+    # A user's own Service in front of this one broker pod, by the labels the operator gives it.
+    selected, headless = f"{CLUSTER_NAME}-readiness", f"{CLUSTER_NAME}-brokers"
+    selector = {
+        names.LABEL_CLUSTER: CLUSTER_NAME,
+        names.LABEL_ORDINAL: pod["metadata"]["labels"][names.LABEL_ORDINAL],
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": selected},
+        "spec": {
+            "selector": selector,
+            "ports": [{"port": names.BROKER_PORT, "targetPort": names.BROKER_PORT_NAME}],
+        },
+    }
+    relay.cluster.kubectl("-n", relay.namespace, "apply", "-f", "-", input=json.dumps(service))
+    try:
+        cluster_ip = relay.get("service", selected)["spec"]["clusterIP"]
+        wait_for(
+            "the broker in the Service's endpoints", lambda: service_endpoints(relay, selected) == {ip: True}
+        )
+        with operator_stopped(relay):
+            restarts = int(container_status(relay, active).get("restartCount", 0))
+            assert connects(relay, cluster_ip, names.BROKER_PORT) == "connected"
+            relay.cluster.signal_container(relay.pod(active), "SIGSTOP")
+            try:
+                wait_for(
+                    "the kubelet's readiness probe marking the stopped broker not ready",
+                    lambda: service_endpoints(relay, selected) == {ip: False},
+                    timeout=60,
+                )
+                assert not relay.pod_ready(active)
+                # kube-proxy refuses the Service's port now, while the stopped pod's own socket
+                # still completes handshakes in the kernel: the Service, not the pod, turned it away.
+                wait_for(
+                    "kube-proxy refusing the Service without a ready endpoint",
+                    lambda: connects(relay, cluster_ip, names.BROKER_PORT) == "refused",
+                    timeout=30,
+                )
+                assert connects(relay, ip, names.BROKER_PORT) == "connected"
+                # The headless Service publishes not-ready addresses: the stable DNS names stay.
+                assert service_endpoints(relay, headless).get(ip) is True
+                # The -active Service is the operator's (stopped here): readiness leaves it alone.
+                assert service_endpoints(relay, f"{CLUSTER_NAME}-active") == {ip: True}
+            finally:
+                relay.cluster.signal_container(relay.pod(active), "SIGCONT")
             wait_for(
-                "the kubelet's readiness probe marking the stopped broker not ready",
-                lambda: service_endpoints(relay, active_service) == {ip: False},
+                "the resumed broker back in the Service's endpoints",
+                lambda: service_endpoints(relay, selected) == {ip: True},
                 timeout=60,
             )
-            assert not relay.pod_ready(active)
-            # kube-proxy refuses the Service's port now, while the stopped pod's own socket still
-            # completes handshakes in the kernel: the Service, not the pod, turned it away.
             wait_for(
-                "kube-proxy refusing the Service without a ready endpoint",
-                lambda: connects(relay, cluster_ip, names.BROKER_PORT) == "refused",
+                "the Service routing again",
+                lambda: connects(relay, cluster_ip, names.BROKER_PORT) == "connected",
                 timeout=30,
             )
-            assert connects(relay, ip, names.BROKER_PORT) == "connected"
-            # The headless Service publishes not-ready addresses: the stable DNS names stay.
-            assert service_endpoints(relay, headless).get(ip) is True
-        finally:
-            relay.cluster.signal_container(relay.pod(active), "SIGCONT")
-        wait_for(
-            "the resumed broker back in the Service's endpoints",
-            lambda: service_endpoints(relay, active_service) == {ip: True},
-            timeout=60,
-        )
-        wait_for(
-            "the Service routing again",
-            lambda: connects(relay, cluster_ip, names.BROKER_PORT) == "connected",
-            timeout=30,
-        )
-        # Stopped for less than the liveness budget (3 x 10 s): not restarted.
-        assert int(container_status(relay, active).get("restartCount", 0)) == restarts
+            # Stopped for less than the liveness budget (3 x 10 s): not restarted.
+            assert int(container_status(relay, active).get("restartCount", 0)) == restarts
+    finally:
+        relay.cluster.kubectl("-n", relay.namespace, "delete", "service", selected, check=False)
     settled(relay)
 
 

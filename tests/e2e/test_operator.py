@@ -601,6 +601,7 @@ def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> N
         ("pod", "orders-1"),
         ("service", "orders-active"),
         ("service", "orders-brokers"),
+        ("endpointslice", "orders-active"),  # the -active Service's endpoints, the operator's
         ("secret", "orders-broker-token"),
     ]:
         child = wait_for(
@@ -610,12 +611,12 @@ def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> N
         assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", uid), (
             f"{kind}/{name}"
         )
-    selector = get_json(cluster, namespace, "service", "orders-active")["spec"]["selector"]
-    assert selector["role"] == "active"
+    assert "selector" not in get_json(cluster, namespace, "service", "orders-active")["spec"]
 
 
 def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: str) -> None:
-    """Services of cluster ``orders`` deleted by hand are created again (new uids), selectors intact."""
+    """Services of cluster ``orders`` deleted by hand are created again (new uids); the ``-active`` one
+    selects nothing, and its EndpointSlice (the operator's, owned by the BrokerCluster) serves it."""
     old_uids = {
         name: get_json(sealed_cluster, namespace, "service", name)["metadata"]["uid"]
         for name in ("orders-active", "orders-brokers")
@@ -630,8 +631,11 @@ def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: 
             ),
             timeout=30,
         )
-    selector = get_json(sealed_cluster, namespace, "service", "orders-active")["spec"]["selector"]
-    assert selector["role"] == "active"
+    assert "selector" not in get_json(sealed_cluster, namespace, "service", "orders-active")["spec"]
+    assert get_json(sealed_cluster, namespace, "service", "orders-brokers")["spec"]["selector"]
+    endpoints = get_json(sealed_cluster, namespace, "endpointslice", "orders-active")
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == "orders-active"
+    assert [e["addresses"] for e in endpoints["endpoints"]], endpoints  # names the active broker
 
 
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(

@@ -76,7 +76,8 @@ def observe(  # noqa: PLR0911 - one return per kind of observation
                 True,
             )
         case ActivePointed(active=active):
-            return replace(state, pointed=active, pointed_known=True)
+            # Written: the next change of target is written at once (the retry delay is for failures).
+            return replace(state, pointed=active, pointed_known=True, point_retry_at=0.0)
         case ConnectionLost():
             return _connection_lost(state, observation, now)
         case ProcessGone():

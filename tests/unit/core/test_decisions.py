@@ -449,6 +449,10 @@ def test_the_service_follows_the_activation_first_in_its_step_and_points_at_nobo
     writes = [(name, e) for _, name, e in world.service_writes]
     assert writes == [("b0", 1), (None, writes[1][1]), ("b1", epoch)]
     assert writes[1][1] <= epoch  # the blank is written under the cluster's epoch, never above
+    # In the step that folds the activation's answer, not an interval after the blank.
+    activated_at = next(t for t, name, _ in world.activations if name == "b1")
+    written_at = world.service_writes[2][0]
+    assert written_at - activated_at < FAST.interval_seconds / 2, (activated_at, written_at)
 
 
 def test_a_restarted_engine_leaves_the_service_alone_until_it_has_an_active() -> None:
