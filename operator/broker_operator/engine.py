@@ -206,10 +206,12 @@ class ClusterLoop:
     async def _run(self, watches: BrokerWatches | None) -> None:
         observations: list[Observation] = []
         last_phase: str | None = None
+        followed: tuple[BrokerTarget, ...] | None = None
         while True:
             self._wakeup.clear()
-            if watches is not None:
-                watches.follow(self._config.targets)
+            if watches is not None and self._config.targets is not followed:
+                followed = self._config.targets  # a new tuple only when update() took a new spec
+                watches.follow(followed)
             # The outcomes of the last step first, then what the watches saw since: a proof of
             # death is weighed against every answer that came before it (core.observe).
             observations, self._signals = [*observations, *self._signals], []

@@ -81,7 +81,7 @@ def observe(  # noqa: PLR0911 - one return per kind of observation
         case ConnectionLost():
             return _connection_lost(state, observation, now)
         case ProcessGone():
-            return _process_gone(state, config, observation)
+            return _process_gone(state, observation)
 
 
 def _connection_lost(state: EngineState, lost: ConnectionLost, now: float) -> EngineState:
@@ -97,7 +97,7 @@ def _connection_lost(state: EngineState, lost: ConnectionLost, now: float) -> En
     return state.with_broker(broker.name, next_probe_at=now, next_fence_at=now)
 
 
-def _process_gone(state: EngineState, config: ClusterConfig, gone: ProcessGone) -> EngineState:
+def _process_gone(state: EngineState, gone: ProcessGone) -> EngineState:
     """Known not active, unless a live process may have been reached at that address since."""
     broker = state.broker(gone.broker)
     if broker is None or broker.url != gone.url:
