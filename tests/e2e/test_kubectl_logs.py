@@ -79,10 +79,18 @@ def container_state(cluster: SealedCluster, namespace: str, pod: str) -> dict[st
 def test_logs_print_the_output_with_tail_limit_since_and_timestamps(
     sealed_cluster: SealedCluster, namespace: str
 ) -> None:
-    script = "for i in 1 2 3 4 5; do echo line-$i; done; echo 'to stderr' >&2; exec sleep 3600"
+    # containerd reads stdout and stderr on two pipes, so their order in the log is the order it read
+    # them in. The stderr line waits (bounded) for a file the test creates once stdout is logged.
+    script = (
+        "for i in 1 2 3 4 5; do echo line-$i; done; "
+        "for i in $(seq 600); do [ -e /tmp/stdout-logged ] && break; sleep 0.1; done; "
+        "echo 'to stderr' >&2; exec sleep 3600"
+    )
     apply_pod(sealed_cluster, namespace, "printer", shell_container("main", script))
     lines = ["line-1", "line-2", "line-3", "line-4", "line-5", "to stderr"]
     everything = "".join(f"{line}\n" for line in lines)
+    wait_for("the pod's stdout", logs_contain(sealed_cluster, namespace, "line-5", "printer"))
+    sealed_cluster.kubectl("-n", namespace, "exec", "printer", "--", "touch", "/tmp/stdout-logged")
     # Exactly the container's output, stdout and stderr, as containerd recorded it.
     output = wait_for("the pod's output", logs_contain(sealed_cluster, namespace, "to stderr", "printer"))
     assert output == everything

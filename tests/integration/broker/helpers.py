@@ -233,15 +233,25 @@ def _first_bad(seqs: list[int]) -> int:
 
 class Renewals:
     """The operator's part in a test without one: ``active=true`` heartbeats to ``broker`` every
-    0.2 s on a thread, from entering the ``with`` block until :meth:`stop` or its end."""
+    0.2 s on a thread, from entering the ``with`` block until :meth:`stop` or its end.
+
+    One zeep service serves every renewal: building one per call fetches and parses the WSDL,
+    which on a loaded machine can stretch a gap past a 1 s lease and fence the broker. A failed
+    renewal is retried at the next tick, as an operator would, and counted in ``failures``.
+    """
 
     def __init__(self, broker: RunningProcess, epoch: int) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(broker, epoch), daemon=True)
+        self._service = soap_service(broker)
+        self.failures: list[Exception] = []
+        self._thread = threading.Thread(target=self._run, args=(epoch,), daemon=True)
 
-    def _run(self, broker: RunningProcess, epoch: int) -> None:
+    def _run(self, epoch: int) -> None:
         while not self._stop.wait(0.2):
-            heartbeat(broker, active=True, epoch=epoch)
+            try:
+                self._service.Heartbeat(active=True, epoch=epoch, operatorId="test-operator")
+            except Exception as error:  # a renewal that failed is retried next tick
+                self.failures.append(error)
 
     def start(self) -> Renewals:
         self._thread.start()
