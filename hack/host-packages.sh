@@ -25,8 +25,11 @@ if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
 fi
 echo ">> installing ${packages[*]} (missing: ${missing[*]})" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends "${packages[@]}" \
-  || { apt-get update && apt-get install -y --no-install-recommends "${packages[@]}"; } \
+# `make -j` may run two of these at once (kube-proxy's and the image builder's packages): the
+# second waits for dpkg's lock instead of failing on it.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+apt_get install -y --no-install-recommends "${packages[@]}" \
+  || { apt_get update && apt_get install -y --no-install-recommends "${packages[@]}"; } \
   || { echo "host-packages: apt-get could not install ${packages[*]}; see its output above" >&2; exit 1; }
 for program in "${missing[@]}"; do
   present "$program" || { echo "host-packages: $program still not found after installing ${packages[*]}" >&2; exit 1; }

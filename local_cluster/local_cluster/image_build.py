@@ -397,6 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="buildah storage, archives, logs")
     parser.add_argument("--print-archives", action="store_true", help="print the archives' folder and exit")
     parser.add_argument(
+        "--without-tools",
+        action="store_true",
+        help="only the images that pack no `make tools` binary (`make test` builds them while tools build)",
+    )
+    parser.add_argument(
         "--dockerfile",
         metavar="NAME=PATH",
         help="build only this Dockerfile as image NAME (with --context), instead of the project's images",
@@ -417,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name, _, path = options.dockerfile.partition("=")
         context = options.context.resolve()
         specs = (ImageSpec(name, str(Path(path).resolve().relative_to(context))),)
+    if options.without_tools:
+        specs = tuple(spec for spec in specs if spec.tool is None)
     try:
         built = build_images(options.images, options.cache, options.context.resolve(), specs)
     except ImageBuildError as error:

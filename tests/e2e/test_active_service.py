@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 
 from broker_operator.controller import builders, names
-from broker_operator.controller.active_service import point_active_service, slice_epoch
+from broker_operator.controller.active_service import KnownSlice, point_active_service, slice_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.engine import ServiceFenced
 from local_cluster.relay import CLUSTER_NAME, Relay, deploy_relay
@@ -88,6 +88,45 @@ def test_the_slice_is_written_only_upwards_in_epoch(
     labels = final["metadata"]["labels"]
     assert labels[names.LABEL_SLICE_MANAGED_BY] == names.SLICE_MANAGER
     assert labels[names.LABEL_SERVICE_NAME] == SERVICE
+
+
+class CountingReads(KubeApi):
+    """The real API client, counting the slice reads (the failover path should make none)."""
+
+    reads = 0
+
+    async def read_endpoint_slice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return await super().read_endpoint_slice(namespace, name)
+
+
+def test_a_write_after_the_engines_own_skips_the_read_and_a_stale_memory_still_fences(
+    sealed_cluster: SealedCluster, owner: dict[str, Any]
+) -> None:
+    namespace = owner["metadata"]["namespace"]
+    api = CountingReads(sealed_cluster.api_client())
+    b0 = builders.ActiveEndpoint(pod="orders-0", address="10.244.0.10")
+    b1 = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.11")
+    known = KnownSlice()
+
+    async def story() -> None:
+        assert await point_active_service(api, owner, b0, 2, known) is True  # created
+        assert await point_active_service(api, owner, b1, 3, known) is True  # read once: created last
+        before = api.reads
+        assert await point_active_service(api, owner, b0, 4, known) is True
+        assert api.reads == before  # the precondition came from the last write, not a read
+        # Another operator writes under a higher epoch behind this one's back: its memory is stale.
+        assert await point_active_service(api, owner, b1, 6) is True
+        with pytest.raises(ServiceFenced, match="epoch 6, above 5"):
+            await point_active_service(api, owner, None, 5, known)
+        # Unchanged content is never taken from memory: a slice deleted by hand is written again.
+        assert await point_active_service(api, owner, b1, 6, known) is False
+        sealed_cluster.kubectl("-n", namespace, "delete", "endpointslice", SERVICE)
+        assert await point_active_service(api, owner, b1, 6, known) is True
+
+    asyncio.run(story())
+    final = _slice(sealed_cluster, namespace)
+    assert slice_epoch(final) == 6 and final["endpoints"][0]["addresses"] == ["10.244.0.11"]
 
 
 # ---- the operator as users run it ----------------------------------------------------------------

@@ -11,7 +11,9 @@ after an API server restart (docs/benchmarks.md, the 200-fault soak). The idea i
 The fence: the slice's epoch annotation. A write carries the active's epoch (or the cluster's,
 when it points at nobody) and is refused if the slice already carries a higher one: an operator
 of an older term (a stale leader, a delayed retry) never moves the Service back. The check and the
-write are one compare-and-swap, through the ``resourceVersion`` precondition of the PUT.
+write are one compare-and-swap, through the ``resourceVersion`` precondition of the PUT. So the
+check may be made against the slice as this operator last wrote it (:class:`KnownSlice`), with no
+read first: if anyone wrote it since, the PUT's precondition fails, and the retry reads.
 
 Converting a Service from the selector era (``role=active``): drop its selector, delete the
 EndpointSlice controller's slices of it, then write ours. In between, the Service has no endpoint;
@@ -21,6 +23,7 @@ label).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +41,14 @@ WRITE_ATTEMPTS = 3
 
 class ServiceWriteError(RuntimeError):
     """The slice changed under every attempt; the engine tries again after an interval."""
+
+
+@dataclasses.dataclass
+class KnownSlice:
+    """The slice as an engine's last write or read left it: the next write's precondition, saving
+    the read on the failover path. Stale is safe (the PUT fails and the write re-reads)."""
+
+    body: dict[str, Any] | None = None
 
 
 def slice_epoch(body: Mapping[str, Any]) -> int:
@@ -65,18 +76,29 @@ def _same_content(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool
 
 
 async def point_active_service(
-    api: KubeApi, owner: Mapping[str, Any], endpoint: builders.ActiveEndpoint | None, epoch: int
+    api: KubeApi,
+    owner: Mapping[str, Any],
+    endpoint: builders.ActiveEndpoint | None,
+    epoch: int,
+    known: KnownSlice | None = None,
 ) -> bool:
     """Make the slice name ``endpoint`` (or nothing) under ``epoch``; True if this call wrote it.
 
-    Raises :class:`ServiceFenced` if the slice carries a higher epoch, :class:`ServiceWriteError`
-    if every compare-and-swap lost to a concurrent writer.
+    With ``known``, the first attempt checks and writes against ``known.body`` instead of a read,
+    and ``known`` is left holding the slice as written or read. Raises :class:`ServiceFenced` if
+    the slice carries a higher epoch, :class:`ServiceWriteError` if every compare-and-swap lost to
+    a concurrent writer.
     """
     namespace = str(owner["metadata"]["namespace"])
     name = names.active_service_name(str(owner["metadata"]["name"]))
     wanted = builders.build_active_endpoint_slice(owner, endpoint, epoch)
+    known = known if known is not None else KnownSlice()
     for _ in range(WRITE_ATTEMPTS):
-        current = await api.read_endpoint_slice(namespace, name)
+        current, known.body = known.body, None
+        if current is None or _same_content(current, wanted):
+            # "Nothing to write" is never taken from memory: the slice may have been deleted or
+            # changed by hand since, and the watch asks for it to be written again.
+            current = await api.read_endpoint_slice(namespace, name)
         if current is None:
             if await api.create(wanted):
                 return True
@@ -85,12 +107,14 @@ async def point_active_service(
         if stored > epoch:
             raise ServiceFenced(f"EndpointSlice {name} was written under epoch {stored}, above {epoch}")
         if _same_content(current, wanted):
+            known.body = current
             return False
         body = {
             **wanted,
             "metadata": {**wanted["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
         }
-        if await api.replace_endpoint_slice(namespace, name, body):
+        known.body = await api.replace_endpoint_slice(namespace, name, body)
+        if known.body is not None:
             return True
     raise ServiceWriteError(f"EndpointSlice {name} changed under each of {WRITE_ATTEMPTS} writes")
 

@@ -266,16 +266,19 @@ class KubeApi:
             raise
         return _json(result)
 
-    async def replace_endpoint_slice(self, namespace: str, name: str, body: Mapping[str, Any]) -> bool:
-        """PUT ``body`` (which carries the read ``resourceVersion``); False if it changed meanwhile."""
+    async def replace_endpoint_slice(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """PUT ``body`` (which carries the read ``resourceVersion``); the slice as stored, or None if
+        it changed or went meanwhile."""
         try:
             replace: Callable[..., object] = self._discovery.replace_namespaced_endpoint_slice
-            await asyncio.to_thread(replace, name, namespace, dict(body))
+            result = await asyncio.to_thread(replace, name, namespace, dict(body), _preload_content=False)
         except ApiException as error:
             if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
-                return False
+                return None
             raise
-        return True
+        return _json(result)
 
     async def list_endpoint_slices(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         result = await asyncio.to_thread(

@@ -60,6 +60,7 @@ class KubernetesClusterShell:
         self._broker_names = broker_names
         self._manages_pods = manages_pods
         self._service_converted = False
+        self._slice = active_service.KnownSlice()  # the last write's result: the next one's precondition
 
     def set_broker_names(self, broker_names: Mapping[str, object]) -> None:
         """The brokers the engine knows of changed (spec update): report facts for exactly these."""
@@ -86,7 +87,7 @@ class KubernetesClusterShell:
             self._service_converted = True
         endpoint = self._endpoint(active, url)
         began = time.monotonic()
-        if await active_service.point_active_service(self._api, self._body, endpoint, epoch):
+        if await active_service.point_active_service(self._api, self._body, endpoint, epoch, self._slice):
             logger.info(
                 "%s/%s: the -active Service points at %s (epoch %d), written in %.0f ms",
                 self._namespace,
