@@ -16,11 +16,22 @@ Three real processes on loopback, started and stopped here. The figures:
   the wall-clock throughput;
 * ``lost`` / ``misordered``: from the cloud simulator's record of the seqs it took per stream,
   in order (both must be 0; the exit status is 1 otherwise);
+* ``accept_msgs_per_s``: messages accepted (SendMessages answered, so in the
+  fsync'd journal) divided by the time from the first send to the poll (every
+  50 ms) that saw the last one accepted, on the backend's clock;
 * with ``--profile``, the broker runs under cProfile and the top functions by
   own time are printed (``--profile-out FILE`` keeps the stats). cProfile
   inflates per-call costs several times over, so use it for where, not how much.
 
-The last line is the headline ``broker_throughput_msgs_per_s=N``.
+Against RabbitMQ (issue 25; ``--no-rabbitmq`` leaves it out): each of ``--rounds``
+rounds runs ours, then the same load through Debian's RabbitMQ with its own load
+generator, PerfTest (``rabbitmq_run.py``: the mapping and the two phases, accept
+and relay; ``rabbitmq_peer.py``: the node on loopback; ``perf_test.py``: the
+jar). The figures of each round, then the medians, then
+``broker_throughput_msgs_per_s=N`` (ours, end to end, the median) and last the
+headline ``broker_vs_rabbitmq_accept=R``: the median over the rounds of ours
+accept msg/s over RabbitMQ's. Without RabbitMQ the last line is
+``broker_throughput_msgs_per_s=N``.
 """
 
 from __future__ import annotations
@@ -31,9 +42,12 @@ import itertools
 import json
 import os
 import pstats
+import statistics
+import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from broker_simulators.local_processes import (
@@ -46,6 +60,9 @@ from broker_simulators.local_processes import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import perf_test, rabbitmq_run  # noqa: E402  # the repository root is put on the path just above
 
 
 def post_soap_heartbeat(url: str, epoch: int) -> bytes:
@@ -89,7 +106,7 @@ def cpu_seconds(pid: int) -> float:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", type=int, default=200)
-    parser.add_argument("--messages-per-stream", type=int, default=500)
+    parser.add_argument("--messages-per-stream", type=int, default=5000, help="200 x 5000 = 1,000,000")
     parser.add_argument("--bundle-size", type=int, default=100)
     parser.add_argument("--payload-bytes", type=int, default=500)
     parser.add_argument("--lanes", type=int, default=8)
@@ -98,6 +115,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--profile-out", type=Path, default=None, help="also keep the cProfile stats here")
     parser.add_argument("--no-message-log", action="store_true", help="measure without the message log")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of ours then RabbitMQ; medians over them"
+    )
+    parser.add_argument("--no-rabbitmq", action="store_true", help="ours only (no RabbitMQ, no PerfTest)")
+    parser.add_argument("--perf-test-version", default=perf_test.VERSION)
     return parser.parse_args()
 
 
@@ -113,9 +135,18 @@ def lost_and_misordered(received: dict[str, object], streams: int, per_stream: i
     return lost, misordered
 
 
-def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[str], bool]:
-    """Start the three processes, push every message through; the report lines, and whether every
-    message arrived once and in order."""
+@dataclass(frozen=True)
+class Ours:
+    lines: list[str]
+    correct: bool  # every message arrived once and in order
+    accept_msgs_per_s: float
+    relay_msgs_per_s: float
+    accept_p99_ms: float
+    broker_cpu_us_per_msg: float
+
+
+def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
+    """Start the three processes, push every message through; the report lines and figures."""
     host = loopback_host()
     port = free_port(host)
     cloud = procs.start_cloud_simulator(root)
@@ -153,13 +184,16 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[s
     urllib.request.urlopen(urllib.request.Request(backend.url + "/sim/start", data=b"{}"), timeout=10).close()
 
     total = args.streams * args.messages_per_stream
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 120 + total / 500  # bounded even at 500 msg/s
     status = get_json(backend.url + "/sim/status")
+    accept_seconds = None
     while not status["allConfirmed"] and time.monotonic() < deadline:
-        time.sleep(0.25)
+        time.sleep(0.05)
         status = get_json(backend.url + "/sim/status")
+        if accept_seconds is None and int(str(status["accepted"])) >= total:
+            accept_seconds = float(str(status["sendingSeconds"]))
     if not status["allConfirmed"]:
-        raise SystemExit(f"not all confirmed within 600s: {status['confirmed']}/{total}")
+        raise SystemExit(f"not all confirmed in time: {status['confirmed']}/{total}")
     taken = get_json(cloud.url + "/sim/status")
     lost, misordered = lost_and_misordered(
         get_json(cloud.url + "/sim/received"), args.streams, args.messages_per_stream
@@ -168,7 +202,10 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[s
     cpu = {p.name: cpu_seconds(p.pid) - cpu_before[p.name] for p in processes}
     broker_user, broker_sys = cpu_times(broker.pid)
     seconds = float(str(status["sendingSeconds"]))
+    accept_seconds = accept_seconds or seconds  # all accepted and confirmed between two polls
     broker.stop()
+    broker_us = cpu[broker.name] / total * 1e6
+    accept_p99_ms = float(str(status["acceptP99"])) * 1000
     lines = [
         f"messages={total} streams={args.streams} bundle={args.bundle_size} "
         f"payload_bytes={args.payload_bytes}",
@@ -177,10 +214,10 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[s
         f"cloud_taken={taken['outboundTaken']} cloud_duplicates={taken['outboundDuplicates']}",
         f"messages lost={lost} misordered={misordered} (must be 0)",
         f"bundles={status['bundles']} accept_p50_ms={float(str(status['acceptP50'])) * 1000:.1f}",
-        f"accept_p99_ms={float(str(status['acceptP99'])) * 1000:.1f}",
+        f"accept_p99_ms={accept_p99_ms:.1f}",
         f"broker_peak_rss_mb={rss:.1f}",
         "cpu_s " + " ".join(f"{name}={value:.2f}" for name, value in cpu.items()) + " (2 cores shared)",
-        f"broker_cpu_us_per_msg={cpu[broker.name] / total * 1e6:.1f} "
+        f"broker_cpu_us_per_msg={broker_us:.1f} "
         f"(user {(broker_user - broker_user_before) / total * 1e6:.1f}, "
         f"system {(broker_sys - broker_sys_before) / total * 1e6:.1f})",
     ]
@@ -191,15 +228,102 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> tuple[list[s
         lines.append(text.getvalue())
         if args.profile_out is not None:
             args.profile_out.write_bytes(profile_path.read_bytes())
-    lines.append(f"broker_throughput_msgs_per_s={total / seconds:.0f}")
-    return lines, lost == 0 and misordered == 0
+    lines.append(f"accept_msgs_per_s={total / accept_seconds:.0f} relay_msgs_per_s={total / seconds:.0f}")
+    return Ours(
+        lines=lines,
+        correct=lost == 0 and misordered == 0,
+        accept_msgs_per_s=total / accept_seconds,
+        relay_msgs_per_s=total / seconds,
+        accept_p99_ms=accept_p99_ms,
+        broker_cpu_us_per_msg=broker_us,
+    )
+
+
+def rabbitmq_load(args: argparse.Namespace) -> rabbitmq_run.Load:
+    """Our load as PerfTest's: one producer per lane, the same total (rounded down to lanes)."""
+    lanes = max(1, min(args.lanes, args.streams))
+    return rabbitmq_run.Load(
+        lanes=lanes,
+        messages_per_lane=args.streams * args.messages_per_stream // lanes,
+        payload_bytes=args.payload_bytes,
+        bundle_size=args.bundle_size,
+    )
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def median_line(name: str, values: list[float], digits: int = 0) -> str:
+    shown = " ".join(f"{v:.{digits}f}" for v in values)
+    return f"{name}={statistics.median(values):.{digits}f} (rounds: {shown})"
 
 
 def main() -> int:
     args = parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
-        lines, correct = run(args, Path(scratch), procs)
-    print("\n".join(lines))
+    cp = None if args.no_rabbitmq else perf_test.classpath(args.perf_test_version)
+    load = rabbitmq_load(args)
+    ours: list[Ours] = []
+    theirs: list[tuple[rabbitmq_run.Phase, rabbitmq_run.Phase]] = []
+    correct = True
+    for number in range(1, args.rounds + 1):
+        say(f"--- round {number}/{args.rounds}: ours ---")
+        with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
+            result = run(args, Path(scratch), procs)
+        say("\n".join(result.lines))
+        ours.append(result)
+        correct = correct and result.correct
+        if cp is None:
+            continue
+        say(f"--- round {number}/{args.rounds}: RabbitMQ, {load.lanes} producers, {load.total} messages ---")
+        with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as scratch:
+            accept = rabbitmq_run.phase("accept", load, Path(scratch), cp)
+            say("\n".join(rabbitmq_run.report(accept, load)))
+            relay = rabbitmq_run.phase("relay", load, Path(scratch), cp)
+            say("\n".join(rabbitmq_run.report(relay, load)))
+        theirs.append((accept, relay))
+        correct = correct and accept.queued_after == load.total and relay.queued_after == 0
+        say(f"round_{number} broker_vs_rabbitmq_accept={result.accept_msgs_per_s / accept.msgs_per_s:.2f}")
+    say(f"--- medians over {args.rounds} round(s) ---")
+    summary = [
+        median_line("ours accept_msgs_per_s", [o.accept_msgs_per_s for o in ours]),
+        median_line("ours relay_msgs_per_s", [o.relay_msgs_per_s for o in ours]),
+        median_line("ours accept_p99_ms", [o.accept_p99_ms for o in ours], 1),
+        median_line("ours broker_cpu_us_per_msg", [o.broker_cpu_us_per_msg for o in ours], 1),
+    ]
+    if theirs:
+        ratios = [o.accept_msgs_per_s / a.msgs_per_s for o, (a, _) in zip(ours, theirs, strict=True)]
+        relay_ratios = [o.relay_msgs_per_s / r.msgs_per_s for o, (_, r) in zip(ours, theirs, strict=True)]
+        summary += [
+            median_line("rabbitmq accept_msgs_per_s", [a.msgs_per_s for a, _ in theirs]),
+            median_line("rabbitmq relay_msgs_per_s", [r.msgs_per_s for _, r in theirs]),
+            median_line("rabbitmq accept_confirm_p99_ms", [a.confirm_p99_ms for a, _ in theirs], 1),
+            median_line(
+                "rabbitmq accept_beam_cpu_us_per_msg",
+                [a.server_cpu_s / load.total * 1e6 for a, _ in theirs],
+                1,
+            ),
+            median_line(
+                "rabbitmq relay_beam_cpu_us_per_msg",
+                [r.server_cpu_s / load.total * 1e6 for _, r in theirs],
+                1,
+            ),
+            # CPU per message, theirs over ours: less at the mercy of the machine's load than msg/s
+            # (ours includes relaying to the cloud, which runs during its accept phase too).
+            median_line(
+                "rabbitmq_vs_broker_cpu_per_msg accept",
+                [
+                    a.server_cpu_s / load.total * 1e6 / o.broker_cpu_us_per_msg
+                    for o, (a, _) in zip(ours, theirs, strict=True)
+                ],
+                2,
+            ),
+            median_line("broker_vs_rabbitmq_relay", relay_ratios, 2),
+        ]
+    summary.append(f"broker_throughput_msgs_per_s={statistics.median(o.relay_msgs_per_s for o in ours):.0f}")
+    if theirs:
+        summary.append(f"broker_vs_rabbitmq_accept={statistics.median(ratios):.2f}")
+    say("\n".join(summary))
     return 0 if correct else 1
 
 
