@@ -5,6 +5,9 @@
 
 TOOLS_BUILD := hack/tools/build.sh
 CLUSTER_DIR ?= .cache/cluster
+# `make cluster-up NODES=3`: that many nodes (node-1 ... node-N), each a kubelet, containerd and
+# kube-proxy in a network namespace of its own; 1 (the default) is the single `local-node`.
+NODES ?= 1
 
 # Programs kube-proxy runs (nftables mode, conntrack cleanup) and the Debian packages that have them.
 HOST_PACKAGES := nft=nftables conntrack=conntrack
@@ -22,8 +25,8 @@ host-packages: ## Install nft and conntrack (Debian nftables, conntrack) for kub
 	@hack/host-packages.sh $(HOST_PACKAGES)
 
 .PHONY: cluster-up
-cluster-up: venv tools host-packages images ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace. Prints the export KUBECONFIG line.
-	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)"
+cluster-up: venv tools host-packages images ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace (NODES=3: three nodes). Prints the export KUBECONFIG line.
+	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)" --nodes $(NODES)
 
 .PHONY: shell
 shell: venv ## A shell inside the running cluster's network (pod IPs, ClusterIPs, service DNS), KUBECONFIG set.

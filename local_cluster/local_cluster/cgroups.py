@@ -21,6 +21,11 @@ class CgroupRoot:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    @staticmethod
+    def hierarchy(name: str) -> Path:
+        """One hierarchy's mount (``pids``, ``freezer``, ...)."""
+        return CGROUP_ROOT / name
+
     def hierarchies(self) -> list[Path]:
         # "unified" too: in this hybrid layout runc also makes each container's cgroup there.
         return sorted(path for path in CGROUP_ROOT.iterdir() if path.is_dir() and not path.is_symlink())

@@ -67,6 +67,9 @@ class LocalClusterSettings:
     # The sealed cluster's node: images imported in the background once it is ready, beyond those
     # it always imports (``kubelet_node.ON_DEMAND_IMAGES``: the validator's).
     background_images: tuple[str, ...] = ()
+    # 1: the node above (the default, and the fastest); more: node-1 ... node-N, each a kubelet,
+    # containerd and kube-proxy in a network namespace of its own (``cluster_nodes``).
+    nodes: int = 1
 
 
 class ClusterAccess:

@@ -2,7 +2,8 @@
 
 ``python -m local_cluster.cluster up --workdir W --tools-dir T`` starts a sealed cluster
 (``sealed_cluster``: its supervisor is PID 1 of namespaces of its own and outlives ``up``), waits
-for it, and prints the ``export KUBECONFIG=...`` line; ``shell`` enters its network. ``down
+for it, and prints the ``export KUBECONFIG=...`` line (``--nodes N``: N nodes, ``node-1`` ...
+``node-N``; default one, ``local-node``); ``shell`` enters its network. ``down
 --workdir W`` stops it and everything it started. The workdir is recreated by the next ``up``:
 nothing persists across ``down``. ``--pod-network`` is still accepted and changes nothing (every
 cluster has the pod network now).
@@ -26,7 +27,7 @@ from local_cluster.processes import process_group_alive
 from local_cluster.sealed_cluster import start_sealed_cluster, stop_sealed_cluster
 
 
-def _up(workdir: Path, tools_dir: Path) -> int:
+def _up(workdir: Path, tools_dir: Path, nodes: int = 1) -> int:
     workdir = workdir.resolve()
     state = read_state(workdir)
     if state and process_group_alive(int(str(state["supervisor"]))):
@@ -39,14 +40,20 @@ def _up(workdir: Path, tools_dir: Path) -> int:
     try:
         # The validator's image too, in the background: the chart's CronJob may be enabled.
         settings = LocalClusterSettings(
-            tools_dir=tools_dir, workdir=workdir, background_images=("broker-failover/validator",)
+            tools_dir=tools_dir,
+            workdir=workdir,
+            background_images=("broker-failover/validator",),
+            nodes=nodes,
+            # A failure limit, not a figure: each node imports the images and starts a kubelet.
+            ready_timeout_seconds=90.0 * nodes,
         )
         sealed = start_sealed_cluster(settings)
     except ControlPlaneStartError as error:
         print(error, file=sys.stderr)
         return 1
+    pods = netns.POD_CIDR if nodes == 1 else f"{netns.CLUSTER_POD_CIDR} ({nodes} nodes)"
     print(
-        f"local cluster ready in {sealed.ready_seconds}s, pods on {netns.POD_CIDR} in a sealed "
+        f"local cluster ready in {sealed.ready_seconds}s, pods on {pods} in a sealed "
         "namespace; `make shell` enters it; stop it with `make cluster-down`",
         file=sys.stderr,
     )
@@ -87,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up = commands.add_parser("up", help="start a cluster in a sealed namespace; prints export KUBECONFIG=...")
     up.add_argument("--workdir", type=Path, required=True)
     up.add_argument("--tools-dir", type=Path, default=None)
+    up.add_argument("--nodes", type=int, default=1, help="how many nodes (kubelets); default 1")
     # Every cluster has the real pod network now; the flag is accepted so old command lines work.
     up.add_argument("--pod-network", action="store_true", help=argparse.SUPPRESS)
     commands.add_parser("down").add_argument("--workdir", type=Path, required=True)
@@ -98,4 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _down(options.workdir)
     if options.command == "shell":
         return _shell(options.workdir, [arg for arg in options.command_args if arg != "--"])
-    return _up(options.workdir, options.tools_dir or built_tools_dir())
+    if not 1 <= options.nodes <= netns.MAX_NODES:
+        parser.error(f"--nodes must be 1 to {netns.MAX_NODES}, not {options.nodes}")
+    return _up(options.workdir, options.tools_dir or built_tools_dir(), options.nodes)

@@ -40,24 +40,42 @@ CLUSTER_DNS_MANIFEST = Path(__file__).with_name("cluster_dns.yaml")
 KUBE_PROXY_HEALTHZ = f"{netns.NODE_ADDRESS}:10256"
 
 
-def kube_proxy_config(kubeconfig: Path, node_name: str) -> dict[str, object]:
+def kube_proxy_config(
+    kubeconfig: Path,
+    node_name: str,
+    cluster_cidr: str = netns.POD_CIDR,
+    healthz: str = KUBE_PROXY_HEALTHZ,
+) -> dict[str, object]:
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "mode": "nftables",
         "hostnameOverride": node_name,
-        "clusterCIDR": netns.POD_CIDR,
+        # Traffic to a ClusterIP from outside these pods (a node, the control plane's side) is
+        # masqueraded, so its replies come back through the node that translated it.
+        "clusterCIDR": cluster_cidr,
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "conntrack": {"maxPerCore": 0},
         "nftables": {"minSyncPeriod": "100ms", "syncPeriod": "30s"},
-        "healthzBindAddress": KUBE_PROXY_HEALTHZ,
+        "healthzBindAddress": healthz,
         "metricsBindAddress": "127.0.0.1:10249",
     }
 
 
-def start_kube_proxy(plane: ControlPlane, node_name: str) -> ManagedProcess:
-    """Start kube-proxy once the Node is registered (it reads the Node's address at startup)."""
-    workdir = plane.settings.workdir
+def start_kube_proxy(
+    plane: ControlPlane,
+    node_name: str,
+    *,
+    directory: Path | None = None,
+    cluster_cidr: str = netns.POD_CIDR,
+    healthz: str = KUBE_PROXY_HEALTHZ,
+    prefix: tuple[str, ...] = (),
+) -> ManagedProcess:
+    """Start kube-proxy once the Node is registered (it reads the Node's address at startup).
+
+    With several nodes, each node's runs in its namespace (``prefix``), its files in ``directory``.
+    """
+    workdir = directory or plane.settings.workdir
     binary = plane.settings.tools_dir / "kube-proxy"
     if not binary.is_file():
         raise ControlPlaneStartError(f"kube-proxy not found in {plane.settings.tools_dir}: run `make tools`")
@@ -69,10 +87,11 @@ def start_kube_proxy(plane: ControlPlane, node_name: str) -> ManagedProcess:
         client=plane.pki.kube_proxy,
     )
     config_path = workdir / "kube-proxy.yaml"
-    config_path.write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, node_name), sort_keys=False))
+    settings = kube_proxy_config(kubeconfig, node_name, cluster_cidr, healthz)
+    config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     return ManagedProcess(
         "kube-proxy",
-        [str(binary), f"--config={config_path}", "--v=1"],
+        [*prefix, str(binary), f"--config={config_path}", "--v=1"],
         log_path=workdir / "logs" / "kube-proxy.log",
     )
 

@@ -114,9 +114,10 @@ class Container:
     address: str
 
 
-def bridge_plugin(ipam_dir: Path) -> dict[str, object]:
+def bridge_plugin(ipam_dir: Path, subnet: str = SUBNET) -> dict[str, object]:
     """The CNI bridge plugin's configuration: the bridge ``cni0`` at the node address, host-local
-    addresses from the pod CIDR with their leases under ``ipam_dir`` (not /var/lib/cni)."""
+    addresses from the pod CIDR (``subnet``: the node's, when the cluster has several) with their
+    leases under ``ipam_dir`` (not /var/lib/cni)."""
     return {
         "type": "bridge",
         "bridge": netns.BRIDGE,
@@ -124,7 +125,7 @@ def bridge_plugin(ipam_dir: Path) -> dict[str, object]:
         "hairpinMode": True,
         "ipam": {
             "type": "host-local",
-            "subnet": SUBNET,
+            "subnet": subnet,
             "dataDir": str(ipam_dir),
             "routes": [{"dst": "0.0.0.0/0"}],
         },
@@ -331,7 +332,7 @@ class SealedContainerd:
 # --- the supervisor, inside the sealed namespaces -------------------------------------------------
 
 
-def write_config(workdir: Path, cri: bool, run_dir: Path | None = None) -> Path:
+def write_config(workdir: Path, cri: bool, run_dir: Path | None = None, subnet: str = SUBNET) -> Path:
     """containerd's configuration, with root, state and socket under ``workdir``, or state and
     socket under ``run_dir`` (a short path: a socket's path has at most 107 bytes); with ``cri``,
     the CRI plugin and the CNI bridge conflist (pods on the bridge, leases under ``workdir``)."""
@@ -342,7 +343,8 @@ def write_config(workdir: Path, cri: bool, run_dir: Path | None = None) -> Path:
     if cri:
         conf_dir = workdir / "cni"
         conf_dir.mkdir(parents=True, exist_ok=True)
-        conflist = {"cniVersion": "0.4.0", "name": "sealed", "plugins": [bridge_plugin(workdir / "cni-ipam")]}
+        plugin = bridge_plugin(workdir / "cni-ipam", subnet)
+        conflist = {"cniVersion": "0.4.0", "name": "sealed", "plugins": [plugin]}
         (conf_dir / "10-sealed.conflist").write_text(json.dumps(conflist))
         text += CRI.format(sandbox_image=SANDBOX_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=conf_dir)
     else:
@@ -352,16 +354,23 @@ def write_config(workdir: Path, cri: bool, run_dir: Path | None = None) -> Path:
 
 
 def start_containerd(
-    workdir: Path, cri: bool, run_dir: Path | None = None, timeout: float = 30
+    workdir: Path,
+    cri: bool,
+    run_dir: Path | None = None,
+    timeout: float = 30,
+    *,
+    subnet: str = SUBNET,
+    prefix: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start containerd (in the calling process's namespaces) and wait for its socket, which is
-    ``(run_dir or workdir)/containerd.sock``."""
+    """Start containerd (in the calling process's namespaces, or where ``prefix`` puts it: a node's
+    network namespace and cgroup, ``cluster_nodes``; the prefix must ``exec`` it) and wait for its
+    socket, which is ``(run_dir or workdir)/containerd.sock``."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)
-    config = write_config(workdir, cri, run_dir)
+    config = write_config(workdir, cri, run_dir, subnet)
     socket_path = (run_dir or workdir) / "containerd.sock"
     containerd = subprocess.Popen(
-        ["containerd", "--config", str(config)],
+        [*prefix, "containerd", "--config", str(config)],
         stdout=(workdir / "containerd.log").open("ab"),
         stderr=subprocess.STDOUT,
     )

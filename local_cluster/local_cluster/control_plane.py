@@ -57,6 +57,8 @@ class ControlPlaneSettings:
     # lease reconciler) name an address EndpointSlices accept. Loopback mode: 127.0.0.1, a free port.
     address: str = "127.0.0.1"
     apiserver_port: int | None = None
+    # More addresses for the serving certificates (several nodes: the nodes' InternalIPs).
+    certificate_addresses: tuple[str, ...] = ()
 
     @property
     def pod_network(self) -> bool:
@@ -182,7 +184,7 @@ def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:
     cm_bin = _require_tool(settings.tools_dir, "kube-controller-manager")
     workdir = settings.workdir
     logs = workdir / "logs"
-    pki = create_cluster_pki(workdir / "pki")
+    pki = create_cluster_pki(workdir / "pki", settings.certificate_addresses)
     etcd_client, etcd_peer, free_port, cm_port = free_loopback_ports(4)
     apiserver_port = settings.apiserver_port or free_port
     server = f"https://{settings.address}:{apiserver_port}"

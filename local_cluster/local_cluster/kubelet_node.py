@@ -90,12 +90,13 @@ def cgroup_root_name(workdir: Path) -> str:
 
 
 def kubelet_config(
-    root: Path, pki: ClusterPki, containerd_socket: Path, cgroup_root: str
+    root: Path, pki: ClusterPki, containerd_socket: Path, cgroup_root: str, address: str = netns.NODE_ADDRESS
 ) -> dict[str, object]:
+    """``cgroup_root`` without its leading ``/``; ``address``: the node's InternalIP."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": netns.NODE_ADDRESS,
+        "address": address,
         "port": KUBELET_PORT,
         "readOnlyPort": 0,
         # The API server's client certificate (kubectl logs, exec) is signed by the cluster CA; the
@@ -188,6 +189,26 @@ class KubeletNode:
         self.containerd.wait(timeout=30)
         self.cgroups.remove()
 
+    def describe_nodes(self) -> list[dict[str, object]]:
+        """The node as the state file names it (``cluster_nodes.ClusterNode.describe`` for several);
+        pids are the cluster's PID namespace's. Its network namespace is the cluster's own, and
+        its cgroup holds its pods (containerd and the kubelet run in the supervisor's)."""
+        named = ("kubelet", "kube-proxy")
+        pids = {p.name: p.pid for p in self.processes if p.name in named}
+        pids["containerd"] = self.containerd.pid
+        return [
+            {
+                "name": self.node_name,
+                "address": netns.NODE_ADDRESS,
+                "podCIDR": netns.POD_CIDR,
+                "networkNamespace": None,
+                "cgroup": f"/{self.cgroups.name}",
+                "containerdSocket": str(self.containerd_socket),
+                "podLogs": str(self.pod_logs),
+                "pids": pids,
+            }
+        ]
+
     def control_plane_pids(self) -> set[int]:
         return {p.pid for p in self.control_plane.processes}
 
@@ -220,14 +241,22 @@ def _alive(pid: int) -> bool:
 
 
 def import_images(
-    socket: Path, names: Sequence[str], record: Path, stopping: threading.Event | None = None
+    socket: Path,
+    names: Sequence[str],
+    record: Path,
+    stopping: threading.Event | None = None,
+    unpack: bool = True,
 ) -> None:
-    """``ctr images import`` of each image's archive, in order, adding it to ``record`` when done."""
+    """``ctr images import`` of each image's archive, in order, adding it to ``record`` when done.
+
+    ``unpack=False`` (``--no-unpack``) stores the image's blobs only; containerd's CRI unpacks an
+    image into its snapshotter when a container of it is first created on that node."""
     for name in names:
         if stopping is not None and stopping.is_set():
             return
         archive = archive_for(name)
-        command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", str(archive)]
+        flags = [] if unpack else ["--no-unpack"]
+        command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", *flags, str(archive)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
         if result.returncode != 0:
             raise KubeletNodeError(f"importing {archive} failed: {result.stderr.strip()}")

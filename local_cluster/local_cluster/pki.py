@@ -83,8 +83,12 @@ def _signed_certificate(name: str, subject: str, extensions: str, cwd: Path) -> 
     return cwd / f"{name}.crt"
 
 
-def create_cluster_pki(directory: Path) -> ClusterPki:
-    """Create a CA, the apiserver's serving certificate, client certificates and the SA key pair."""
+def create_cluster_pki(directory: Path, extra_addresses: tuple[str, ...] = ()) -> ClusterPki:
+    """Create a CA, the apiserver's serving certificate, client certificates and the SA key pair.
+
+    ``extra_addresses`` (a cluster of several nodes: the control plane's and the nodes' addresses)
+    are named in the API server's and the kubelets' serving certificates too."""
+    extra_names = [f"IP:{address}" for address in extra_addresses]
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _ec_key("ca", directory)
     _openssl(
@@ -102,6 +106,7 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
             "DNS:kubernetes.default",
             "DNS:kubernetes.default.svc",
             "DNS:kubernetes.default.svc.cluster.local",
+            *extra_names,
         ]
     )
     serving_cert = _signed_certificate(
@@ -124,7 +129,8 @@ def create_cluster_pki(directory: Path) -> ClusterPki:
     kubelet_serving_cert = _signed_certificate(
         "kubelet",
         "/CN=system:node:local-node",
-        f"subjectAltName=IP:127.0.0.1,IP:{KUBELET_POD_NETWORK_IP},DNS:localhost\n"
+        f"subjectAltName={','.join(['IP:127.0.0.1', f'IP:{KUBELET_POD_NETWORK_IP}', *extra_names])},"
+        "DNS:localhost\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\n",
         directory,
     )

@@ -10,7 +10,9 @@ For every claim that is not bound and whose class names this provisioner (``stan
 class a test creates with it, e.g. a ``Retain`` one) it creates a PersistentVolume ``pvc-<claim uid>``:
 a ``hostPath`` directory on this node, capacity from the claim's request, the claim's access modes
 (ReadWriteOnce, ReadWriteMany, ...: one host, so all of them hold), ``claimRef`` to the claim, the
-class's name and reclaim policy, node affinity to this node, and the annotation
+class's name and reclaim policy, node affinity to this node (with several nodes, ``cluster_nodes``: to
+every node, since each reaches the same directory of the one machine, as a network volume would be
+reached), and the annotation
 ``pv.kubernetes.io/provisioned-by``. The real PV controller in kube-controller-manager
 (persistentvolume-binder) binds claim and volume, so ``kubectl get pvc`` shows ``Bound``.
 
@@ -40,6 +42,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +84,9 @@ def claim_directory(state_dir: Path, claim: Body, taken: bool) -> Path:
     return state_dir / "volumes" / volume_name(claim)
 
 
-def persistent_volume(claim: Body, storage_class: Body, directory: Path, node_name: str) -> Body:
+def persistent_volume(
+    claim: Body, storage_class: Body, directory: Path, node_name: str, also_on: Sequence[str] = ()
+) -> Body:
     metadata, spec = claim["metadata"], claim["spec"]
     storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage") or "1Gi"
     return {
@@ -110,7 +115,11 @@ def persistent_volume(claim: Body, storage_class: Body, directory: Path, node_na
                     "nodeSelectorTerms": [
                         {
                             "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name]}
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node_name, *also_on],
+                                }
                             ]
                         }
                     ]
@@ -153,10 +162,13 @@ class LocalPathProvisioner:
         node_name: str,
         stopping: threading.Event,
         resync_seconds: float = 5.0,
+        *,
+        other_nodes: Sequence[str] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.state_dir = state_dir
         self.node_name = node_name
+        self.other_nodes = tuple(other_nodes)
         self.stopping = stopping
         self.resync_seconds = resync_seconds
         self.changed = threading.Event()
@@ -212,7 +224,7 @@ class LocalPathProvisioner:
         # Writable by whatever user the pod runs as (brokers run as 10001): a hostPath volume gets
         # no fsGroup, so the directory is 0777, as kind's local-path-provisioner makes it.
         directory.chmod(0o777)
-        body: Any = persistent_volume(claim, storage_class, directory, self.node_name)
+        body: Any = persistent_volume(claim, storage_class, directory, self.node_name, self.other_nodes)
         try:
             self.core.create_persistent_volume(body, _preload_content=False)
         except ApiException as error:

@@ -20,6 +20,12 @@ Faults a test injects go through the real runtime: ``signal_container`` is ``ctr
 pod's container (SIGKILL, SIGSTOP, SIGCONT to all its processes), ``partition_pod`` drops the
 pod's traffic with nftables in the pod's own network namespace.
 
+With ``settings.nodes`` above 1 the supervisor starts several nodes instead (``cluster_nodes``:
+``node-1`` ... ``node-N``, each a kubelet, containerd and kube-proxy in a network namespace and a
+cgroup of its own). ``SealedCluster.nodes`` names them as a test needs them: address, pod CIDR,
+a command or a call in the node's network namespace, the machine's pids of its kubelet,
+containerd and kube-proxy, and the cgroup under which every process of the node runs.
+
 The supervisor restarts kube-apiserver when it exits, with the same flags, etcd data and
 certificates, as a static pod's kubelet does (``restarts``; bounded backoff, and it gives up,
 stopping the cluster, after repeated failed starts). ``SealedCluster.kill_apiserver`` is the
@@ -49,12 +55,13 @@ from typing import Any, TypeVar
 from local_cluster import netns, processes
 from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings
+from local_cluster.cluster_nodes import ClusterNodes, start_cluster_nodes
 from local_cluster.cluster_services import LoopbackForwarder
 from local_cluster.cluster_state import STATE_FILE, read_state
 from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.image_archives import archive_for
-from local_cluster.kubelet_node import IMAGES_FILE, cgroup_root_name, start_kubelet_node
+from local_cluster.kubelet_node import IMAGES_FILE, KubeletNode, cgroup_root_name, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
 from local_cluster.processes import (
     ManagedProcess,
@@ -75,6 +82,71 @@ PIDS_FILE = "sealed-pids.json"
 
 class SealedClusterError(RuntimeError):
     """A fault could not be injected (no such container, ``ctr`` or ``nft`` failed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SealedNode:
+    """A node of a running sealed cluster, as a test on the machine reaches it."""
+
+    name: str
+    address: str  # the Node's InternalIP
+    pod_cidr: str
+    # "/broker-failover-<hash>/node-2": with several nodes every process of the node (kubelet,
+    # containerd, shims, kube-proxy, containers) runs under it; with one, only its pods do.
+    cgroup: str
+    containerd_socket: str  # in the cluster's /run
+    pod_logs: Path
+    supervisor_pid: int
+    # In the cluster's /run (several nodes); None: the node is the cluster's own namespace.
+    namespace_path: str | None
+    namespace_pids: dict[str, int]  # containerd, kubelet, kube-proxy, in the cluster's PID namespace
+
+    @property
+    def network_namespace(self) -> Path:
+        """A path this machine can open (``setns``, ``nsenter --net=``): the node's network namespace."""
+        if self.namespace_path is None:
+            return Path(f"/proc/{self.supervisor_pid}/ns/net")
+        return Path(f"/proc/{self.supervisor_pid}/root{self.namespace_path}")
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in the node's network namespace, with the cluster's mounts (its /run) and
+        PID namespace: ``ip route``, ``nft``, a client on the node."""
+        enter = ["nsenter", "-t", str(self.supervisor_pid), "--mount", "--pid", "--"]
+        if self.namespace_path is None:
+            return [*enter[:3], "--net", *enter[3:], *argv]
+        return [*enter, "nsenter", f"--net={self.namespace_path}", "--", *argv]
+
+    def call_in_network(self, function: Callable[[], T], timeout: float = 60) -> T:
+        """Run ``function`` on a thread in the node's network namespace (pod IPs, ClusterIPs)."""
+        return netns.call_in_network_namespace(self.network_namespace, function, timeout)
+
+    def partition(self, direction: str = "both") -> None:
+        """A node partition: nftables in the node's namespace drop everything on its ``eth0`` (to
+        and from the API server, the other nodes and their pods), its pods' forwarded traffic
+        included; ``heal`` removes it. With one node there is no such link: use ``partition_pod``."""
+        if self.namespace_path is None:
+            raise SealedClusterError("the single node has no link of its own to partition")
+        netns.partition_network(str(self.network_namespace), direction, forwarded=True)
+
+    def heal(self) -> None:
+        if self.namespace_path is not None:
+            netns.heal_network(str(self.network_namespace))
+
+    def host_pids(self) -> dict[str, int]:
+        """The machine's pids of the node's containerd, kubelet and kube-proxy (``os.kill`` them)."""
+        return {
+            name: processes.host_pid_of(self.supervisor_pid, pid) for name, pid in self.namespace_pids.items()
+        }
+
+    def cgroup_pids(self) -> list[int]:
+        """The machine's pids of every process under the node's cgroup (the ``pids`` hierarchy): with
+        several nodes, the whole node; freeze and kill these for a node crash."""
+        top = CgroupRoot.hierarchy("pids") / self.cgroup.lstrip("/")
+        found: set[int] = set()
+        for procs in top.rglob("cgroup.procs") if top.is_dir() else []:
+            with contextlib.suppress(OSError):
+                found.update(int(line) for line in procs.read_text().split())
+        return sorted(found)
 
 
 @dataclasses.dataclass
@@ -105,6 +177,38 @@ class SealedCluster(ClusterAccess):
     @property
     def network_namespace(self) -> Path:
         return Path(f"/proc/{self.supervisor_pid}/ns/net")
+
+    @property
+    def host_address(self) -> str:
+        """The cluster namespace's own address, where the API server listens and where a test's
+        server (a simulator) is reached from pods: the bridge's with one node, ``nodes0``'s with
+        several."""
+        return netns.NODE_ADDRESS if self.settings.nodes == 1 else netns.CONTROL_PLANE_ADDRESS
+
+    @property
+    def nodes(self) -> list[SealedNode]:
+        """The cluster's nodes, in order (``local-node``; or ``node-1`` ... ``node-N``)."""
+        described = self.state.get("nodes")
+        return [
+            SealedNode(
+                name=str(node["name"]),
+                address=str(node["address"]),
+                pod_cidr=str(node["podCIDR"]),
+                cgroup=str(node["cgroup"]),
+                containerd_socket=str(node["containerdSocket"]),
+                pod_logs=Path(str(node["podLogs"])),
+                supervisor_pid=self.supervisor_pid,
+                namespace_path=None if node["networkNamespace"] is None else str(node["networkNamespace"]),
+                namespace_pids={str(k): int(v) for k, v in node["pids"].items()},
+            )
+            for node in (described if isinstance(described, list) else [])
+        ]
+
+    def node(self, name: str) -> SealedNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise SealedClusterError(f"no node {name} in this cluster: {[n.name for n in self.nodes]}")
 
     @property
     def pod_logs(self) -> Path:
@@ -183,7 +287,9 @@ class SealedCluster(ClusterAccess):
         pending = set(self.settings.background_images)
         for name in sorted(set(names) - set(self.imported_images()) - pending):
             archive = archive_for(name)
-            self.ctr("images", "import", str(archive), timeout=max(1.0, deadline - time.monotonic()))
+            for node in self._every_node():
+                timeout_left = max(1.0, deadline - time.monotonic())
+                self.ctr("images", "import", str(archive), timeout=timeout_left, node=node)
             record = self.settings.workdir / IMAGES_FILE
             record.write_text(json.dumps([*self.imported_images(), name]))
         while missing := sorted(set(names) - set(self.imported_images())):
@@ -192,17 +298,17 @@ class SealedCluster(ClusterAccess):
             time.sleep(0.5)
 
     def tag_image(self, source: str, target: str) -> None:
-        """Give an imported image another name in the node's containerd (``ctr images tag``)."""
-        self.ctr("images", "tag", "--force", source, target)
+        """Give an imported image another name in every node's containerd (``ctr images tag``)."""
+        for node in self._every_node():
+            self.ctr("images", "tag", "--force", source, target, node=node)
 
     # --- faults, through the container runtime ------------------------------------------------
 
-    def ctr(self, *args: str, timeout: float = 60) -> str:
-        """``ctr`` against the node's containerd (its socket is in the node's /run), in the CRI's
-        namespace."""
-        command = self.node_command(
-            ["ctr", "--address", str(self.state["containerdSocket"]), "-n", NAMESPACE, *args]
-        )
+    def ctr(self, *args: str, timeout: float = 60, node: str | None = None) -> str:
+        """``ctr`` against a node's containerd (its socket is in the cluster's /run), in the CRI's
+        namespace; ``node`` None: the first node's."""
+        socket_path = self.node(node).containerd_socket if node else str(self.state["containerdSocket"])
+        command = self.node_command(["ctr", "--address", socket_path, "-n", NAMESPACE, *args])
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
             raise SealedClusterError(f"{' '.join(command)} failed: {result.stderr.strip()}")
@@ -221,16 +327,25 @@ class SealedCluster(ClusterAccess):
     def signal_container(self, pod: dict[str, Any], signal_name: str, container: str | None = None) -> None:
         """Send ``signal_name`` (``SIGKILL``, ``SIGSTOP``, ``SIGCONT``) to every process of the pod's
         container, as the runtime does: a kill -9 of the container, or a freeze."""
-        self.ctr("task", "kill", "--all", "--signal", signal_name, self.container_id(pod, container))
+        container_id = self.container_id(pod, container)
+        self.ctr("task", "kill", "--all", "--signal", signal_name, container_id, node=self._node_of(pod))
 
     def container_pid(self, pod: dict[str, Any], container: str | None = None) -> int:
         """The container's main process, by its pid in the cluster's PID namespace."""
         wanted = self.container_id(pod, container)
-        for line in self.ctr("task", "list").splitlines()[1:]:
+        for line in self.ctr("task", "list", node=self._node_of(pod)).splitlines()[1:]:
             fields = line.split()
             if len(fields) >= 2 and fields[0] == wanted:
                 return int(fields[1])
         raise SealedClusterError(f"container {wanted} of pod {pod['metadata']['name']} has no task")
+
+    def _every_node(self) -> list[str | None]:
+        """``ctr``'s ``node`` for each node (None: the single node's containerd, as before)."""
+        return [None] if self.settings.nodes == 1 else [node.name for node in self.nodes]
+
+    def _node_of(self, pod: dict[str, Any]) -> str | None:
+        """The pod's node when the cluster has several (its containers are in that containerd)."""
+        return str(pod["spec"]["nodeName"]) if self.settings.nodes > 1 else None
 
     def host_pid(self, pid: int) -> int:
         """The machine's pid of the process that has ``pid`` in the cluster's PID namespace: for a
@@ -312,6 +427,8 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
         f"--workdir={settings.workdir}",
         f"--tools-dir={settings.tools_dir}",
         f"--node-name={settings.node_name}",
+        f"--nodes={settings.nodes}",
+        f"--ready-timeout={settings.ready_timeout_seconds}",
         f"--api-listen-fd={listener.fileno()}",
         f"--background-images={','.join(settings.background_images)}",
     ]
@@ -364,15 +481,28 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
     stop_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
-    netns.set_up_node_network()
-    node = start_kubelet_node(
-        settings.tools_dir,
-        settings.workdir,
-        settings.node_name,
-        settings.ready_timeout_seconds,
-        settings.background_images,
-    )
-    forwarder = LoopbackForwarder(listener, (netns.NODE_ADDRESS, node.control_plane.apiserver_port))
+    node: KubeletNode | ClusterNodes
+    if settings.nodes == 1:
+        netns.set_up_node_network()
+        node = start_kubelet_node(
+            settings.tools_dir,
+            settings.workdir,
+            settings.node_name,
+            settings.ready_timeout_seconds,
+            settings.background_images,
+        )
+    else:
+        networks = netns.node_networks(settings.nodes)
+        netns.set_up_cluster_network(networks)
+        node = start_cluster_nodes(
+            settings.tools_dir,
+            settings.workdir,
+            networks,
+            settings.ready_timeout_seconds,
+            settings.background_images,
+        )
+    plane = node.control_plane
+    forwarder = LoopbackForwarder(listener, (plane.settings.address, plane.apiserver_port))
     keeper: ProcessKeeper | None = None
     try:
         forwarder.start()
@@ -394,9 +524,10 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
                 "kubeconfig": str(host_kubeconfig),
                 "nodeKubeconfig": str(node.kubeconfig),
                 "readySeconds": round(node.ready_seconds, 1),
-                "podNetwork": netns.POD_CIDR,
+                "podNetwork": netns.POD_CIDR if settings.nodes == 1 else netns.CLUSTER_POD_CIDR,
                 "containerdSocket": str(node.containerd_socket),
                 "podLogs": str(node.pod_logs),
+                "nodes": node.describe_nodes(),
             }
             staged = settings.workdir / f"{STATE_FILE}.tmp"
             staged.write_text(json.dumps(state))
@@ -432,6 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--tools-dir", type=Path, required=True)
     parser.add_argument("--node-name", default="local-node")
+    parser.add_argument("--nodes", type=int, default=1, help="1: the single node; more: node-1 ... node-N")
+    parser.add_argument("--ready-timeout", type=float, default=90.0, help="seconds; a failure limit")
     parser.add_argument("--api-listen-fd", type=int, required=True)
     parser.add_argument("--background-images", default="", help="comma-separated image names")
     options = parser.parse_args(argv)
@@ -443,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tools_dir=options.tools_dir,
         workdir=options.workdir,
         node_name=options.node_name,
+        nodes=options.nodes,
+        ready_timeout_seconds=options.ready_timeout,
         background_images=tuple(name for name in options.background_images.split(",") if name),
     )
     return _serve(settings, listener)
