@@ -365,9 +365,20 @@ def test_the_epoch_write_is_conditional_on_the_resource_version(
             with pytest.raises(EpochConflict) as conflict:
                 await allocate_epoch(api, namespace, "fenced", current=1)
             assert conflict.value.current == 2
+            # The daemon's live view, when it is behind the server: the write on its version is
+            # refused, the allocation reads once and writes again; behind a rival's allocation,
+            # that read shows the rival's epoch and it is a conflict, never a duplicate.
+            behind = await api.read_cluster(namespace, "fenced")
+            await api.patch_cluster_status(namespace, "fenced", {"status": {"phase": "Healthy"}})
+            assert await allocate_epoch(api, namespace, "fenced", current=2, known=behind) == 3
+            behind = await api.read_cluster(namespace, "fenced")
+            assert await allocate_epoch(api, namespace, "fenced", current=3) == 4  # a rival
+            with pytest.raises(EpochConflict) as conflict:
+                await allocate_epoch(api, namespace, "fenced", current=3, known=behind)
+            assert conflict.value.current == 4
 
         asyncio.run(scenario())
-        assert get_json(sealed_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 2
+        assert get_json(sealed_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 4
     finally:
         sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 

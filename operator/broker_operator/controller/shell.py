@@ -53,7 +53,8 @@ class KubernetesClusterShell:
         manages_pods: bool,
     ) -> None:
         self._api = api
-        self._body = body  # for event references only: kind, name, namespace, uid
+        # kopf's live view: event references, and the epoch's compare-and-swap without a read first
+        self._body = body
         self._namespace = str(body["metadata"]["namespace"])
         self._cluster = str(body["metadata"]["name"])
         self._observations = observations
@@ -68,7 +69,9 @@ class KubernetesClusterShell:
 
     async def allocate_epoch(self, current: int, epoch: int) -> int:
         try:
-            granted = await allocate_epoch(self._api, self._namespace, self._cluster, current, epoch)
+            granted = await allocate_epoch(
+                self._api, self._namespace, self._cluster, current, epoch, known=self._body
+            )
         except EpochConflict as conflict:
             logger.warning("%s/%s: epoch %d not granted: %s", self._namespace, self._cluster, epoch, conflict)
             raise

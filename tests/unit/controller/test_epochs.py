@@ -3,7 +3,8 @@ and the engine's status patch, which must never write the epoch (the allocation 
 
 kmock does not enforce resourceVersion preconditions, so the 409 a real API
 server returns on a stale version is injected here as a reaction; that the
-real server does return it is checked in tests/e2e/test_operator.py.
+real server does return it, and what a stale live view then costs, is checked
+in tests/e2e/test_operator.py.
 """
 
 from __future__ import annotations
@@ -82,6 +83,37 @@ async def test_a_jump_above_a_remembered_epoch_is_one_conditional_write(
     assert status_patches(kmock) == [{"metadata": {"resourceVersion": "41"}, "status": {"epoch": 95}}]
     with pytest.raises(ValueError, match="must be above the current epoch"):
         await allocate_epoch(kube_api, NAMESPACE, "orders", current=95, epoch=95)
+
+
+def reads(api: kmock.KubernetesEmulator) -> int:
+    return sum(1 for r in api if r.method == "GET" and str(r.url).endswith("/orders"))
+
+
+def seen(epoch: int, version: str) -> dict[str, object]:
+    """The BrokerCluster as the daemon's live view last showed it."""
+    body = cluster_body("orders")
+    body["metadata"]["resourceVersion"] = version
+    body["status"] = {"epoch": epoch}
+    return body
+
+
+async def test_with_the_live_view_the_allocation_is_one_conditional_write_and_no_read(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=4)
+    assert await allocate_epoch(kube_api, NAMESPACE, "orders", current=4, known=seen(4, "41")) == 5
+    assert status_patches(kmock) == [{"metadata": {"resourceVersion": "41"}, "status": {"epoch": 5}}]
+    assert reads(kmock) == 0
+
+
+async def test_a_live_view_showing_a_higher_epoch_is_a_conflict_without_a_request(
+    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
+) -> None:
+    store(kmock, epoch=9)
+    with pytest.raises(EpochConflict) as caught:
+        await allocate_epoch(kube_api, NAMESPACE, "orders", current=4, known=seen(9, "41"))
+    assert caught.value.current == 9
+    assert status_patches(kmock) == [] and reads(kmock) == 0
 
 
 async def test_the_engines_status_patch_never_carries_the_epoch(
