@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,36 @@ SHELL_IMAGE = "docker.io/broker-failover/broker:0.1.0"
 WAIT_SECONDS = 60.0
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 CRD_NAME = "brokerclusters.broker.failover.dev"
+
+
+# A tiny web server that answers with its pod's name: which pod a Service picked is visible.
+WEB_SERVER = textwrap.dedent(
+    """
+    import http.server, os
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = os.environ["HOSTNAME"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
+    """
+)
+
+
+def machine_network() -> dict[str, str]:
+    """What the machine's own namespace looks like: compared before, during and after a cluster."""
+
+    def read(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False).stdout
+
+    return {
+        "links": read("ip", "-o", "link", "show"),
+        "addresses": read("ip", "-o", "addr", "show"),
+        "routes": read("ip", "route", "show", "table", "all"),
+        "nftables": read("nft", "list", "ruleset"),
+    }
 
 
 def wait_for(

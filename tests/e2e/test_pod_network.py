@@ -26,22 +26,7 @@ from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.cluster_state import read_state
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, get_json, wait_for
-
-# A tiny web server that answers with its pod's name: which pod a Service picked is visible.
-WEB_SERVER = textwrap.dedent(
-    """
-    import http.server, os
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = os.environ["HOSTNAME"].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
-    """
-)
+from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, WEB_SERVER, get_json, machine_network, wait_for
 
 # A client pod: resolve the Service by its short name (search path from resolv.conf) and
 # fetch through it; print one JSON line and exit 0 only if both worked.
@@ -202,20 +187,6 @@ def test_a_pod_uses_plain_in_cluster_config(sealed_cluster: SealedCluster, names
     assert answer["git"].startswith("v1.")
 
 
-def _machine_network() -> dict[str, str]:
-    """What the machine's own namespace looks like: compared before, during and after a cluster."""
-
-    def read(*argv: str) -> str:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False).stdout
-
-    return {
-        "links": read("ip", "-o", "link", "show"),
-        "addresses": read("ip", "-o", "addr", "show"),
-        "routes": read("ip", "route", "show", "table", "all"),
-        "nftables": read("nft", "list", "ruleset"),
-    }
-
-
 def _cluster_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "local_cluster.cluster", *args],
@@ -229,7 +200,7 @@ def _cluster_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
     """The user's commands (make cluster-up / shell / cluster-down) and a clean machine afterwards."""
-    before = _machine_network()
+    before = machine_network()
     workdir = tmp_path / "cluster"
     up = _cluster_cli("up", f"--workdir={workdir}", f"--tools-dir={built_tools_dir()}")
     state = read_state(workdir) if up.returncode == 0 else None
@@ -240,7 +211,7 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         namespace_inode = Path(f"/proc/{inside}/ns/net").readlink()
         cgroups = CgroupRoot(cgroup_root_name(workdir.resolve()))
         assert cgroups.directories(), "the node's cgroup root is missing"
-        during = _machine_network()
+        during = machine_network()
 
         def kubectl(*args: str, input: str | None = None) -> str:
             return subprocess.run(
@@ -267,7 +238,7 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         down = _cluster_cli("down", f"--workdir={workdir}")
     assert down.returncode == 0, down.stderr
     assert during == before, "starting the cluster changed the machine's network namespace"
-    assert _machine_network() == before
+    assert machine_network() == before
     holders = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

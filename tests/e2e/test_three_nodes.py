@@ -28,26 +28,11 @@ from local_cluster.cluster import LocalClusterSettings, built_tools_dir
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.processes import reap_on_exit
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
-from tests.e2e.support import SHELL_IMAGE, get_json, wait_for
-from tests.e2e.test_pod_network import _machine_network
+from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, get_json, machine_network, wait_for
 
 pytestmark = pytest.mark.three_nodes
 
 NAMESPACE = "spread"
-# The broker image's Python answers with the pod's name on 8080: which pod answered is visible.
-WEB_SERVER = textwrap.dedent(
-    """
-    import http.server, os
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = os.environ["HOSTNAME"].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
-    """
-)
 # Run in each pod (kubectl exec): fetch every URL given, print {url: body}.
 FETCH_ALL = textwrap.dedent(
     """
@@ -213,7 +198,7 @@ def _check_spread_and_reach(cluster: SealedCluster) -> None:
 
 def test_three_nodes_run_a_pod_each_reach_each_other_and_leave_nothing_behind(tmp_path: Path) -> None:
     reap_on_exit()
-    before = _machine_network()
+    before = machine_network()
     workdir = tmp_path / "three-nodes"
     cluster = start_sealed_cluster(
         LocalClusterSettings(tools_dir=built_tools_dir(), workdir=workdir, nodes=3, ready_timeout_seconds=270)
@@ -222,17 +207,17 @@ def test_three_nodes_run_a_pod_each_reach_each_other_and_leave_nothing_behind(tm
     inodes = {_inode(cluster.network_namespace)}
     try:
         inodes |= {_inode(node.network_namespace) for node in cluster.nodes}
-        during = _machine_network()
+        during = machine_network()
         print(f"three nodes ready in {cluster.ready_seconds:.1f}s")
         _check_spread_and_reach(cluster)
     finally:
         cluster.stop()
     assert during == before, "starting the cluster changed the machine's network namespace"
-    assert _machine_network() == before
+    assert machine_network() == before
     assert not [inode for inode in inodes if _namespace_holders(inode)], (
         "processes still in a node's namespace"
     )
     assert str(workdir) not in Path("/proc/self/mountinfo").read_text()
     assert not cgroups.directories(), "the nodes' cgroups were left"
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{cgroups.name}*"))
-    assert netns.CONTROL_PLANE_ADDRESS not in _machine_network()["addresses"]
+    assert netns.CONTROL_PLANE_ADDRESS not in machine_network()["addresses"]
