@@ -40,8 +40,17 @@ def relay(sealed_cluster: SealedCluster) -> Iterator[Relay]:
             f"docker.io/broker-failover/{image}:0.1.0", f"docker.io/broker-failover/{image}:0.1.1"
         )
     # Manual failback: a failback after the roll would be a second, unrelated switchover.
+    # A 15 s lease: with one replica the chart's strategy is Recreate, and replacing the operator
+    # pod took more than the example's 5 s on a loaded 2-core machine, after which the active
+    # rightly fences itself and the new operator re-activates it under a new epoch
+    # (docs/operator.md, "Disruptions").
+    heartbeat = {"intervalSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2, "leaseSeconds": 15}
     relay = deploy_relay(
-        sealed_cluster, namespace, streams=STREAMS, messages_per_stream=10, spec={"failback": "Manual"}
+        sealed_cluster,
+        namespace,
+        streams=STREAMS,
+        messages_per_stream=10,
+        spec={"failback": "Manual", "heartbeat": heartbeat},
     )
     relay.backend("/sim/start", {})
     yield relay
