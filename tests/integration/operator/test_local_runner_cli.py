@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -56,6 +57,16 @@ def wait_for_line(log: Path, text: str, within: float) -> None:
     raise AssertionError(f"no line with {text!r} within {within}s; runner output:\n{log.read_text()}")
 
 
+def saved_state_naming(path: Path, active: str, within: float) -> dict[str, Any]:
+    """The runner's state file once it names ``active`` (or as it last was, after ``within`` s)."""
+    deadline = time.monotonic() + within
+    while True:
+        state = dict(yaml.safe_load(path.read_text()) or {})
+        if (state.get("status") or {}).get("active") == active or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
 def test_local_runner_fails_over_switches_over_and_stops_cleanly(
     processes: ProcessSet, tmp_path: Path
 ) -> None:
@@ -92,7 +103,8 @@ def test_local_runner_fails_over_switches_over_and_stops_cleanly(
         wait_for_line(log, "event Warning Failover: broker b1 is active", 20)
         cluster_file.write_text(manifest(urls, preferred="b2"))
         wait_for_line(log, "event Normal Switchover: broker b2 is active", 20)
-        state = yaml.safe_load((tmp_path / "cluster.yaml.state.json").read_text())
+        # The event is logged in the step that moves the active; the state file is saved after it.
+        state = saved_state_naming(tmp_path / "cluster.yaml.state.json", "b2", within=10)
         assert state["epoch"] >= 3 and state["status"]["active"] == "b2"
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=15) == 0
