@@ -178,8 +178,13 @@ def test_partitioned_active_fences_itself_and_the_new_active_carries_on(
     broker_a.kill(signal.SIGCONT)  # the partition heals with A still believing it is active
 
     # The operator's part: renew B's 1 s lease while the rest goes through it (however slow CI is).
-    with Renewals(broker_b, 2):
-        wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via B")
+    with Renewals(broker_b, 2) as renewals:
+        try:
+            wait_until(lambda: backend_status(backend)["allConfirmed"], 90, 0.2, what="all confirmed via B")
+        except AssertionError as timed_out:
+            # A lapsed lease fences B for good: say whether the test's own renewals failed.
+            failed = renewals.failures[-3:]
+            raise AssertionError(f"{timed_out}; renewals of B that failed: {failed}") from None
     assert_complete_and_ordered(cloud_received(cloud), streams, per_stream, "orders-")
     # A fences itself: its lease ran out while it was stopped, or a target refused its old epoch first.
     wait_until(lambda: "deactivated (epoch 1)" in broker_a.log_text(), 10, what="A fenced itself")
