@@ -20,7 +20,8 @@ Faults a test injects go through the real runtime: ``signal_container`` is ``ctr
 pod's container (SIGKILL, SIGSTOP, SIGCONT to all its processes), ``partition_pod`` drops the
 pod's traffic with nftables in the pod's own network namespace.
 
-With ``settings.nodes`` above 1 the supervisor starts several nodes instead (``cluster_nodes``:
+With ``settings.nodes`` above 1 the supervisor starts several nodes instead (``cluster_nodes``;
+``sealed_node`` is how a test reaches one:
 ``node-1`` ... ``node-N``, each a kubelet, containerd and kube-proxy in a network namespace and a
 cgroup of its own). ``SealedCluster.nodes`` names them as a test needs them: address, pod CIDR,
 a command or a call in the node's network namespace, the machine's pids of its kubelet,
@@ -72,81 +73,13 @@ from local_cluster.processes import (
     wait_group_gone,
 )
 from local_cluster.restarts import ProcessKeeper, keep_apiserver
+from local_cluster.sealed_node import SealedClusterError, SealedNode
 
 T = TypeVar("T")
 HOST_KUBECONFIG = "admin.kubeconfig.host"
 # Written by the side that started the supervisor: the pids of ``unshare`` (its process group is
 # the supervisor's) and of the supervisor as the machine sees them (inside it is PID 1).
 PIDS_FILE = "sealed-pids.json"
-
-
-class SealedClusterError(RuntimeError):
-    """A fault could not be injected (no such container, ``ctr`` or ``nft`` failed)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SealedNode:
-    """A node of a running sealed cluster, as a test on the machine reaches it."""
-
-    name: str
-    address: str  # the Node's InternalIP
-    pod_cidr: str
-    # "/broker-failover-<hash>/node-2": with several nodes every process of the node (kubelet,
-    # containerd, shims, kube-proxy, containers) runs under it; with one, only its pods do.
-    cgroup: str
-    containerd_socket: str  # in the cluster's /run
-    pod_logs: Path
-    supervisor_pid: int
-    # In the cluster's /run (several nodes); None: the node is the cluster's own namespace.
-    namespace_path: str | None
-    namespace_pids: dict[str, int]  # containerd, kubelet, kube-proxy, in the cluster's PID namespace
-
-    @property
-    def network_namespace(self) -> Path:
-        """A path this machine can open (``setns``, ``nsenter --net=``): the node's network namespace."""
-        if self.namespace_path is None:
-            return Path(f"/proc/{self.supervisor_pid}/ns/net")
-        return Path(f"/proc/{self.supervisor_pid}/root{self.namespace_path}")
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run in the node's network namespace, with the cluster's mounts (its /run) and
-        PID namespace: ``ip route``, ``nft``, a client on the node."""
-        enter = ["nsenter", "-t", str(self.supervisor_pid), "--mount", "--pid", "--"]
-        if self.namespace_path is None:
-            return [*enter[:3], "--net", *enter[3:], *argv]
-        return [*enter, "nsenter", f"--net={self.namespace_path}", "--", *argv]
-
-    def call_in_network(self, function: Callable[[], T], timeout: float = 60) -> T:
-        """Run ``function`` on a thread in the node's network namespace (pod IPs, ClusterIPs)."""
-        return netns.call_in_network_namespace(self.network_namespace, function, timeout)
-
-    def partition(self, direction: str = "both") -> None:
-        """A node partition: nftables in the node's namespace drop everything on its ``eth0`` (to
-        and from the API server, the other nodes and their pods), its pods' forwarded traffic
-        included; ``heal`` removes it. With one node there is no such link: use ``partition_pod``."""
-        if self.namespace_path is None:
-            raise SealedClusterError("the single node has no link of its own to partition")
-        netns.partition_network(str(self.network_namespace), direction, forwarded=True)
-
-    def heal(self) -> None:
-        if self.namespace_path is not None:
-            netns.heal_network(str(self.network_namespace))
-
-    def host_pids(self) -> dict[str, int]:
-        """The machine's pids of the node's containerd, kubelet and kube-proxy (``os.kill`` them)."""
-        return {
-            name: processes.host_pid_of(self.supervisor_pid, pid) for name, pid in self.namespace_pids.items()
-        }
-
-    def cgroup_pids(self) -> list[int]:
-        """The machine's pids of every process under the node's cgroup (the ``pids`` hierarchy): with
-        several nodes, the whole node; freeze and kill these for a node crash."""
-        top = CgroupRoot.hierarchy("pids") / self.cgroup.lstrip("/")
-        found: set[int] = set()
-        for procs in top.rglob("cgroup.procs") if top.is_dir() else []:
-            with contextlib.suppress(OSError):
-                found.update(int(line) for line in procs.read_text().split())
-        return sorted(found)
 
 
 @dataclasses.dataclass
