@@ -20,12 +20,11 @@ Faults a test injects go through the real runtime: ``signal_container`` is ``ctr
 pod's container (SIGKILL, SIGSTOP, SIGCONT to all its processes), ``partition_pod`` drops the
 pod's traffic with nftables in the pod's own network namespace.
 
-With ``settings.nodes`` above 1 the supervisor starts several nodes instead (``cluster_nodes``;
-``sealed_node`` is how a test reaches one:
+With ``settings.nodes`` above 1 the supervisor starts several nodes instead (``cluster_nodes``:
 ``node-1`` ... ``node-N``, each a kubelet, containerd and kube-proxy in a network namespace and a
-cgroup of its own). ``SealedCluster.nodes`` names them as a test needs them: address, pod CIDR,
-a command or a call in the node's network namespace, the machine's pids of its kubelet,
-containerd and kube-proxy, and the cgroup under which every process of the node runs.
+cgroup of its own). ``SealedCluster.nodes`` names them as a test needs them (``sealed_node``):
+address, pod CIDR, a command or a call in the node's network namespace, the machine's pids of its
+kubelet, containerd and kube-proxy, and the cgroup under which every process of the node runs.
 
 The supervisor restarts kube-apiserver when it exits, with the same flags, etcd data and
 certificates, as a static pod's kubelet does (``restarts``; bounded backoff, and it gives up,
