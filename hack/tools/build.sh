@@ -23,7 +23,9 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache_root="${BROKER_FAILOVER_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/broker-failover/tools}"
+# shellcheck source=../lib/go-build.sh
+source "$here/../lib/go-build.sh"
+cache_root="$go_tools_cache_root"
 # The hash covers the names and contents of every file under cmd/, so a new
 # command or a changed main.go builds a new directory.
 pin_hash="$(
@@ -52,28 +54,13 @@ if [[ "${1:-}" == "--print" ]]; then
   exit 0
 fi
 
-complete=1
-for tool in "${tools[@]}"; do
-  [[ -x "$bin_dir/$tool" ]] || complete=0
-done
-if [[ $complete == 1 ]]; then
+if all_present "$bin_dir" "${tools[@]}"; then
   echo ">> tools up to date (pins $pin_hash)" >&2
   echo "$bin_dir"
   exit 0
 fi
 
-# Build into a scratch directory next to the final one and rename at the end,
-# so an interrupted build never leaves a half-filled bin directory that a later
-# run would take as complete.
-mkdir -p "$cache_root/$pin_hash"
-scratch="$(mktemp -d "$cache_root/$pin_hash/build.XXXXXX")"
-trap 'rm -rf "$scratch"' EXIT
-
-export CGO_ENABLED=0
-# The pinned go directive is satisfied by the installed Go; never download a
-# toolchain in CI.
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export GOFLAGS="-mod=readonly"
+new_scratch "$cache_root/$pin_hash"
 
 start=$SECONDS
 echo ">> building ${tools[*]} (pins $pin_hash) into $bin_dir" >&2
@@ -103,66 +90,8 @@ done
 ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version"
 build_flags=(-trimpath "-ldflags=$ldflags")
 
-# How many packages `go build -v` will name, at most: the non-main packages
-# `go list` calls stale with these flags, i.e. not in Go's build cache (`go
-# build -v` names only the packages it compiles). It is an upper bound: on a
-# warm cache the build names a few percent fewer, so the last line may stop
-# short of 100%. Commands get a line of their own and are not counted. If the
-# count fails, progress is reported without a total.
-commands=" $(go list "${build_flags[@]}" -f '{{.ImportPath}}' "${targets[@]}" | tr '\n' ' ')"
-read -r all_packages to_compile < <(
-  go list "${build_flags[@]}" -deps -f '{{if ne .Name "main"}}{{.Stale}}{{end}}' "${targets[@]}" |
-    awk '$1 != "" { all++ } $1 == "true" { stale++ } END { print all + 0, stale + 0 }'
-) || true
-echo ">> [$((SECONDS - start))s] compiling at most ${to_compile:=0} of ${all_packages:-?} packages (the rest are in Go's build cache) and linking ${#tools[@]} commands" >&2
+go_build_with_progress "${targets[@]}"
 
-# `go build -v` names every package as it is compiled; turn that stream into a
-# progress line every 100 packages plus one whenever a command (tool) is
-# compiled and linked, with the share done and a linear estimate of the time
-# left. Anything else (compile errors) is passed through unchanged.
-report_build_progress() {
-  local line count=0 total="$1" compile_start=$SECONDS elapsed
-  while IFS= read -r line; do
-    elapsed=$((SECONDS - compile_start))
-    case "$line" in
-      *[!a-zA-Z0-9._~/-]* | "")
-        echo "$line" ;;
-      *)
-        if [[ "$commands" == *" $line "* ]]; then
-          echo ">>   [$((SECONDS - start))s] $(progress) compiling and linking command $line"
-        else
-          count=$((count + 1))
-          if ((count % 100 == 0)); then
-            echo ">>   [$((SECONDS - start))s] $(progress) (now $line)"
-          fi
-        fi ;;
-    esac
-  done
-}
-# "1200/3100 packages (39%), about 190s left"; uses report_build_progress's
-# count, total and elapsed. Without a usable total (count failed, or more
-# packages than counted) it says only how many were compiled.
-progress() {
-  if ((total > 0 && count <= total)); then
-    local left=0
-    ((count > 0)) && left=$((elapsed * (total - count) / count))
-    echo "$count/$total packages ($((100 * count / total))%), about ${left}s left"
-  else
-    echo "$count packages compiled"
-  fi
-}
-
-nice -n 10 go build -v "${build_flags[@]}" -o "$scratch/" "${targets[@]}" 2>&1 |
-  report_build_progress "$to_compile" >&2
-
-for tool in "${tools[@]}"; do
-  if [[ ! -x "$scratch/$tool" ]]; then
-    echo ">> build did not produce $tool; see the errors above" >&2
-    exit 1
-  fi
-done
-rm -rf "$bin_dir"
-mv "$scratch" "$bin_dir"
-trap - EXIT
+install_scratch "$bin_dir" "${tools[@]}"
 echo ">> [$((SECONDS - start))s] built ${tools[*]} into $bin_dir" >&2
 echo "$bin_dir"
