@@ -196,18 +196,56 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]
     ]
 
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def default_affinity(cluster: str) -> Manifest:
+    """Brokers of one cluster on different nodes where the scheduler can, so that one node's drain
+    or crash takes at most one of them. Preferred, not required: a one-node cluster, or more
+    brokers than nodes, still runs them all (a required rule would leave the extra ones Pending).
+    """
+    term = {"topologyKey": HOSTNAME_TOPOLOGY, "labelSelector": {"matchLabels": cluster_labels(cluster)}}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
+
+
+def given_scheduling(spec: ClusterSpec) -> Manifest:
+    """The pod's scheduling fields the spec sets itself (affinity, nodeSelector, tolerations)."""
+    given: Manifest = {}
+    if spec.affinity is not None:
+        given["affinity"] = dict(spec.affinity)
+    if spec.node_selector is not None:
+        given["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations is not None:
+        given["tolerations"] = [dict(item) for item in spec.tolerations]
+    return given
+
+
+def pod_scheduling(cluster: str, spec: ClusterSpec) -> Manifest:
+    """The spec's scheduling fields, with the default spread when it gives no affinity."""
+    return {"affinity": default_affinity(cluster), **given_scheduling(spec)}
+
+
 def template_hash(cluster: str, spec: ClusterSpec) -> str:
     """A digest of everything in a pod that comes from the spec; a changed spec changes it.
 
     The ordinal and the role label are left out: they differ between pods of the
     same template, and the role moves on every failover without a restart. The pod's
-    securityContext is in: a changed ``spec.podSecurityContext`` replaces the pods.
+    securityContext is in: a changed ``spec.podSecurityContext`` replaces the pods. So are the
+    scheduling fields the spec sets, but not the default spread: pods made before the operator
+    spread them keep their hash and are not replaced by an upgrade of the operator alone.
     """
-    template = {
+    template: Manifest = {
         "container": broker_container(cluster, spec),
         "volumes": pod_volumes(cluster, 0, spec),
         "securityContext": pod_security_context(spec),
     }
+    scheduling = given_scheduling(spec)
+    if scheduling:
+        template["scheduling"] = scheduling
     encoded = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -236,6 +274,7 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
             # SIGTERM makes the broker deactivate and drain before it exits 0.
             "terminationGracePeriodSeconds": 30,
             "securityContext": pod_security_context(spec),
+            **pod_scheduling(cluster, spec),
             "containers": [broker_container(cluster, spec)],
             "volumes": pod_volumes(cluster, ordinal, spec),
         },

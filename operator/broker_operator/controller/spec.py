@@ -132,6 +132,12 @@ class ClusterSpec:
     # replaces the default whole, never merged into it, so a field of the default can be left out.
     pod_security_context: Mapping[str, Any] | None = None
     container_security_context: Mapping[str, Any] | None = None
+    # Where the pods may run: spec.affinity, spec.nodeSelector and spec.tolerations as written;
+    # None: absent. Without spec.affinity the operator spreads one cluster's brokers over nodes
+    # (builders.default_affinity); a given one replaces that default whole.
+    affinity: Mapping[str, Any] | None = None
+    node_selector: Mapping[str, Any] | None = None
+    tolerations: tuple[Mapping[str, Any], ...] | None = None
 
     @property
     def endpoints_mode(self) -> bool:
@@ -223,6 +229,13 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         network_policy=network_policy,
         pod_security_context=_security_context(spec, "podSecurityContext", "PodSecurityContext", problems),
         container_security_context=_security_context(spec, "securityContext", "SecurityContext", problems),
+        affinity=_kubernetes_object(
+            spec, "affinity", "Affinity", "leave it out to spread the brokers over nodes", problems
+        ),
+        node_selector=_kubernetes_object(
+            spec, "nodeSelector", "node selector (labels)", "leave it out for any node", problems
+        ),
+        tolerations=_tolerations(spec, problems),
     )
     if problems:
         raise SpecError(cluster, problems)
@@ -312,6 +325,14 @@ def _network_policy(raw: Mapping[str, Any], problems: list[str]) -> NetworkPolic
 def _security_context(
     spec: Mapping[str, Any], field: str, kind: str, problems: list[str]
 ) -> Mapping[str, Any] | None:
+    return _kubernetes_object(
+        spec, field, kind, "leave it out for the operator's non-root, read-only defaults", problems
+    )
+
+
+def _kubernetes_object(
+    spec: Mapping[str, Any], field: str, kind: str, when_absent: str, problems: list[str]
+) -> Mapping[str, Any] | None:
     """``spec.<field>`` as a JSON-ready object, or None when absent (the operator's default).
 
     Only its shape is checked: what is inside is a core/v1 ``kind``, which the API server
@@ -321,12 +342,20 @@ def _security_context(
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        problems.append(
-            f"spec.{field} must be an object (a Kubernetes {kind}), got {value!r}; "
-            "leave it out for the operator's non-root, read-only defaults"
-        )
+        problems.append(f"spec.{field} must be an object (a Kubernetes {kind}), got {value!r}; {when_absent}")
         return None
     return cast(Mapping[str, Any], _plain(value))
+
+
+def _tolerations(spec: Mapping[str, Any], problems: list[str]) -> tuple[Mapping[str, Any], ...] | None:
+    """``spec.tolerations``: a list of core/v1 Tolerations (the API server checks each one)."""
+    value = spec.get("tolerations")
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(isinstance(item, Mapping) for item in value):
+        problems.append(f"spec.tolerations must be a list of Kubernetes Tolerations (objects), got {value!r}")
+        return None
+    return tuple(cast(Mapping[str, Any], _plain(item)) for item in value)
 
 
 def _plain(value: Any) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from broker_operator.controller import builders, names
@@ -327,3 +329,78 @@ def test_an_empty_security_context_means_none_not_the_default() -> None:
     pod = builders.build_pod(OWNER, 0, spec, active=False)
     assert pod["spec"]["securityContext"] == {}
     assert pod["spec"]["containers"][0]["securityContext"] == {}
+
+
+def _anti_affinity_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    rules = pod["spec"]["affinity"]["podAntiAffinity"]
+    return [entry["podAffinityTerm"] for entry in rules["preferredDuringSchedulingIgnoredDuringExecution"]]
+
+
+def test_by_default_a_clusters_brokers_prefer_different_nodes_and_only_its_own_pods_count() -> None:
+    spec = parse_spec("orders", {"account": "a", "company": "c", "replicas": 3})
+    pods = [builders.build_pod(OWNER, ordinal, spec, active=ordinal == 0) for ordinal in range(3)]
+    for pod in pods:
+        (term,) = _anti_affinity_terms(pod)
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        # The selector matches every broker of this cluster (whatever its role or ordinal) and no
+        # other cluster's: spreading must not push two clusters apart.
+        selector = term["labelSelector"]["matchLabels"]
+        assert all(p["metadata"]["labels"].items() >= selector.items() for p in pods)
+        other = builders.build_pod(
+            {**OWNER, "metadata": {**OWNER["metadata"], "name": "invoices"}},
+            0,
+            parse_spec("invoices", {"account": "a", "company": "d"}),
+            active=True,
+        )
+        assert not other["metadata"]["labels"].items() >= selector.items()
+        assert (
+            "requiredDuringSchedulingIgnoredDuringExecution" not in pod["spec"]["affinity"]["podAntiAffinity"]
+        )
+        assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+
+
+def test_a_given_affinity_replaces_the_spread_and_scheduling_fields_roll_the_pods() -> None:
+    required = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"x": "y"}}}
+            ]
+        }
+    }
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "erp", "effect": "NoSchedule"}]
+    base = parse_spec("orders", {"account": "a", "company": "c"})
+    given = parse_spec(
+        "orders",
+        {
+            "account": "a",
+            "company": "c",
+            "affinity": required,
+            "nodeSelector": {"zone": "a"},
+            "tolerations": tolerations,
+        },
+    )
+    pod = builders.build_pod(OWNER, 0, given, active=False)
+    assert pod["spec"]["affinity"] == required
+    assert pod["spec"]["nodeSelector"] == {"zone": "a"}
+    assert pod["spec"]["tolerations"] == tolerations
+    none = builders.build_pod(
+        OWNER, 0, parse_spec("orders", {"account": "a", "company": "c", "affinity": {}}), active=False
+    )
+    assert none["spec"]["affinity"] == {}
+    # Each given field changes the template (a roll); the default spread does not, so pods made
+    # by an operator that did not spread yet keep their hash.
+    variants = [
+        base,
+        given,
+        parse_spec("orders", {"account": "a", "company": "c", "affinity": {}}),
+        parse_spec("orders", {"account": "a", "company": "c", "nodeSelector": {"zone": "a"}}),
+        parse_spec("orders", {"account": "a", "company": "c", "tolerations": tolerations}),
+    ]
+    assert len({builders.template_hash("orders", spec) for spec in variants}) == len(variants)
+    without_scheduling = {
+        "container": builders.broker_container("orders", base),
+        "volumes": builders.pod_volumes("orders", 0, base),
+        "securityContext": builders.pod_security_context(base),
+    }
+    expected = hashlib.sha256(json.dumps(without_scheduling, sort_keys=True, separators=(",", ":")).encode())
+    assert builders.template_hash("orders", base) == expected.hexdigest()[:16]

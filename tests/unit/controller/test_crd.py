@@ -315,12 +315,15 @@ def test_the_operator_reads_every_field_the_crd_declares() -> None:
         for end in range(1, len(parts))
     }
     # Inside an object the CRD keeps as written (x-kubernetes-preserve-unknown-fields: a
-    # NetworkPolicyPeer's selectors, the security contexts), every field is the user's and passes
-    # through as it is.
+    # NetworkPolicyPeer's selectors, the security contexts, the affinity; or a list of such
+    # objects: the tolerations) and inside a map (additionalProperties: the nodeSelector), every
+    # field is the user's and passes through as it is.
     opaque = tuple(
-        f"{path}."
+        f"{path}[]." if leaf.get("type") == "array" else f"{path}."
         for path, leaf in crd_leaves(schema).items()
         if leaf.get("x-kubernetes-preserve-unknown-fields")
+        or leaf.get("additionalProperties")
+        or leaf.get("items", {}).get("x-kubernetes-preserve-unknown-fields")
     )
     assert opaque, "the check below would be vacuous"
     read = {path for path in read if not path.startswith(opaque)}

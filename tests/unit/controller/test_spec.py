@@ -148,6 +148,13 @@ def test_endpoints_mode_sorts_by_priority_and_runs_no_pods() -> None:
             minimal(securityContext=[{"readOnlyRootFilesystem": True}]),
             "spec.securityContext must be an object (a Kubernetes SecurityContext)",
         ),
+        (minimal(affinity="spread"), "spec.affinity must be an object (a Kubernetes Affinity), got 'spread'"),
+        (minimal(nodeSelector=["zone-a"]), "spec.nodeSelector must be an object"),
+        (
+            minimal(tolerations={"key": "dedicated"}),
+            "spec.tolerations must be a list of Kubernetes Tolerations (objects)",
+        ),
+        (minimal(tolerations=["dedicated"]), "spec.tolerations must be a list of Kubernetes Tolerations"),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
