@@ -266,6 +266,7 @@ GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
     ("patch", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy changed, or an operator restart
     ("delete", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy.enabled set back to false
     ("update", "discovery.k8s.io/endpointslices"),  # the -active slice re-pointed: a later failover
+    ("patch", "policy/poddisruptionbudgets"),  # drainWithoutStandby: Evict, a drain with no standby
     # The epoch's compare-and-swap reads the object only when kopf's live view was behind (epochs.py).
     ("get", "broker.failover.dev/brokerclusters"),
     # Converting a -active Service of the selector era (test_active_service.py takes this path):

@@ -421,6 +421,31 @@ class OperatorPods:
         return peer
 
 
+def build_active_disruption_budget(owner: Mapping[str, Any], *, evictable: bool) -> Manifest:
+    """``<cluster>-active``: the eviction API refuses (429) to evict the pod labelled active, so a
+    drain waits while the operator switches over to a standby on another node; the label then
+    moves and the old pod is evicted like any standby. ``evictable`` (spec.drainWithoutStandby:
+    Evict, and no standby can take over) lets the eviction through.
+
+    An active that is not Ready may always be evicted (``unhealthyPodEvictionPolicy``): it serves
+    nothing, and keeping it would only block the drain. ``minAvailable`` as a number, not
+    ``maxUnavailable``: for the latter the disruption controller needs the pods' owner to have a
+    scale subresource, which a BrokerCluster has not, and without it the budget never allows anything.
+    """
+    cluster = owner["metadata"]["name"]
+    selector = {**cluster_labels(cluster), names.LABEL_ROLE: names.ROLE_ACTIVE}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _owned_meta(owner, names.disruption_budget_name(cluster), cluster_labels(cluster)),
+        "spec": {
+            "minAvailable": 0 if evictable else 1,
+            "selector": {"matchLabels": selector},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: OperatorPods) -> Manifest:
     """``<cluster>-brokers-ingress``: the admin port from the operator only, the main port from the
     listed sources (``spec.networkPolicy.sendMessagesFrom``; every source when it is absent).

@@ -25,9 +25,15 @@ class ControllerContext:
     settings: ControllerSettings
     api: KubeApi
     observations: dict[tuple[str, str], ClusterObservations] = field(default_factory=dict)
+    # Nodes being drained (cordoned, or marked for deletion), from the node watch; every cluster's
+    # observations hold this same set.
+    draining_nodes: set[str] = field(default_factory=set)
 
     def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
-        return self.observations.setdefault((namespace, cluster), ClusterObservations())
+        key = (namespace, cluster)
+        if key not in self.observations:
+            self.observations[key] = ClusterObservations(draining_nodes=self.draining_nodes)
+        return self.observations[key]
 
 
 def context_from(memo: Mapping[str, Any]) -> ControllerContext:

@@ -40,6 +40,7 @@ from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.conflicts import PairClaim, pair_key
 from broker_operator.controller.context import context_from
 from broker_operator.controller.daemon import run_cluster_heartbeats
+from broker_operator.controller.observed import node_draining
 from broker_operator.controller.peering import join_peering, own_identity
 from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
 from broker_operator.controller.settings import ControllerSettings, peering_priority_from
@@ -271,7 +272,32 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         context.observations_for(*key).claims[name] = cast(ClaimBody, dict(body))
 
     _register_child_deletion(registry, "Service", "services")
+    _register_failover_watches(registry)
+
+
+def _register_failover_watches(registry: kopf.OperatorRegistry) -> None:
+    """The watches that wake an engine between heartbeats: its Service's slice, its pods' nodes."""
     _register_active_slice_watch(registry)
+    _register_node_watch(registry)
+
+
+def _register_node_watch(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.event("v1", "nodes", id="observe-node-drains", registry=registry)
+    async def observe_node(*, event: kopf.RawEvent, body: kopf.Body, name: str, memo: Any, **_: Any) -> None:
+        # A drain cordons the node before it evicts: the engine of every cluster with a pod there
+        # re-evaluates at once, so its active moves off by a planned switchover while the
+        # PodDisruptionBudget holds the eviction back.
+        context = context_from(memo)
+        draining = event.get("type") != "DELETED" and node_draining(body)
+        if draining == (name in context.draining_nodes):
+            return
+        if draining:
+            context.draining_nodes.add(name)
+        else:
+            context.draining_nodes.discard(name)
+        for observations in context.observations.values():
+            if observations.runs_on(name) and observations.wake is not None:
+                observations.wake()
 
 
 def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural: str) -> None:

@@ -39,6 +39,7 @@ class KubeApi:
         self._custom = kubernetes.client.CustomObjectsApi(api_client)
         self._networking = kubernetes.client.NetworkingV1Api(api_client)
         self._discovery = kubernetes.client.DiscoveryV1Api(api_client)
+        self._policy = kubernetes.client.PolicyV1Api(api_client)
 
     async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
         body = await asyncio.to_thread(
@@ -111,7 +112,8 @@ class KubeApi:
             )
 
     async def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a core/v1 object, NetworkPolicy or EndpointSlice unless it exists; True if created now."""
+        """Create a core/v1 object, NetworkPolicy, EndpointSlice or PodDisruptionBudget unless it exists;
+        True if created now."""
         namespace = manifest["metadata"]["namespace"]
         creators: dict[str, Callable[..., object]] = {
             "Pod": self._core.create_namespaced_pod,
@@ -120,6 +122,7 @@ class KubeApi:
             "Secret": self._core.create_namespaced_secret,
             "NetworkPolicy": self._networking.create_namespaced_network_policy,
             "EndpointSlice": self._discovery.create_namespaced_endpoint_slice,
+            "PodDisruptionBudget": self._policy.create_namespaced_pod_disruption_budget,
         }
         create = creators[manifest["kind"]]
         try:
@@ -140,6 +143,16 @@ class KubeApi:
             metadata["name"],
             metadata["namespace"],
             patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    async def set_min_available(self, namespace: str, name: str, min_available: int) -> None:
+        """Set a PodDisruptionBudget's ``spec.minAvailable``."""
+        await asyncio.to_thread(
+            self._policy.patch_namespaced_pod_disruption_budget,
+            name,
+            namespace,
+            {"spec": {"minAvailable": min_available}},
             _content_type="application/merge-patch+json",
         )
 

@@ -89,6 +89,11 @@ def active_service_name(cluster: str) -> str:
     return f"{cluster}-active"
 
 
+def disruption_budget_name(cluster: str) -> str:
+    """The PodDisruptionBudget that holds back an eviction of the active broker."""
+    return f"{cluster}-active"
+
+
 def network_policy_name(cluster: str) -> str:
     return f"{cluster}-brokers-ingress"
 

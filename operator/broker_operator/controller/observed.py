@@ -13,7 +13,9 @@ It holds no Kubernetes client and does no I/O; ``wake`` is the engine's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker_operator.controller import names
 from broker_operator.controller.bodies import ClaimBody, PodBody
@@ -95,11 +97,32 @@ def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTa
     return sorted(targets, key=lambda t: t.priority)
 
 
-def facts_for(pods: Mapping[str, PodBody], expected: Mapping[str, object]) -> dict[str, PodFacts]:
+def node_draining(node: Mapping[str, Any]) -> bool:
+    """A node being emptied: cordoned (``kubectl drain`` cordons first), or marked for deletion by
+    the cluster autoscaler, which taints rather than cordons."""
+    spec = node.get("spec") or {}
+    taints = spec.get("taints") or []
+    return bool(spec.get("unschedulable")) or any(t.get("key") == AUTOSCALER_DELETION_TAINT for t in taints)
+
+
+AUTOSCALER_DELETION_TAINT = "ToBeDeletedByClusterAutoscaler"
+
+
+def pod_node(pod: PodBody) -> str | None:
+    return pod.get("spec", {}).get("nodeName") or None
+
+
+def facts_for(
+    pods: Mapping[str, PodBody],
+    expected: Mapping[str, object],
+    draining_nodes: AbstractSet[str] = frozenset(),
+) -> dict[str, PodFacts]:
     """Pod facts for every expected broker name; a name without a pod is ``exists=False``."""
     return {
         name: PodFacts(
-            exists=name in pods, container_terminated=name in pods and container_terminated(pods[name])
+            exists=name in pods,
+            container_terminated=name in pods and container_terminated(pods[name]),
+            node_draining=name in pods and pod_node(pods[name]) in draining_nodes,
         )
         for name in expected
     }
@@ -145,6 +168,15 @@ class ClusterObservations:
     # The last message reported per event reason: the create handler and the timer may run on the
     # same stale body at once, and a person should see a conflict once, not once per reconcile.
     reported: dict[str, str] = field(default_factory=dict)
+    # The nodes being drained, the node watch's (one set the controller shares with every cluster).
+    draining_nodes: AbstractSet[str] = frozenset()
+    # The minAvailable the active's PodDisruptionBudget was last given, as evictable (None: not
+    # known since the operator started).
+    budget_evictable: bool | None = None
+
+    def runs_on(self, node: str) -> bool:
+        """Whether a pod of this cluster is on ``node``."""
+        return any(pod_node(pod) == node for pod in self.pods.values())
 
     def first_report(self, reason: str, message: str) -> bool:
         """True the first time ``message`` is reported for ``reason`` (since the last other message)."""

@@ -26,10 +26,11 @@ from broker_operator.controller import builders, names
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
-from broker_operator.controller.observed import pod_views
+from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
+from broker_operator.core.spec_fields import DRAIN_EVICT
 
 PHASE_PENDING = "Pending"
 PHASE_CONFLICT = "Conflict"
@@ -134,6 +135,7 @@ async def reconcile_cluster(
     await ensure_children(context, ref, parsed)
     await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
+        await ensure_disruption_budget(context, ref, parsed, status_patch)
         await roll_out(context, ref, parsed, logger)
         await apply_claim_retention(context, ref, parsed, logger)
     report_readiness(ref, status_patch, observations.pods, observations.first_report)
@@ -198,6 +200,94 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         pod = builders.build_pod(owner, ordinal, spec, active=name == active)
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+
+
+CONDITION_DRAIN = "DrainAllowed"
+
+
+@dataclass(frozen=True)
+class DrainView:
+    """The active broker against the nodes being drained: what the budget and the status say."""
+
+    active: str | None
+    node: str | None  # the active's node, when it is being drained
+    standby_elsewhere: bool  # a Ready standby on a node that is not being drained
+    evict_anyway: bool  # spec.drainWithoutStandby: Evict
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the PodDisruptionBudget lets the active be evicted now."""
+        return self.node is not None and not self.standby_elsewhere and self.evict_anyway
+
+    def condition(self) -> tuple[bool, str, str]:
+        """The ``DrainAllowed`` condition: (status, reason, message)."""
+        if self.node is None:
+            return True, "NotDraining", "the active broker's node is not being drained"
+        if self.standby_elsewhere:
+            return (
+                True,
+                "SwitchingOver",
+                (
+                    f"{self.active}'s node {self.node} is being drained: the active moves to a standby on"
+                    " another node (NodeDrain), then the drain evicts it"
+                ),
+            )
+        if self.evict_anyway:
+            return (
+                True,
+                "EvictWithoutStandby",
+                (
+                    f"{self.active}'s node {self.node} is being drained and no standby on another node is"
+                    " ready: spec.drainWithoutStandby is Evict, so the active is evicted and nobody is active"
+                    " until a broker is ready again"
+                ),
+            )
+        return (
+            False,
+            "NoStandbyElsewhere",
+            (
+                f"{self.active}'s node {self.node} is being drained and no standby on another node is ready:"
+                " the PodDisruptionBudget holds the eviction back until one is (spec.drainWithoutStandby:"
+                " Wait; Evict lets it through)"
+            ),
+        )
+
+
+def drain_view(spec: ClusterSpec, active: str | None, observations: ClusterObservations) -> DrainView:
+    draining, pods = observations.draining_nodes, observations.pods
+    node = pod_node(pods[active]) if active in pods else None
+    standby = any(
+        name != active and pod_ready(pod) and pod_node(pod) not in draining for name, pod in pods.items()
+    )
+    return DrainView(
+        active, node if node in draining else None, standby, spec.drain_without_standby == DRAIN_EVICT
+    )
+
+
+async def ensure_disruption_budget(
+    context: ControllerContext, ref: ClusterRef, spec: ClusterSpec, status_patch: MutableMapping[str, Any]
+) -> None:
+    """``<cluster>-active``, created once per generation and its ``minAvailable`` set when
+    :attr:`DrainView.evictable` changes (the first pass after a start sets it once); and the
+    ``DrainAllowed`` condition."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    view = drain_view(spec, ref.status.get("active"), observations)
+    ok, reason, message = view.condition()
+    _set_condition(ref, status_patch, CONDITION_DRAIN, ok=ok, reason=reason, message=message)
+    evictable = view.evictable
+    name = names.disruption_budget_name(ref.name)
+    key = f"PodDisruptionBudget/{name}"
+    if key not in observations.ensured:
+        manifest = builders.build_active_disruption_budget(ref.kopf_body, evictable=evictable)
+        if await context.api.create(manifest):
+            kopf.info(ref.kopf_body, reason="Created", message=f"created {key}")
+            observations.budget_evictable = evictable
+        observations.ensured.add(key)
+    if observations.budget_evictable != evictable:
+        await context.api.set_min_available(ref.namespace, name, 0 if evictable else 1)
+        observations.budget_evictable = evictable
+        if evictable:
+            kopf.warn(ref.kopf_body, reason="DrainEvictsActive", message=message)
 
 
 # The API server's answers that a NetworkPolicy cannot be made as asked: forbidden (a chart from

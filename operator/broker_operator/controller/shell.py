@@ -152,4 +152,4 @@ class KubernetesClusterShell:
     def pod_facts(self) -> Mapping[str, PodFacts]:
         if not self._manages_pods:
             return {}
-        return facts_for(self._observations.pods, self._broker_names)
+        return facts_for(self._observations.pods, self._broker_names, self._observations.draining_nodes)

@@ -138,6 +138,8 @@ class ClusterSpec:
     affinity: Mapping[str, Any] | None = None
     node_selector: Mapping[str, Any] | None = None
     tolerations: tuple[Mapping[str, Any], ...] | None = None
+    # Wait: a drain waits for a standby elsewhere before it evicts the active; Evict: it goes on.
+    drain_without_standby: str = fields.DRAIN_WITHOUT_STANDBY.default
 
     @property
     def endpoints_mode(self) -> bool:
@@ -236,6 +238,7 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
             spec, "nodeSelector", "node selector (labels)", "leave it out for any node", problems
         ),
         tolerations=_tolerations(spec, problems),
+        drain_without_standby=fields.DRAIN_WITHOUT_STANDBY.read(spec, problems),
     )
     if problems:
         raise SpecError(cluster, problems)

@@ -245,6 +245,7 @@ def failback_target(state: EngineState, config: ClusterConfig, now: float) -> st
             broker is not None
             and broker.in_spec
             and broker.ready
+            and not broker.draining
             and broker.ready_since is not None
             and now - broker.ready_since >= settings.failback_stable_seconds
             and (broker.activation_failed_at is None or now - broker.activation_failed_at >= holdoff)
@@ -262,9 +263,60 @@ def failback_target(state: EngineState, config: ClusterConfig, now: float) -> st
     return None
 
 
+def _drain_target(state: EngineState, config: ClusterConfig) -> str | None:
+    """The broker to move the active to off a draining node: a ready standby elsewhere, in the
+    order a move tries them (preferredActive first, then by priority)."""
+    for name in preference_order(config, None):
+        broker = state.broker(name)
+        if (
+            broker is not None
+            and name != state.active
+            and broker.in_spec
+            and broker.ready
+            and not broker.draining
+        ):
+            return name
+    return None
+
+
+def _consider_drain(state: EngineState, config: ClusterConfig, now: float) -> EngineState | None:
+    """A switchover off the active's draining node (the state with that move), the state with a
+    DrainBlocked event if no broker can take over, or None when the active's node is not draining."""
+    active = state.broker(state.active or "")
+    if active is None or not active.draining:
+        return None
+    goal = _drain_target(state, config)
+    if goal is None:
+        if state.drain_blocked_reported:
+            return state
+        return replace(state, drain_blocked_reported=True).with_event(
+            "DrainBlocked",
+            f"{active.name} is active on a node being drained and no ready standby on another node can"
+            " take over; its eviction waits until one is ready (spec.drainWithoutStandby: Wait), or"
+            " is let through with nobody active until it restarts (Evict)",
+            True,
+        )
+    move = Move(
+        MoveKind.SWITCHOVER,
+        from_=active.name,
+        reason="NodeDrain",
+        started_at=now,
+        order=preference_order(config, goal),
+        first=goal,
+    )
+    return replace(state, move=move, drain_blocked_reported=False)
+
+
 def _consider_planned_move(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
     if state.move is not None or state.active is None:
         return state
+    drained = _consider_drain(state, config, now)
+    if drained is not None:
+        return drained
+    return _consider_preferred_or_failback(replace(state, drain_blocked_reported=False), config, now)
+
+
+def _consider_preferred_or_failback(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
     preferred = config.preferred_active
     if preferred != state.honoured_preferred:
         if preferred is None or preferred == state.active:
@@ -279,7 +331,7 @@ def _consider_planned_move(state: EngineState, config: ClusterConfig, now: float
                 True,
             )
         target = state.broker(preferred)
-        if target is None or not target.ready:
+        if target is None or not target.ready or target.draining:
             return state  # wait: it is probed every interval until it is a ready standby
         kind, reason, goal = MoveKind.SWITCHOVER, "PreferredActive", preferred
         state = replace(state, honoured_preferred=preferred)

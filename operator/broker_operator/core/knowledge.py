@@ -92,6 +92,7 @@ class BrokerKnowledge:
     activation_message: str | None = None
     reported_epoch: int = -1  # highest epoch it ever reported (-1: never heard)
     dead: bool = False  # Kubernetes says its container terminated or its pod is gone
+    draining: bool = False  # its pod's node is being drained (PodFacts.node_draining)
     # When the operator proved the process at ``url`` gone (its watch ended, its port refused):
     # an active fails over at once. Cleared by any answer, which only a live process gives.
     gone_at: float | None = None
@@ -187,6 +188,8 @@ class EngineState:
     # epoch as the one it fenced itself at): the next activation, of the holder too,
     # needs a new epoch, as the design's "epoch+1" for every failover says.
     epoch_ended: bool = False
+    # The active's node is being drained and no standby could take over: said once per drain.
+    drain_blocked_reported: bool = False
 
     def broker(self, name: str) -> BrokerKnowledge | None:
         return next((b for b in self.brokers if b.name == name), None)
@@ -351,6 +354,8 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
         fact = facts.get(broker.name)
         if fact is None:
             continue
+        if fact.node_draining != broker.draining:
+            state = state.with_broker(broker.name, draining=fact.node_draining)
         if fact.dead and not broker.dead:
             code = "CONTAINER_TERMINATED" if fact.exists else "POD_NOT_FOUND"
             message = (

@@ -75,6 +75,9 @@ class PodFacts:
 
     exists: bool
     container_terminated: bool
+    # The pod's node is being drained (cordoned, or marked for removal): the broker must not stay
+    # or become active there, and an active moves off it by a planned switchover.
+    node_draining: bool = False
 
     @property
     def dead(self) -> bool:

@@ -165,6 +165,11 @@ MESSAGE_LOG_MOUNT: Final = TextField("messageLog.mountPath", "/var/lib/broker/me
 # Off unless asked for: a policy that admits SendMessages from listed sources only would cut off a
 # backend nobody listed, so an upgrade never turns it on for a running cluster.
 NETWORK_POLICY_ENABLED: Final = BooleanField("networkPolicy.enabled", False)
+# What a drain does to an active broker that no standby on another node can relieve: Wait (its
+# PodDisruptionBudget refuses the eviction until one can) or Evict (nobody is active until it
+# restarts elsewhere; nothing is lost, the backend resends).
+DRAIN_EVICT: Final = "Evict"
+DRAIN_WITHOUT_STANDBY: Final = ChoiceField("drainWithoutStandby", ("Wait", DRAIN_EVICT), "Wait")
 # In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
 # cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
 MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
@@ -193,6 +198,7 @@ FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField | Boole
     MESSAGE_LOG_MOUNT,
     MESSAGE_LOG_SCHEDULE,
     NETWORK_POLICY_ENABLED,
+    DRAIN_WITHOUT_STANDBY,
 )
 """Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
 

@@ -404,3 +404,20 @@ def test_a_given_affinity_replaces_the_spread_and_scheduling_fields_roll_the_pod
     }
     expected = hashlib.sha256(json.dumps(without_scheduling, sort_keys=True, separators=(",", ":")).encode())
     assert builders.template_hash("orders", base) == expected.hexdigest()[:16]
+
+
+def test_the_disruption_budget_covers_only_the_active_and_lets_it_go_only_when_told() -> None:
+    held = builders.build_active_disruption_budget(OWNER, evictable=False)
+    assert (held["apiVersion"], held["kind"], held["metadata"]["name"]) == (
+        "policy/v1",
+        "PodDisruptionBudget",
+        "orders-active",
+    )
+    assert held["spec"]["minAvailable"] == 1
+    assert builders.build_active_disruption_budget(OWNER, evictable=True)["spec"]["minAvailable"] == 0
+    selector = held["spec"]["selector"]["matchLabels"]
+    spec = parse_spec("orders", {"account": "a", "company": "c"})
+    active, standby = (builders.build_pod(OWNER, i, spec, active=i == 0) for i in (0, 1))
+    assert active["metadata"]["labels"].items() >= selector.items()
+    assert not standby["metadata"]["labels"].items() >= selector.items()
+    assert held["metadata"]["ownerReferences"][0]["uid"] == "uid-1"

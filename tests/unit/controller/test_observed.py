@@ -11,8 +11,10 @@ from broker_operator.controller.observed import (
     admin_port,
     container_terminated,
     facts_for,
+    node_draining,
     targets_for,
 )
+from broker_operator.controller.reconcile import drain_view
 from broker_operator.controller.spec import parse_spec
 from broker_operator.core.model import BrokerTarget, PodFacts
 
@@ -130,3 +132,43 @@ def test_a_pod_replaced_with_an_admin_port_retargets_the_engine() -> None:
     observations.observe("orders-0", pod(0, "127.0.0.10"))
     targets_changed, _ = observations.observe("orders-0", with_ports(pod(0, "127.0.0.10"), ("admin", 8081)))
     assert targets_changed
+
+
+def placed(ordinal: int, node: str, *, ready: bool = True) -> PodBody:
+    body: Any = pod(ordinal, f"127.0.0.1{ordinal}", conditions=[{"type": "Ready", "status": str(ready)}])
+    body["spec"] = {"nodeName": node}
+    return body  # type: ignore[no-any-return]
+
+
+def test_a_cordoned_or_autoscaler_marked_node_is_draining_and_its_pods_say_so() -> None:
+    assert node_draining({"spec": {"unschedulable": True}})
+    assert node_draining(
+        {"spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}
+    )
+    assert not node_draining({"spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}})
+    assert not node_draining({"spec": {}})
+    pods = {"orders-0": placed(0, "node-1"), "orders-1": placed(1, "node-2")}
+    facts = facts_for(pods, {"orders-0": None, "orders-1": None, "orders-2": None}, {"node-1"})
+    assert [facts[n].node_draining for n in ("orders-0", "orders-1", "orders-2")] == [True, False, False]
+
+
+def test_the_drain_view_says_whether_the_active_can_move_or_be_evicted() -> None:
+    observations = ClusterObservations(draining_nodes={"node-1"})
+    observations.pods = {"orders-0": placed(0, "node-1"), "orders-1": placed(1, "node-2")}
+    wait = parse_spec("orders", {"account": "a", "company": "c"})
+    evict = parse_spec("orders", {"account": "a", "company": "c", "drainWithoutStandby": "Evict"})
+    # A ready standby elsewhere: the operator switches over; the budget never lets the active go.
+    view = drain_view(wait, "orders-0", observations)
+    assert (view.node, view.condition()[:2], view.evictable) == ("node-1", (True, "SwitchingOver"), False)
+    assert not drain_view(evict, "orders-0", observations).evictable
+    # The standby not ready, or on a draining node too: Wait blocks, Evict lets the eviction through.
+    observations.pods["orders-1"] = placed(1, "node-2", ready=False)
+    assert drain_view(wait, "orders-0", observations).condition()[:2] == (False, "NoStandbyElsewhere")
+    assert drain_view(evict, "orders-0", observations).evictable
+    observations.pods["orders-1"] = placed(1, "node-1")
+    assert drain_view(evict, "orders-0", observations).condition()[:2] == (True, "EvictWithoutStandby")
+    # The active's own node not draining: nothing to say, nothing to let through.
+    view = drain_view(
+        evict, "orders-1", ClusterObservations(draining_nodes={"node-9"}, pods=observations.pods)
+    )
+    assert (view.node, view.condition()[1], view.evictable) == (None, "NotDraining", False)

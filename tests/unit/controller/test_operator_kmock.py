@@ -69,8 +69,13 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         # No broker answers here (kmock runs no pods): valid, and not Ready yet, saying why.
         assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
             ("SpecValid", "True", "Valid"),
+            ("DrainAllowed", "True", "NotDraining"),
             ("Ready", "False", "WaitingForBrokers"),
         ]
+        # The budget that holds back a drain's eviction of the active, owned like every child.
+        (budget,) = objects_of(kmock, "policy/v1/poddisruptionbudgets").values()
+        assert budget["metadata"]["name"] == "orders-active" and budget["spec"]["minAvailable"] == 1
+        assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-orders"
         assert any(e["reason"] == "Created" for e in events_of(kmock, "orders"))
 
 

@@ -116,6 +116,8 @@ class World:
     # Requests go to whatever process listens at the URL the engine used: an engine
     # that has not seen a re-addressing yet still reaches the old process.
     by_url: dict[str, SimBroker] = field(default_factory=dict)
+    # Brokers whose pod's node is being drained (pod mode): PodFacts.node_draining.
+    draining: set[str] = field(default_factory=set)
 
     @classmethod
     def create(
@@ -218,7 +220,11 @@ class World:
         if not self.pod_mode:
             return {}
         return {
-            t.name: PodFacts(exists=True, container_terminated=not self.brokers[t.name].alive)
+            t.name: PodFacts(
+                exists=True,
+                container_terminated=not self.brokers[t.name].alive,
+                node_draining=t.name in self.draining,
+            )
             for t in self.config.targets
         }
 

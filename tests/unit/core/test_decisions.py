@@ -199,6 +199,42 @@ def test_planned_switchover_allocates_then_drains_then_activates() -> None:
     assert world.state.last_move is not None and world.state.last_move.reason == "PreferredActive"
 
 
+def test_a_drain_of_the_actives_node_switches_over_to_a_standby_elsewhere() -> None:
+    world = World.create(["b0", "b1", "b2"], FAST, pod_mode=True)
+    world.run(3.0)
+    assert world.actives() == ["b0"]
+    world.draining = {"b0", "b1"}  # b1's node is drained too: b2 is the only place to go
+    world.run(2.0)
+    assert world.actives() == ["b2"]
+    assert world.state.last_move is not None and world.state.last_move.reason == "NodeDrain"
+    assert [e.reason for e in world.events][-1] == "Switchover"
+    assert "Failover" not in [e.reason for e in world.events]  # planned, with no overlap or gap in the lease
+    # Automatic failback does not return to a broker whose node is still draining ...
+    world.run(3 * FAST.failback_stable_seconds)
+    assert world.actives() == ["b2"]
+    # ... and does once it is uncordoned and has been ready for failbackStableSeconds.
+    world.draining = set()
+    world.run(3 * FAST.failback_stable_seconds)
+    assert world.actives() == ["b0"]
+
+
+def test_a_drain_with_no_standby_elsewhere_keeps_the_active_and_says_why_once() -> None:
+    world = World.create(["b0", "b1"], FAST, pod_mode=True)
+    world.run(3.0)
+    world.draining = {"b0", "b1"}
+    world.run(5.0)
+    assert world.actives() == ["b0"]
+    blocked = [e for e in world.events if e.reason == "DrainBlocked"]
+    assert len(blocked) == 1 and blocked[0].warning and "b0" in blocked[0].message
+    world.draining = {"b0"}  # b1's node uncordoned: the switchover can go now
+    world.run(2.0)
+    assert world.actives() == ["b1"]
+    world.draining = {"b1"}  # a second drain, of b1's node, is reported again if blocked
+    world.brokers["b0"].alive = False
+    world.run(3.0)
+    assert len([e for e in world.events if e.reason == "DrainBlocked"]) == 2
+
+
 def test_unknown_preferred_active_is_refused_with_an_event() -> None:
     world = World.create(["b0", "b1"], FAST, preferred=None)
     world.run(2.0)

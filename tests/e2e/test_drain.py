@@ -1,0 +1,189 @@
+"""``kubectl drain`` of the active broker's node hands the active over first, under traffic.
+
+On three nodes, with the brokers spread over them: the drain cordons the node, and its eviction of
+the active broker is refused (429) by the cluster's PodDisruptionBudget ``<name>-active``, so
+``kubectl drain`` retries. Meanwhile the operator, woken by the cordon, makes a planned switchover
+to a standby on another node (reason ``NodeDrain``: no overlap, no failover). The old active's
+role label then moves, the budget no longer covers it, and the drain evicts it and completes. The
+operator re-creates the evicted broker on a node that is not cordoned, and the simulators' records
+show nothing lost, duplicated or out of order.
+
+The drain is limited to the brokers' and the operator's pods (``--pod-selector``): the simulators
+are bare pods of this test, with no controller to re-create them, which a real drain would refuse
+without ``--force``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from local_cluster.relay import CLUSTER_NAME, Relay, RelayError, deploy_relay
+from local_cluster.sealed_cluster import SealedCluster
+from tests.e2e.support import wait_for
+
+pytestmark = pytest.mark.three_nodes
+
+STREAMS, MESSAGES = 4, 400  # per stream, per direction
+DRAINED_PODS = "app.kubernetes.io/name in (broker, broker-failover)"
+
+
+@pytest.fixture
+def relay(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
+    namespace = f"drain-{uuid.uuid4().hex[:6]}"
+    sealed_cluster_three_nodes.kubectl("create", "namespace", namespace)
+    relay = deploy_relay(
+        sealed_cluster_three_nodes,
+        namespace,
+        streams=STREAMS,
+        messages_per_stream=MESSAGES,
+        helm_values={"operator.replicas": "2", "operator.peering": f"peering-{namespace}"},
+        spec={"replicas": 3, "failback": "Manual"},
+    )
+    yield relay
+    relay.uninstall()
+    sealed_cluster_three_nodes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def single_broker(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
+    """One broker: no standby anywhere to hand over to."""
+    namespace = f"drain1-{uuid.uuid4().hex[:6]}"
+    sealed_cluster_three_nodes.kubectl("create", "namespace", namespace)
+    relay = deploy_relay(
+        sealed_cluster_three_nodes,
+        namespace,
+        streams=STREAMS,
+        messages_per_stream=MESSAGES,
+        spec={"replicas": 1},
+    )
+    yield relay
+    relay.uninstall()
+    sealed_cluster_three_nodes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _events(relay: Relay) -> list[str]:
+    listed = relay.get("events", "--field-selector", f"involvedObject.name={CLUSTER_NAME}") or {}
+    return [event["reason"] for event in listed.get("items") or []]
+
+
+def _drain_condition(relay: Relay) -> tuple[str, str] | None:
+    for condition in relay.status().get("conditions") or []:
+        if condition["type"] == "DrainAllowed":
+            return condition["status"], condition["reason"]
+    return None
+
+
+def _disruptions_allowed(relay: Relay) -> int | None:
+    """What kube-controller-manager's disruption controller computed for the active's budget."""
+    budget = relay.get("poddisruptionbudget", f"{CLUSTER_NAME}-active") or {}
+    status = budget.get("status") or {}
+    return int(status["disruptionsAllowed"]) if status.get("observedGeneration") else None
+
+
+def _node_of(relay: Relay, pod: str) -> str:
+    return str(relay.pod(pod)["spec"]["nodeName"])
+
+
+def test_a_drain_of_the_actives_node_switches_over_first_then_evicts(relay: Relay) -> None:
+    cluster = relay.cluster
+    budget = relay.get("poddisruptionbudget", f"{CLUSTER_NAME}-active")
+    assert budget is not None and budget["spec"]["minAvailable"] == 1, budget
+    # The disruption controller counts the one active pod and allows no eviction of it.
+    wait_for("the budget computed", lambda: _disruptions_allowed(relay) == 0)
+    relay.backend("/sim/start", {})
+    wait_for(
+        "a third of the messages confirmed",
+        lambda: int(relay.backend("/sim/status")["confirmed"]) >= STREAMS * MESSAGES // 3,
+        timeout=120,
+    )
+    before = relay.status()
+    old_active = before["active"]
+    node = _node_of(relay, old_active)
+    started = time.monotonic()
+    try:
+        drain = cluster.kubectl(
+            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
+            "--delete-emptydir-data", "--timeout=150s", timeout=180, check=False,
+        )  # fmt: skip
+        drain_seconds = time.monotonic() - started
+        assert drain.returncode == 0, f"kubectl drain failed:\n{drain.stdout}\n{drain.stderr}"
+        print(f"drain of {node} took {drain_seconds:.1f}s")
+        after = relay.status()
+        assert after["active"] != old_active, after
+        assert _node_of(relay, after["active"]) != node
+        last = after["lastFailover"]
+        assert (last["from"], last["to"], last["reason"]) == (old_active, after["active"], "NodeDrain"), last
+        # Whether kubectl's first eviction came before the switchover (and was refused) is a race;
+        # the output says which.
+        refused = "disruption budget" in drain.stdout + drain.stderr
+        print(f"an eviction of {old_active} was refused by the budget first: {refused}")
+        # The evicted broker comes back on a node that is not cordoned, as a standby.
+        wait_for(
+            f"{old_active} re-created off {node} and ready",
+            lambda: relay.pod_ready(old_active) and _node_of(relay, old_active) != node,
+            timeout=180,
+        )
+        try:
+            relay.wait_all_confirmed()
+        except RelayError as error:
+            pytest.fail(f"{error}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
+        assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+        reasons = _events(relay)
+        assert "Switchover" in reasons and "Failover" not in reasons, reasons
+    finally:
+        cluster.kubectl("uncordon", node, check=False)
+
+
+def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(single_broker: Relay) -> None:
+    relay, cluster = single_broker, single_broker.cluster
+    relay.backend("/sim/start", {})
+    wait_for(
+        "a third of the messages confirmed",
+        lambda: int(relay.backend("/sim/status")["confirmed"]) >= STREAMS * MESSAGES // 3,
+        timeout=120,
+    )
+    active = relay.status()["active"]
+    node = _node_of(relay, active)
+    try:
+        # Wait (the default): the budget refuses the eviction for as long as the drain tries.
+        blocked = cluster.kubectl(
+            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets", "--timeout=20s",
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert blocked.returncode != 0, blocked.stdout
+        assert "disruption budget" in blocked.stdout + blocked.stderr, blocked.stderr
+        assert relay.status()["active"] == active and _node_of(relay, active) == node
+        wait_for(
+            "the DrainAllowed condition False",
+            lambda: _drain_condition(relay) == ("False", "NoStandbyElsewhere"),
+        )
+        assert "DrainBlocked" in _events(relay)
+        # Evict: the same drain goes through; nobody is active until the broker runs elsewhere.
+        cluster.kubectl(
+            "-n", relay.namespace, "patch", "brokercluster", CLUSTER_NAME, "--type=merge",
+            "-p", '{"spec": {"drainWithoutStandby": "Evict"}}',
+        )  # fmt: skip
+        # The disruption controller's own figure, not only the spec: it is what the eviction API reads.
+        wait_for("the budget letting the active go", lambda: _disruptions_allowed(relay) == 1)
+        evicted = cluster.kubectl(
+            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets", "--timeout=120s",
+            timeout=150, check=False,
+        )  # fmt: skip
+        assert evicted.returncode == 0, f"{evicted.stdout}\n{evicted.stderr}"
+        assert "DrainEvictsActive" in _events(relay)
+        wait_for(
+            f"{active} active again off {node}",
+            lambda: relay.status().get("active") == active and _node_of(relay, active) != node,
+            timeout=180,
+        )
+        try:
+            relay.wait_all_confirmed()
+        except RelayError as error:
+            pytest.fail(f"{error}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
+        assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+    finally:
+        cluster.kubectl("uncordon", node, check=False)
