@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kube-proxy, kubelet, etcd, a minimal CoreDNS, helm) into a
-# cache outside git.
+# kube-scheduler, kube-proxy, kubelet, etcd, a minimal CoreDNS, helm, kind's
+# local-path-provisioner) into a cache outside git.
 #
 # Why one `go build` for all of them: they share most of their dependency graph
 # (apimachinery, client-go, grpc, prometheus, ...), and a single invocation
@@ -46,6 +46,13 @@ targets=(
   ./cmd/coredns
   helm.sh/helm/v3/cmd/helm
 )
+# kind's local-path-provisioner imports logrus under its old name, github.com/Sirupsen/logrus,
+# while the others import github.com/sirupsen/logrus; one `go build` refuses both spellings in
+# one load ("case-insensitive import collision"). So it gets a second `go build` in this same
+# module, after the first: the same versions of client-go and the rest, whose compiled packages
+# it takes from Go's build cache (about five packages of its own to compile, seconds).
+second_tool=local-path-provisioner
+second_target=github.com/rancher/local-path-provisioner
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
@@ -53,7 +60,7 @@ if [[ "${1:-}" == "--print" ]]; then
 fi
 
 complete=1
-for tool in "${tools[@]}"; do
+for tool in "${tools[@]}" "$second_tool"; do
   [[ -x "$bin_dir/$tool" ]] || complete=0
 done
 if [[ $complete == 1 ]]; then
@@ -76,7 +83,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export GOFLAGS="-mod=readonly"
 
 start=$SECONDS
-echo ">> building ${tools[*]} (pins $pin_hash) into $bin_dir" >&2
+echo ">> building ${tools[*]} $second_tool (pins $pin_hash) into $bin_dir" >&2
 echo ">> the first build downloads modules and compiles ~2800 packages; expect many minutes" >&2
 
 cd "$here"
@@ -89,6 +96,7 @@ echo ">> [$((SECONDS - start))s] modules ready" >&2
 kube_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
 coredns_version="$(go list -m -f '{{.Version}}' github.com/coredns/coredns)"
+local_path_version="$(go list -m -f '{{.Version}}' github.com/rancher/local-path-provisioner)"
 kube_minor="$(cut -d. -f2 <<<"$kube_version")"
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -102,6 +110,9 @@ done
 # CoreDNS's own builds put the commit here; `coredns -version` prints it.
 ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version"
 build_flags=(-trimpath "-ldflags=$ldflags")
+# local-path-provisioner's release builds set its main.VERSION (`--version` prints it). Only its
+# own link gets this flag: the flags are recorded in each binary, and the others stay as they were.
+second_build_flags=(-trimpath "-ldflags=$ldflags -X main.VERSION=$local_path_version")
 
 # How many packages `go build -v` will name, at most: the non-main packages
 # `go list` calls stale with these flags, i.e. not in Go's build cache (`go
@@ -155,7 +166,11 @@ progress() {
 nice -n 10 go build -v "${build_flags[@]}" -o "$scratch/" "${targets[@]}" 2>&1 |
   report_build_progress "$to_compile" >&2
 
-for tool in "${tools[@]}"; do
+echo ">> [$((SECONDS - start))s] compiling and linking $second_target (a go build of its own, same module)" >&2
+nice -n 10 go build -v "${second_build_flags[@]}" -o "$scratch/" "$second_target" 2>&1 |
+  report_build_progress 0 >&2
+
+for tool in "${tools[@]}" "$second_tool"; do
   if [[ ! -x "$scratch/$tool" ]]; then
     echo ">> build did not produce $tool; see the errors above" >&2
     exit 1
@@ -164,5 +179,5 @@ done
 rm -rf "$bin_dir"
 mv "$scratch" "$bin_dir"
 trap - EXIT
-echo ">> [$((SECONDS - start))s] built ${tools[*]} into $bin_dir" >&2
+echo ">> [$((SECONDS - start))s] built ${tools[*]} $second_tool into $bin_dir" >&2
 echo "$bin_dir"
