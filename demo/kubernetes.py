@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     say(
         1,
         "the Kubernetes tools (etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, CoreDNS,"
-        " helm) and our images, each built once",
+        " helm, local-path-provisioner) and our images, each built once",
     )
     tools = build_tools()
     try:
