@@ -54,6 +54,7 @@ from local_cluster.relay import (
     SIM_PORT,
     Relay,
     RelayError,
+    message_log_claim,
     simulator_objects,
     wait_until,
 )
@@ -219,14 +220,12 @@ def install_chart(kubectl: Kubectl) -> None:
     say(3, "helm install: the operator, the CRD, least-privilege RBAC and the validator's CronJob")
     kubectl.run("create", "namespace", NAMESPACE)
     wait_for("the namespace's default ServiceAccount", lambda: kubectl.get("serviceaccount", "default"), 30)
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": STORE_CLAIM},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
+    claim = message_log_claim()
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(claim), echo=False)
-    note(f"(the shared message-log claim {STORE_CLAIM} the example names, created first)")
+    note(
+        f"(the shared message-log claim {STORE_CLAIM} the example names, created first:"
+        f" ReadWriteMany, class {claim['spec']['storageClassName']})"
+    )
     installed = kubectl.helm(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--set", f"operator.watchNamespaces={{{NAMESPACE}}}",
@@ -267,8 +266,8 @@ def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
 
 def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
     kubectl = Kubectl(cluster)
-    store = cluster.state_dir / "claims" / NAMESPACE / STORE_CLAIM
     install_chart(kubectl)
+    store = cluster.claim_volume_path(NAMESPACE, STORE_CLAIM)  # the bound PV's path
     relay = start_simulators(kubectl, messages)
 
     say(5, f"kubectl apply -f examples/{EXAMPLE.name}: BrokerCluster {CLUSTER}, two broker pods")
@@ -358,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     say(
         1,
         "the Kubernetes tools (etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, CoreDNS,"
-        " helm) and our images, each built once",
+        " helm, local-path-provisioner) and our images, each built once",
     )
     tools = build_tools()
     try:

@@ -17,7 +17,7 @@ TEST_PREREQS += tools host-packages
 ##@ Local cluster
 
 .PHONY: tools
-tools: ## Build kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS) and helm from the Go pins (cached outside git; no-op when built).
+tools: ## Build kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS), helm and local-path-provisioner from the Go pins (cached outside git; no-op when built).
 	@$(TOOLS_BUILD) >/dev/null
 
 .PHONY: host-packages

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kube-proxy, kubelet, etcd, a minimal CoreDNS, helm) into a
-# cache outside git.
+# kube-scheduler, kube-proxy, kubelet, etcd, a minimal CoreDNS, helm, kind's
+# local-path-provisioner) into a cache outside git.
 #
 # Why one `go build` for all of them: they share most of their dependency graph
 # (apimachinery, client-go, grpc, prometheus, ...), and a single invocation
@@ -48,13 +48,20 @@ targets=(
   ./cmd/coredns
   helm.sh/helm/v3/cmd/helm
 )
+# kind's local-path-provisioner imports logrus under its old name, github.com/Sirupsen/logrus,
+# while the others import github.com/sirupsen/logrus; one `go build` refuses both spellings in
+# one load ("case-insensitive import collision"). So it gets a second `go build` in this same
+# module, after the first: the same versions of client-go and the rest, whose compiled packages
+# it takes from Go's build cache (about five packages of its own to compile, seconds).
+second_tool=local-path-provisioner
+second_target=github.com/rancher/local-path-provisioner
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
   exit 0
 fi
 
-if all_present "$bin_dir" "${tools[@]}"; then
+if all_present "$bin_dir" "${tools[@]}" "$second_tool"; then
   echo ">> tools up to date (pins $pin_hash)" >&2
   echo "$bin_dir"
   exit 0
@@ -63,7 +70,7 @@ fi
 new_scratch "$cache_root/$pin_hash"
 
 start=$SECONDS
-echo ">> building ${tools[*]} (pins $pin_hash) into $bin_dir" >&2
+echo ">> building ${tools[*]} $second_tool (pins $pin_hash) into $bin_dir" >&2
 echo ">> the first build downloads modules and compiles ~2800 packages; expect many minutes" >&2
 
 cd "$here"
@@ -76,6 +83,7 @@ echo ">> [$((SECONDS - start))s] modules ready" >&2
 kube_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
 coredns_version="$(go list -m -f '{{.Version}}' github.com/coredns/coredns)"
+local_path_version="$(go list -m -f '{{.Version}}' github.com/rancher/local-path-provisioner)"
 kube_minor="$(cut -d. -f2 <<<"$kube_version")"
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -89,9 +97,16 @@ done
 # CoreDNS's own builds put the commit here; `coredns -version` prints it.
 ldflags+=" -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version"
 build_flags=(-trimpath "-ldflags=$ldflags")
+# local-path-provisioner's release builds set its main.VERSION (`--version` prints it). Only its
+# own link gets this flag: the flags are recorded in each binary, and the others stay as they were.
+second_build_flags=(-trimpath "-ldflags=$ldflags -X main.VERSION=$local_path_version")
 
 go_build_with_progress "${targets[@]}"
 
-install_scratch "$bin_dir" "${tools[@]}"
-echo ">> [$((SECONDS - start))s] built ${tools[*]} into $bin_dir" >&2
+echo ">> [$((SECONDS - start))s] compiling and linking $second_target (a go build of its own, same module)" >&2
+build_flags=("${second_build_flags[@]}")
+go_build_with_progress "$second_target"
+
+install_scratch "$bin_dir" "${tools[@]}" "$second_tool"
+echo ">> [$((SECONDS - start))s] built ${tools[*]} $second_tool into $bin_dir" >&2
 echo "$bin_dir"

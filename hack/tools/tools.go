@@ -6,6 +6,7 @@
 package tools
 
 import (
+	_ "github.com/rancher/local-path-provisioner"
 	_ "helm.sh/helm/v3/cmd/helm"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"

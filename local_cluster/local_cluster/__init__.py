@@ -10,11 +10,11 @@ in network, mount and PID namespaces of its own (``netns``, ``cluster_services``
 
 Modules: ``pki`` (certificates and kubeconfigs), ``processes`` (process groups that
 never outlive us), ``control_plane`` (start and wait for the Go components), ``restarts`` (the
-API server restarted as a static pod's kubelet would), ``provisioner`` (claims to hostPath
-volumes), ``cgroups`` (the node's cgroup root), ``cluster`` (settings, kubectl/helm/API access,
-the built tools), ``cluster_cli`` (the ``make cluster-up/shell/down`` CLI, run as
-``python -m local_cluster.cluster``), ``cluster_state`` (its supervisor's state file), and on
-top ``relay`` and ``soak``.
+API server restarted as a static pod's kubelet would), ``local_path_storage`` (kind's
+local-path-provisioner and the StorageClasses claims bind through), ``cgroups`` (the node's
+cgroup root), ``cluster`` (settings, kubectl/helm/API access, the built tools), ``cluster_cli``
+(the ``make cluster-up/shell/down`` CLI, run as ``python -m local_cluster.cluster``),
+``cluster_state`` (its supervisor's state file), and on top ``relay`` and ``soak``.
 
 A package the project ships (not under ``tests/``), so that what users run, such as a demo on
 the local cluster, never imports the test suite.

@@ -11,15 +11,18 @@ runs it, as it always has.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client, config
 
 from local_cluster.control_plane import ControlPlaneStartError
+from local_cluster.local_path_storage import volume_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = (
@@ -89,11 +92,23 @@ class ClusterAccess:
     def tools_dir(self) -> Path:
         return self.settings.tools_dir
 
-    @property
-    def state_dir(self) -> Path:
-        """The node's directory: claims/<ns>/<claim> is the directory of the volume provisioned for
-        that claim (``provisioner``), gone with the claim."""
-        return self.settings.workdir / "node"
+    def claim_volume_path(self, namespace: str, claim: str, timeout: float = 120) -> Path:
+        """The directory of the volume bound to ``claim``, once it is bound: its PV's ``hostPath``
+        (``local_path_storage.volume_path``), where the provisioner put it. A claim of a
+        ``WaitForFirstConsumer`` class binds only once a pod uses it."""
+        deadline = time.monotonic() + timeout
+        phase = "absent"
+        while time.monotonic() < deadline:
+            found = self.kubectl("-n", namespace, "get", "pvc", claim, "-o", "json", check=False)
+            if found.returncode == 0:
+                body = json.loads(found.stdout)
+                phase = str((body.get("status") or {}).get("phase"))
+                volume = (body.get("spec") or {}).get("volumeName")
+                if phase == "Bound" and volume:
+                    bound = json.loads(self.kubectl("get", "pv", volume, "-o", "json").stdout)
+                    return volume_path(bound)
+            time.sleep(0.5)
+        raise TimeoutError(f"claim {namespace}/{claim} not Bound after {timeout:.0f}s (phase {phase})")
 
     @property
     def env(self) -> dict[str, str]:

@@ -26,14 +26,19 @@ does for the single node, once ``netns.set_up_cluster_network`` has made the nod
 
 Each of those starts as ``sh -c 'echo $$ > <cgroup>/cgroup.procs ...; exec nsenter --net=/run/netns/<node>
 ...'``: ``nsenter``, not ``ip netns exec``, which mounts a /sys of its own and hides the cgroup
-hierarchies from the kubelet (``../shared/design/REAL_NODE.md``). The control plane, kube-scheduler,
-the provisioner and CoreDNS are the cluster's, as with one node; the control plane listens on the
-cluster namespace's ``netns.CONTROL_PLANE_ADDRESS``, which every node reaches over its veth.
+hierarchies from the kubelet (``../shared/design/REAL_NODE.md``). The control plane and
+kube-scheduler are the cluster's, as with one node, and so are CoreDNS and kind's
+local-path-provisioner (``local_path_storage``), pods the scheduler places on any node; the control
+plane listens on the cluster namespace's ``netns.CONTROL_PLANE_ADDRESS``, which every node reaches
+over its veth.
 
 A node's process that exits does not stop the cluster (killing a whole node is a fault the tests
-inject); what this does not do yet is bring a killed node back. The provisioner's volumes are
-hostPath directories of the one machine that every node reaches: a claim's pod may run on any node,
-and its data does not die with a node (as a network volume's would not; a node-local disk's would).
+inject); what this does not do yet is bring a killed node back. Volumes are as on kind: a claim of
+the default class ``standard`` gets a directory under the node its first pod is scheduled to
+(``<workdir>/nodes/<node>/local-path``) and node affinity to it, as a node's own disk, so its pods
+stay on that node; a claim of ``shared-path`` (the message-log store) gets a directory under
+``<workdir>/shared-path``, which every node mounts (the nodes share the machine's file system, as
+nodes share an NFS export), and no node affinity.
 """
 
 from __future__ import annotations
@@ -70,8 +75,8 @@ from local_cluster.kubelet_node import (
     kill_namespace_processes,
     kubelet_config,
 )
+from local_cluster.local_path_storage import install_local_path_storage
 from local_cluster.processes import ManagedProcess
-from local_cluster.provisioner import DEFAULT_CLASS, LocalPathProvisioner
 
 KUBE_PROXY_HEALTHZ_PORT = 10256
 KUBELET_FIXED_DIR = Path("/var/lib/kubelet")
@@ -201,8 +206,8 @@ def start_cluster_nodes(
     ready_timeout_seconds: float = 180,
     background_images: Sequence[str] = (),
 ) -> ClusterNodes:
-    """Start the nodes and the control plane (module doc); return once every Node is Ready, the
-    default StorageClass exists, every kube-proxy is healthy and CoreDNS has been created."""
+    """Start the nodes and the control plane (module doc); return once every Node is Ready, every
+    kube-proxy is healthy, and CoreDNS, the provisioners and their StorageClasses have been created."""
     started = time.monotonic()
     deadline = started + ready_timeout_seconds
     root = CgroupRoot(cgroup_root_name(workdir))
@@ -293,7 +298,7 @@ def _import_on_every_node(
 
 
 def _start_node_services(cluster: ClusterNodes, tools_dir: Path, deadline: float) -> None:
-    """Every kubelet (until every Node is Ready), the provisioner, every kube-proxy and CoreDNS."""
+    """Every kubelet (until every Node is Ready), every kube-proxy, CoreDNS and the provisioners."""
     plane = cluster.control_plane
     KUBELET_FIXED_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -314,10 +319,6 @@ def _start_node_services(cluster: ClusterNodes, tools_dir: Path, deadline: float
                 log = _tail(node.kubelet.log_path)
                 raise KubeletNodeError(f"node {node.name} did not become Ready:\n{log}")
             time.sleep(0.2)
-    first, *others = [node.name for node in cluster.nodes]
-    LocalPathProvisioner(
-        plane.admin_kubeconfig, cluster.workdir / "node", first, cluster.stopping, other_nodes=others
-    ).start()
     for node in cluster.nodes:
         node.kube_proxy = start_kube_proxy(
             plane,
@@ -327,15 +328,15 @@ def _start_node_services(cluster: ClusterNodes, tools_dir: Path, deadline: float
             healthz=f"{node.network.address}:{KUBE_PROXY_HEALTHZ_PORT}",
             prefix=tuple(node.prefix()),
         )
-    storage = client.StorageV1Api(api.api_client)
-    while DEFAULT_CLASS not in {c.metadata and c.metadata.name for c in storage.list_storage_class().items}:
-        if time.monotonic() > deadline:
-            raise KubeletNodeError(f"the provisioner did not create the StorageClass {DEFAULT_CLASS}")
-        time.sleep(0.2)
     for node in cluster.nodes:
         assert node.kube_proxy is not None
         wait_for_healthz(f"{node.network.address}:{KUBE_PROXY_HEALTHZ_PORT}", deadline, node.kube_proxy)
     install_cluster_dns(plane.admin_kubeconfig)
+    install_local_path_storage(
+        plane.admin_kubeconfig,
+        {node.name: node.directory / "local-path" for node in cluster.nodes},
+        cluster.workdir / "shared-path",
+    )
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

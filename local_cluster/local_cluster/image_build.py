@@ -110,6 +110,12 @@ IMAGES = (
     ImageSpec("broker-failover/pause", "local_cluster/pause-image/Dockerfile"),
     # The local cluster's DNS, a pod of its own (local_cluster/cluster_dns.yaml).
     ImageSpec("broker-failover/coredns", "local_cluster/coredns-image/Dockerfile", tool="coredns"),
+    # The local cluster's volume provisioner and its helper pods (local_cluster/local_path_storage.yaml).
+    ImageSpec(
+        "broker-failover/local-path-provisioner",
+        "local_cluster/local-path-image/Dockerfile",
+        tool="local-path-provisioner",
+    ),
 )
 
 

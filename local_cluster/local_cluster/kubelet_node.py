@@ -13,9 +13,10 @@ starts, in order:
   ``images.json`` in the cluster's directory names the images imported so far;
 * the control plane (``control_plane``) on the bridge address, and kube-scheduler;
 * the kubelet (built with the other tools from the same pin), registered as the Node;
-* the dynamic provisioner (``provisioner``: hostPath volumes under the cluster's directory), as a
-  thread of the supervisor;
-* kube-proxy (nftables) and CoreDNS, a pod from its image (``cluster_dns.yaml``).
+* kube-proxy (nftables) and CoreDNS, a pod from its image (``cluster_dns.yaml``);
+* kind's local-path-provisioner, pods from its image (``local_path_storage``): the default
+  StorageClass ``standard`` with the node's volumes under ``<workdir>/local-path``, and the
+  ReadWriteMany class ``shared-path`` under ``<workdir>/shared-path``.
 
 The kubelet's settings are the ones ``../shared/design/REAL_NODE.md`` records as working on this
 machine kind: cgroupfs under a cgroup root of the node's own (made in every hierarchy first, and
@@ -59,9 +60,9 @@ from local_cluster.control_plane import (
 )
 from local_cluster.image_archives import archive_for
 from local_cluster.image_build import IMAGES
+from local_cluster.local_path_storage import install_local_path_storage
 from local_cluster.pki import ClusterPki
 from local_cluster.processes import ManagedProcess
-from local_cluster.provisioner import DEFAULT_CLASS, LocalPathProvisioner
 
 KUBELET_PORT = 10250
 # Imported only when asked for: the validator's image is 1.3 GB unpacked and only its CronJob
@@ -164,9 +165,9 @@ class KubeletNode:
         return self.workdir / "kubelet" / "pod-logs"
 
     @property
-    def state_dir(self) -> Path:
-        """The provisioner's volumes: ``claims/<namespace>/<claim>``."""
-        return self.workdir / "node"
+    def local_path_dir(self) -> Path:
+        """The node's volumes (the default class's ``nodePathMap``)."""
+        return self.workdir / "local-path"
 
     def pids(self) -> list[int]:
         return [self.containerd.pid, *(p.pid for p in [*self.control_plane.processes, *self.processes])]
@@ -273,8 +274,8 @@ def start_kubelet_node(
     ready_timeout_seconds: float = 180,
     background_images: Sequence[str] = (),
 ) -> KubeletNode:
-    """Start the node (see the module doc); return once the Node is Ready, the default
-    StorageClass exists, kube-proxy is healthy and CoreDNS has been created."""
+    """Start the node (see the module doc); return once the Node is Ready, kube-proxy is healthy,
+    and CoreDNS, the provisioners and their StorageClasses have been created."""
     started = time.monotonic()
     deadline = started + ready_timeout_seconds
     cgroups = CgroupRoot(cgroup_root_name(workdir))
@@ -329,7 +330,7 @@ def start_kubelet_node(
 
 
 def _start_node_services(node: KubeletNode, tools_dir: Path, deadline: float) -> None:
-    """The kubelet (until the Node is Ready), the provisioner, kube-proxy and CoreDNS."""
+    """The kubelet (until the Node is Ready), kube-proxy, CoreDNS and the provisioners."""
     plane = node.control_plane
     kubelet = _start_kubelet(tools_dir, node)
     node.processes.append(kubelet)
@@ -338,16 +339,13 @@ def _start_node_services(node: KubeletNode, tools_dir: Path, deadline: float) ->
         if kubelet.exited() or time.monotonic() > deadline:
             raise KubeletNodeError(f"node {node.node_name} did not become Ready:\n{_tail(kubelet.log_path)}")
         time.sleep(0.2)
-    LocalPathProvisioner(plane.admin_kubeconfig, node.state_dir, node.node_name, node.stopping).start()
-    storage = client.StorageV1Api(api.api_client)
-    while DEFAULT_CLASS not in {c.metadata and c.metadata.name for c in storage.list_storage_class().items}:
-        if time.monotonic() > deadline:
-            raise KubeletNodeError(f"the provisioner did not create the StorageClass {DEFAULT_CLASS}")
-        time.sleep(0.2)
     proxy = start_kube_proxy(plane, node.node_name)
     node.processes.append(proxy)
     wait_for_healthz(KUBE_PROXY_HEALTHZ, deadline, proxy)
     install_cluster_dns(plane.admin_kubeconfig)
+    install_local_path_storage(
+        plane.admin_kubeconfig, {node.node_name: node.local_path_dir}, node.workdir / "shared-path"
+    )
 
 
 def _capture(errors: list[BaseException], function: Callable[..., None]) -> Callable[..., None]:

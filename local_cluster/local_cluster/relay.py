@@ -29,12 +29,31 @@ import yaml
 from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.image_build import TAG as IMAGE_TAG
+from local_cluster.local_path_storage import SHARED_CLASS
 from local_cluster.sealed_cluster import SealedCluster
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
 EXAMPLE = REPO_ROOT / "examples" / "brokercluster-pods.yaml"
 CLUSTER_NAME = "orders"  # the example's name; its account/company are acme/1000
 MESSAGE_LOG_CLAIM = "broker-message-logs"  # the example's spec.messageLog.claimName
+
+
+def message_log_claim() -> dict[str, Any]:
+    """The shared message-log store's claim, as a user creates it before the chart: ReadWriteMany,
+    so of a class that offers it (the local cluster's ``shared-path``; on a real cluster an NFS,
+    CephFS, EFS or Azure Files class; a cluster's default class is usually ReadWriteOnce only)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": MESSAGE_LOG_CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": SHARED_CLASS,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
 SIM_PORT = 8080
 # The simulators' images, as `make images` tags them (imported into the node; never pulled).
 CLOUD_IMAGE = f"docker.io/broker-failover/cloud-simulator:{IMAGE_TAG}"
@@ -252,13 +271,7 @@ def deploy_relay(
         ),
         60,
     )
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": MESSAGE_LOG_CLAIM},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    kubectl("apply", "-f", "-", input=json.dumps(claim))
+    kubectl("apply", "-f", "-", input=json.dumps(message_log_claim()))
     release = f"bf-{namespace}"
     values = {"operator.watchNamespaces": f"{{{namespace}}}", **(helm_values or {})}
     settings = [argument for key, value in values.items() for argument in ("--set", f"{key}={value}")]

@@ -304,7 +304,7 @@ def run_soak(
         feeder.stop.set()
     relay.wait_all_confirmed()
     records = relay.record_violations()
-    store = cluster.state_dir / "claims" / namespace / MESSAGE_LOG_CLAIM
+    store = cluster.claim_volume_path(namespace, MESSAGE_LOG_CLAIM)
     say("traffic stopped, all confirmed; waiting for the brokers to close their log segments (bounded)")
     try:
         wait_until("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)

@@ -51,7 +51,7 @@ def container_status(node: SealedCluster, namespace: str, name: str) -> dict[str
 
 def broker_pod(node: SealedCluster, namespace: str) -> None:
     """broker-0 as the operator builds it (its container, volumes and securityContext), its claims
-    bound by the node's provisioner."""
+    bound by the cluster's provisioner (kind's local-path-provisioner, the default class)."""
     spec = parse_spec(
         CLUSTER,
         {
@@ -126,7 +126,7 @@ def test_a_broker_pod_runs_as_10001_with_a_read_only_root_and_no_capabilities(
     assert fields["Seccomp"].strip() == "2"
     write = in_broker("python", "-c", "open('/probe', 'w')", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr + write.stdout
-    # The journal's claim, a hostPath volume of the node's provisioner, is writable by 10001.
+    # The journal's claim, a hostPath volume local-path's helper pod made 0777, is writable by 10001.
     journal = in_broker("python", "-c", f"open('{names.DATA_MOUNT}/probe', 'w').write('ok')")
     assert journal.returncode == 0
 

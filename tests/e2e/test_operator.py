@@ -2,8 +2,8 @@
 
 On the sealed cluster (``sealed_cluster``): the CRD is installed with ``kubectl``, CEL rules are
 evaluated by the API server, broker pods run the broker image on the real kubelet, containerd and
-runc, with their journal on a claim bound by the node's provisioner. The operator
-(``broker-operator``) and the backend and cloud simulators are processes of this test, started
+runc, with their journal on a claim bound by the cluster's provisioner (kind's local-path). The
+operator (``broker-operator``) and the backend and cloud simulators are processes of this test, started
 inside the cluster's network, mount and PID namespaces (``SealedCluster.node_command``): the
 operator reaches the brokers at their pod IPs as it would in a pod, and the brokers reach the
 simulators at the node address (``netns.NODE_ADDRESS``, the bridge). Whatever this process says
@@ -967,7 +967,7 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
 
 
 def claim_names(cluster: SealedCluster, namespace: str, name: str) -> list[str]:
-    """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by the local provisioner)."""
+    """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by local-path-provisioner)."""
     listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
     return sorted(c["metadata"]["name"] for c in (listing or {}).get("items", []))
 
@@ -1074,8 +1074,9 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
     def stuck_condition() -> dict[str, Any] | None:
         condition = ready_condition(sealed_cluster, namespace, name)
         seen[:] = [condition]
-        # The real scheduler first reports the pods Unschedulable until the provisioner has bound
-        # their fresh journal claims (a second or two); the state that lasts is the missing Secret.
+        # Pods first wait for their fresh journal claims (WaitForFirstConsumer: the scheduler picks
+        # the node, then the provisioner's helper pod makes the volume, a few seconds); the state
+        # that lasts is the missing Secret.
         named = condition and condition["reason"] == "BrokerPodsNotRunning"
         return condition if named and "unready-endpoints" in condition["message"] else None
 

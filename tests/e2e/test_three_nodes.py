@@ -4,8 +4,9 @@ One test, kept short (it runs in ``make test``): a cluster of three nodes starts
 its own containerd, cgroup, address and pod CIDR in a network namespace of its own; a pod of the
 broker image is pinned to each node; every node reaches every pod (across nodes, as kindnet's
 routes carry it) and a ClusterIP Service in front of them (through its own kube-proxy), and so does
-each pod; no node namespace has a route out; and stopping the cluster leaves no process, mount,
-cgroup or change to the machine's network behind.
+each pod; no node namespace has a route out; a default-class claim's volume is made on the node of
+its pod and tied to it, a ``shared-path`` claim's is written from two nodes; and stopping the
+cluster leaves no process, mount, cgroup or change to the machine's network behind.
 
 Traffic goes only between addresses inside the cluster's namespaces; the machine's own network
 namespace is only read (``ip``, ``nft list``), never changed.
@@ -26,6 +27,7 @@ from local_cluster import netns
 from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import LocalClusterSettings, built_tools_dir
 from local_cluster.kubelet_node import cgroup_root_name
+from local_cluster.local_path_storage import SHARED_CLASS, volume_path
 from local_cluster.processes import reap_on_exit
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, get_json, machine_network, wait_for
@@ -179,21 +181,77 @@ def _check_spread_and_reach(cluster: SealedCluster) -> None:
         answers = json.loads(fetch.stdout.strip().splitlines()[-1])
         assert {url: answers[url] for url in pod_urls.values()} == {url: n for n, url in pod_urls.items()}
         assert answers[service_url] in pod_urls
-    # A claim's volume is a directory of the one machine, which every node reaches: any node may run
-    # its pod (a broker's StatefulSet is not held to node-1).
-    claim = {
+    _check_volumes(cluster)
+
+
+def _claim_user(name: str, claim: str, node: str) -> dict[str, object]:
+    """A pod that writes its node's name into ``claim``; placed by the scheduler (a nodeSelector, not
+    ``nodeName``, which would bypass the scheduler that picks a WaitForFirstConsumer claim's node)."""
+    return {
         "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "journal"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": SHELL_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", f"echo {node} >> /data/nodes"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
     }
-    cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(claim))
-    volume = wait_for(
-        "the claim bound",
-        lambda: (get_json(cluster, NAMESPACE, "pvc", "journal") or {}).get("spec", {}).get("volumeName"),
+
+
+def _check_volumes(cluster: SealedCluster) -> None:
+    """As on kind: a default-class claim's volume is a directory of the node its first pod ran on,
+    tied to it; a ``shared-path`` claim's is one directory every node mounts."""
+    claims = [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Mi"}}, **extra},
+        }
+        for name, mode, extra in (
+            ("journal", "ReadWriteOnce", {}),
+            ("store", "ReadWriteMany", {"storageClassName": SHARED_CLASS}),
+        )
+    ]
+    pods = [
+        _claim_user("journal-user", "journal", "node-2"),
+        *(_claim_user(f"store-user-{i}", "store", f"node-{i}") for i in (1, 3)),
+    ]
+    objects = {"apiVersion": "v1", "kind": "List", "items": [*claims, *pods]}
+    cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(objects))
+
+    def finished() -> bool:
+        listed = get_json(cluster, NAMESPACE, "pods", "-l", "!app") or {"items": []}
+        phases = [pod["status"].get("phase") for pod in listed["items"]]
+        assert "Failed" not in phases, listed
+        return phases.count("Succeeded") == 3
+
+    wait_for("the claims' three pods finished", finished, timeout=180)
+    journal = get_json(
+        cluster, "default", "pv", get_json(cluster, NAMESPACE, "pvc", "journal")["spec"]["volumeName"]
     )
-    affinity = get_json(cluster, "default", "pv", volume)["spec"]["nodeAffinity"]["required"]
-    assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["node-1", "node-2", "node-3"]
+    (term,) = journal["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == ["node-2"], term
+    journal_path = volume_path(journal)
+    assert journal_path.parent == cluster.workdir / "nodes" / "node-2" / "local-path", journal_path
+    assert (journal_path / "nodes").read_text() == "node-2\n"
+    store = get_json(
+        cluster, "default", "pv", get_json(cluster, NAMESPACE, "pvc", "store")["spec"]["volumeName"]
+    )
+    assert not store["spec"].get("nodeAffinity"), store["spec"]
+    store_path = volume_path(store)
+    assert store_path.parent == cluster.workdir / "shared-path", store_path
+    assert sorted((store_path / "nodes").read_text().split()) == ["node-1", "node-3"]
 
 
 def test_three_nodes_run_a_pod_each_reach_each_other_and_leave_nothing_behind(tmp_path: Path) -> None:

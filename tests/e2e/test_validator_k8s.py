@@ -4,12 +4,13 @@ On the sealed cluster (docs/local-cluster.md): the real kubelet on containerd an
 images ``make images`` built. The chart is installed with the Go-built helm, the operator runs
 in-cluster through the chart's RBAC, the SAP backend and the cloud are simulator pods
 (``local_cluster.relay``), broker pods write their message-log segments into one shared
-ReadWriteMany claim (a hostPath directory of the node's provisioner, which this test reads and
-writes from the machine), and the CronJob's pod runs the validator image as the Spark driver. With
-``validator.executors: 2`` the driver asks the API server for two executor pods of the same image
-(``executor`` mode of ``broker_validator.entrypoint``), owned by the driver pod, each with the memory
-limit Spark gives it (``executorMemory`` plus overhead), which runc sets as the container's cgroup
-limit; the test reads it back there.
+ReadWriteMany claim (of the ``shared-path`` class: a hostPath directory that local-path-provisioner
+made, which this test finds through the bound PV and reads and writes from the machine), and the
+CronJob's pod runs the validator image as the Spark driver. With ``validator.executors: 2`` the
+driver asks the API server for two executor pods of the same image (``executor`` mode of
+``broker_validator.entrypoint``), owned by the driver pod, each with the memory limit Spark gives it
+(``executorMemory`` plus overhead), which runc sets as the container's cgroup limit; the test reads
+it back there.
 
 The CronJob is installed suspended, so its schedule cannot start a run beside the ones the test
 starts with ``kubectl create job --from=cronjob/...`` (runs share the store's checkpoint).
@@ -476,13 +477,14 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
 ) -> None:
     cluster = sealed_cluster
     started = time.monotonic()
-    store = cluster.state_dir / "claims" / namespace / STORE_CLAIM
     relay: Relay | None = None
     # The validator's image is imported (half a minute) while the rest is deployed and runs.
     with ThreadPoolExecutor(1, thread_name_prefix="validator-image") as pool:
         importing = pool.submit(cluster.ensure_images, [VALIDATOR_IMAGE])
         try:
             relay = deploy(cluster, namespace)
+            # Where the provisioner put the store: the bound PV's path, as the pods mount it.
+            store = cluster.claim_volume_path(namespace, STORE_CLAIM)
             cronjob_name = f"{relay.release}-broker-failover-validator"
             cronjob = get_json(cluster, namespace, "cronjob", cronjob_name)["spec"]
             assert (cronjob["schedule"], cronjob["concurrencyPolicy"]) == ("*/15 * * * *", "Forbid")
