@@ -65,7 +65,7 @@ def single_broker(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
         namespace,
         streams=STREAMS,
         messages_per_stream=MESSAGES,
-        spec={"replicas": 1},
+        spec={"replicas": 1, "storage": MOVABLE_JOURNALS},
     )
     yield relay
     relay.uninstall()
@@ -187,11 +187,15 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         )  # fmt: skip
         assert evicted.returncode == 0, f"{evicted.stdout}\n{evicted.stderr}"
         assert "DrainEvictsActive" in _events(relay)
-        wait_for(
-            f"{active} active again off {node}",
-            lambda: relay.status().get("active") == active and _node_of(relay, active) != node,
-            timeout=180,
-        )
+        try:
+            wait_for(
+                f"{active} active again off {node}",
+                lambda: relay.status().get("active") == active and _node_of(relay, active) != node,
+                timeout=180,
+            )
+        except pytest.fail.Exception as failure:
+            pods = relay.cluster.kubectl("-n", relay.namespace, "get", "pods,pvc", "-o", "wide").stdout
+            pytest.fail(f"{failure}\nstatus: {relay.status()}\n{pods}\nevents: {_events(relay)}")
         try:
             relay.wait_all_confirmed()
         except RelayError as error:
