@@ -96,8 +96,9 @@ def start_kube_proxy(
     )
 
 
-def install_cluster_dns(kubeconfig: Path) -> None:
-    """Create CoreDNS and the kube-dns Service (server-side apply: safe to repeat)."""
+def apply_cluster_manifest(kubeconfig: Path, what: str, *, path: Path | None = None, text: str = "") -> None:
+    """``kubectl apply --server-side`` of the cluster's own objects (a file, or ``text``): safe to
+    repeat; a refusal raises ``ControlPlaneStartError`` naming ``what`` with kubectl's words."""
     result = subprocess.run(
         [
             "kubectl",
@@ -106,15 +107,21 @@ def install_cluster_dns(kubeconfig: Path) -> None:
             "--server-side",
             "--field-manager=local-cluster",
             "-f",
-            str(CLUSTER_DNS_MANIFEST),
+            str(path) if path is not None else "-",
         ],
+        input=text if path is None else None,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     if result.returncode != 0:
-        raise ControlPlaneStartError(f"installing cluster DNS failed: {result.stderr.strip()}")
+        raise ControlPlaneStartError(f"installing {what} failed: {result.stderr.strip()}")
+
+
+def install_cluster_dns(kubeconfig: Path) -> None:
+    """Create CoreDNS and the kube-dns Service (server-side apply: safe to repeat)."""
+    apply_cluster_manifest(kubeconfig, "cluster DNS", path=CLUSTER_DNS_MANIFEST)
 
 
 class LoopbackForwarder:

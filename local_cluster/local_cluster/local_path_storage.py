@@ -28,14 +28,13 @@ enforce capacity (local-path does not either).
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
 import yaml
 
-from local_cluster.control_plane import ControlPlaneStartError
+from local_cluster.cluster_services import apply_cluster_manifest
 
 MANIFEST = Path(__file__).with_name("local_path_storage.yaml")
 NAMESPACE = "local-path-storage"
@@ -78,24 +77,8 @@ def manifest(node_paths: Mapping[str, Path], shared_path: Path) -> list[dict[str
 def install_local_path_storage(kubeconfig: Path, node_paths: Mapping[str, Path], shared_path: Path) -> None:
     """Apply the provisioners and their classes (server-side apply: safe to repeat)."""
     documents = manifest(node_paths, shared_path)
-    result = subprocess.run(
-        [
-            "kubectl",
-            f"--kubeconfig={kubeconfig}",
-            "apply",
-            "--server-side",
-            "--field-manager=local-cluster",
-            "-f",
-            "-",
-        ],
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ControlPlaneStartError(f"installing local-path-provisioner failed: {result.stderr.strip()}")
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": documents})
+    apply_cluster_manifest(kubeconfig, "local-path-provisioner", text=listed)
 
 
 def volume_path(volume: Mapping[str, Any]) -> Path:

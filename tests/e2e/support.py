@@ -14,6 +14,7 @@ import socket
 import subprocess
 import textwrap
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 import pytest
 
 from local_cluster.cluster import REPO_ROOT, ClusterAccess
+from local_cluster.relay import Relay, deploy_relay
+from local_cluster.sealed_cluster import SealedCluster
 
 # Images for test pods, from `make images` (the sealed cluster's kubelet runs them): Python with
 # the kubernetes client, and Debian's sh and coreutils.
@@ -165,3 +168,17 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def relay_in_new_namespace(cluster: SealedCluster, prefix: str, **deploy: Any) -> Iterator[Relay]:
+    """``deploy_relay`` (``deploy``: its keyword arguments) in a namespace of its own, uninstalled and
+    the namespace deleted after."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    relay = deploy_relay(cluster, namespace, **deploy)
+    try:
+        yield relay
+    finally:
+        relay.uninstall()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -21,15 +21,14 @@ without ``--force``.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from local_cluster.local_path_storage import SHARED_CLASS
-from local_cluster.relay import CLUSTER_NAME, Relay, RelayError, deploy_relay
+from local_cluster.relay import CLUSTER_NAME, Relay, RelayError
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import wait_for
+from tests.e2e.support import relay_in_new_namespace, wait_for
 
 pytestmark = pytest.mark.three_nodes
 
@@ -40,36 +39,28 @@ MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
 
 @pytest.fixture
 def relay(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
-    namespace = f"drain-{uuid.uuid4().hex[:6]}"
-    sealed_cluster_three_nodes.kubectl("create", "namespace", namespace)
-    relay = deploy_relay(
+    with relay_in_new_namespace(
         sealed_cluster_three_nodes,
-        namespace,
+        "drain",
         streams=STREAMS,
         messages_per_stream=MESSAGES,
-        helm_values={"operator.replicas": "2", "operator.peering": f"peering-{namespace}"},
+        helm_values={"operator.replicas": "2", "operator.peering": "peering-drain"},
         spec={"replicas": 3, "failback": "Manual", "storage": MOVABLE_JOURNALS},
-    )
-    yield relay
-    relay.uninstall()
-    sealed_cluster_three_nodes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    ) as relay:
+        yield relay
 
 
 @pytest.fixture
 def single_broker(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
     """One broker: no standby anywhere to hand over to."""
-    namespace = f"drain1-{uuid.uuid4().hex[:6]}"
-    sealed_cluster_three_nodes.kubectl("create", "namespace", namespace)
-    relay = deploy_relay(
+    with relay_in_new_namespace(
         sealed_cluster_three_nodes,
-        namespace,
+        "drain1",
         streams=STREAMS,
         messages_per_stream=MESSAGES,
         spec={"replicas": 1, "storage": MOVABLE_JOURNALS},
-    )
-    yield relay
-    relay.uninstall()
-    sealed_cluster_three_nodes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    ) as relay:
+        yield relay
 
 
 def _events(relay: Relay) -> list[str]:

@@ -9,13 +9,13 @@ with nothing lost, duplicated or out of order.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from local_cluster.relay import CLUSTER_NAME, Relay, RelayError, deploy_relay
+from local_cluster.relay import CLUSTER_NAME, Relay, RelayError
 from local_cluster.sealed_cluster import SealedCluster
+from tests.e2e.support import relay_in_new_namespace
 
 pytestmark = pytest.mark.three_nodes
 
@@ -24,19 +24,15 @@ STREAMS, MESSAGES = 4, 100  # per stream, per direction
 
 @pytest.fixture
 def relay(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
-    namespace = f"spread-{uuid.uuid4().hex[:6]}"
-    sealed_cluster_three_nodes.kubectl("create", "namespace", namespace)
-    relay = deploy_relay(
+    with relay_in_new_namespace(
         sealed_cluster_three_nodes,
-        namespace,
+        "spread",
         streams=STREAMS,
         messages_per_stream=MESSAGES,
-        helm_values={"operator.replicas": "2", "operator.peering": f"peering-{namespace}"},
+        helm_values={"operator.replicas": "2", "operator.peering": "peering-spread"},
         spec={"replicas": 3},
-    )
-    yield relay
-    relay.uninstall()
-    sealed_cluster_three_nodes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    ) as relay:
+        yield relay
 
 
 def _nodes_of(relay: Relay, selector: str) -> dict[str, str]:
