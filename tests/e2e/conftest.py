@@ -8,7 +8,8 @@ docs/local-cluster.md.
 
 ``sealed_cluster_three_nodes`` is another cluster, of three nodes (``node-1`` ... ``node-3``, each a
 kubelet, containerd and kube-proxy in a network namespace of its own), started only by the tests that
-ask for it (marked ``three_nodes``); the single-node ``sealed_cluster`` stays the default.
+ask for it (marked ``three_nodes``), once per module and stopped when the module ends, so that it
+does not idle beside the rest of the session; the single-node ``sealed_cluster`` stays the default.
 
 Session scope because starting costs seconds and the tests isolate themselves by
 namespace. If the tools are not built the fixture fails with the command to run
@@ -45,7 +46,7 @@ def sealed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SealedC
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sealed_cluster_three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SealedCluster]:
     """A cluster of three nodes (``cluster.nodes``: names, addresses, a command or call in each
     node's network namespace, the pids and cgroup of each node's processes)."""

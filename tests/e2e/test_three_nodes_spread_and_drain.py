@@ -1,17 +1,26 @@
-"""``kubectl drain`` of the active broker's node hands the active over first, under traffic.
+"""On three nodes: the brokers spread over the nodes, and ``kubectl drain`` of the active's node
+hands the active over before it evicts. One module, so that its cluster of three nodes (the
+module-scoped ``sealed_cluster_three_nodes``) starts once and stops when the module ends.
 
-On three nodes, with the brokers spread over them: the drain cordons the node, and its eviction of
-the active broker is refused (429) by the cluster's PodDisruptionBudget ``<name>-active``, so
-``kubectl drain`` retries. Meanwhile the operator, woken by the cordon, makes a planned switchover
-to a standby on another node (reason ``NodeDrain``: no overlap, no failover). The old active's
-role label then moves, the budget no longer covers it, and the drain evicts it and completes. The
-operator re-creates the evicted broker on a node that is not cordoned, and the simulators' records
-show nothing lost, duplicated or out of order.
+**Spread.** Nothing pins the pods: the real kube-scheduler places them, following the preferred
+podAntiAffinity that the operator gives each broker pod when ``spec.affinity`` is absent, and the
+chart gives the operator's pods. With three brokers and three nodes, a drain, crash or partition of
+one node takes at most one broker, and one operator replica. Traffic then flows through the
+``-active`` Service with nothing lost, duplicated or out of order.
 
-The journals are on the ``shared-path`` class (one directory every node reaches, as network
-storage would be), so an evicted broker can start on another node; on a node-local volume (the
-default class, kind's local-path) it would wait, Pending, for its node to come back, which costs a
-standby but not the active.
+**Drain**, under traffic: the drain cordons the node, and its eviction of the active broker is
+refused (429) by the cluster's PodDisruptionBudget ``<name>-active``, so ``kubectl drain`` retries.
+Meanwhile the operator, woken by the cordon, makes a planned switchover to a standby on another
+node (reason ``NodeDrain``: no overlap, no failover). The old active's role label then moves, the
+budget no longer covers it, and the drain evicts it and completes. The operator re-creates the
+evicted broker on a node that is not cordoned, and the simulators' records show nothing lost,
+duplicated or out of order. With one broker, ``drainWithoutStandby`` decides: Wait refuses, Evict
+lets the drain through.
+
+The journals of the drain tests are on the ``shared-path`` class (one directory every node
+reaches, as network storage would be), so an evicted broker can start on another node; on a
+node-local volume (the default class, kind's local-path) it would wait, Pending, for its node to
+come back, which costs a standby but not the active.
 
 The drain is limited to the brokers' and the operator's pods (``--pod-selector``): the simulators
 are bare pods of this test, with no controller to re-create them, which a real drain would refuse
@@ -194,3 +203,42 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
     finally:
         cluster.kubectl("uncordon", node, check=False)
+
+
+@pytest.fixture
+def spread(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
+    with relay_in_new_namespace(
+        sealed_cluster_three_nodes,
+        "spread",
+        streams=STREAMS,
+        messages_per_stream=100,
+        helm_values={"operator.replicas": "2", "operator.peering": "peering-spread"},
+        spec={"replicas": 3},
+    ) as relay:
+        yield relay
+
+
+def _nodes_of(relay: Relay, selector: str) -> dict[str, str]:
+    pods = (relay.get("pods", "-l", selector) or {}).get("items") or []
+    return {pod["metadata"]["name"]: pod["spec"].get("nodeName", "") for pod in pods}
+
+
+def test_brokers_and_operator_replicas_spread_over_the_nodes(spread: Relay) -> None:
+    relay = spread
+    relay.backend("/sim/start", {})
+    brokers = _nodes_of(relay, f"broker.failover.dev/cluster={CLUSTER_NAME}")
+    assert len(brokers) == 3, brokers
+    assert sorted(brokers.values()) == ["node-1", "node-2", "node-3"], brokers
+    operators = _nodes_of(relay, "app.kubernetes.io/component=operator")
+    assert len(operators) == 2 and len(set(operators.values())) == 2, operators
+    # The spread is the operator's default, not something this test asked for.
+    pod = relay.pod(next(iter(brokers)))
+    assert "podAntiAffinity" in pod["spec"]["affinity"], pod["spec"].get("affinity")
+    try:
+        relay.wait_all_confirmed()
+    except RelayError as error:
+        pytest.fail(
+            f"{error}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}\n"
+            f"cloud: {relay.cloud('/sim/status')}\npods: {brokers} {operators}"
+        )
+    assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
