@@ -97,15 +97,15 @@ def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTa
     return sorted(targets, key=lambda t: t.priority)
 
 
+AUTOSCALER_DELETION_TAINT = "ToBeDeletedByClusterAutoscaler"
+
+
 def node_draining(node: Mapping[str, Any]) -> bool:
     """A node being emptied: cordoned (``kubectl drain`` cordons first), or marked for deletion by
     the cluster autoscaler, which taints rather than cordons."""
     spec = node.get("spec") or {}
     taints = spec.get("taints") or []
     return bool(spec.get("unschedulable")) or any(t.get("key") == AUTOSCALER_DELETION_TAINT for t in taints)
-
-
-AUTOSCALER_DELETION_TAINT = "ToBeDeletedByClusterAutoscaler"
 
 
 def pod_node(pod: PodBody) -> str | None:

@@ -29,7 +29,6 @@ from broker_operator.core.decisions import (
     Decision,
     choose_next_active,
     epoch_usable,
-    failback_target,
     next_epoch,
     phase_of,
     retry_delay,
@@ -45,6 +44,7 @@ from broker_operator.core.model import (
     PodFacts,
     SettingsError,
 )
+from broker_operator.core.planned_moves import failback_target
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
 
 __all__ = [
