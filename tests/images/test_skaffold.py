@@ -66,6 +66,18 @@ class Skaffold:
             check=False,
         )
 
+    def build(self, registry: str, output: Path, *more: str) -> subprocess.CompletedProcess[str]:
+        """``skaffold build`` pushing to ``registry`` (plain HTTP), its record in ``output``."""
+        return self.run(
+            "build",
+            f"--default-repo={registry}",
+            f"--insecure-registry={registry}",
+            f"--tag={TAG}",
+            f"--file-output={output}",
+            "--cache-artifacts=false",
+            *more,
+        )
+
     def inside(self, argv: Sequence[str]) -> list[str]:
         return ["nsenter", f"--target={self.registry.pid}", "--net", "--", *argv]
 
@@ -165,14 +177,7 @@ def _answers(tool: Skaffold) -> bool:
 def build_output(skaffold: Skaffold) -> dict[str, str]:
     """``skaffold build`` of every artifact: image name -> the reference skaffold recorded."""
     output = skaffold.workdir / "build.json"
-    result = skaffold.run(
-        "build",
-        f"--default-repo={REGISTRY}",
-        f"--insecure-registry={REGISTRY}",
-        f"--tag={TAG}",
-        f"--file-output={output}",
-        "--cache-artifacts=false",
-    )
+    result = skaffold.build(REGISTRY, output)
     assert result.returncode == 0, f"skaffold build failed:\n{result.stdout}\n{result.stderr}"
     builds = json.loads(output.read_text())["builds"]
     return {build["imageName"]: build["tag"] for build in builds}
@@ -220,15 +225,7 @@ def test_a_push_the_registry_refuses_fails_skaffold_build(skaffold: Skaffold) ->
     # skaffold must fail naming the artifact rather than record an image that is nowhere.
     nowhere = "127.0.0.1:5999"
     output = skaffold.workdir / "refused.json"
-    result = skaffold.run(
-        "build",
-        f"--default-repo={nowhere}",
-        f"--insecure-registry={nowhere}",
-        f"--tag={TAG}",
-        f"--file-output={output}",
-        "--cache-artifacts=false",
-        "--build-image=broker-failover/broker",
-    )
+    result = skaffold.build(nowhere, output, "--build-image=broker-failover/broker")
     text = result.stdout + result.stderr
     assert result.returncode != 0, text
     assert "broker-failover/broker" in text and "connection refused" in text, text
