@@ -46,12 +46,19 @@ fmt: venv ## Format and auto-fix with ruff.
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# On a fresh machine the prerequisites take about a quarter of `make test`: the Go tools compile
-# while the venv installs, lint runs and the images build (they share only the machine).
+# The groups of TEST_PREREQS that `make test` builds behind the tests, one after another, each
+# GROUP=TARGET,TARGET (hack/test-behind-prerequisites.sh): the cluster's first, since most tests
+# that need anything need it; skaffold's compile last, behind the e2e tests. A test names its group
+# with a `needs` marker or by its folder (tests/conftest.py).
+TEST_PREREQ_GROUPS := cluster=tools,host-packages,images bench=bench-packages,perf-test-jar \
+  skaffold=skaffold,registry-package
+
+# On a fresh machine the prerequisites take half an hour of two cores (Go tools, skaffold, images),
+# so they build behind the tests at the lowest priority while the tests that need none of them run.
 .PHONY: test
 test: ## Everything CI runs: lint, then every test (unit, integration, e2e).
-	@$(MAKE) --no-print-directory -j4 lint $(TEST_PREREQS)
-	$(PYTEST) tests --durations=30
+	@$(MAKE) --no-print-directory -j2 lint venv
+	@hack/test-behind-prerequisites.sh "$(TEST_PREREQS)" $(TEST_PREREQ_GROUPS) -- $(PYTEST) tests --durations=30
 
 .PHONY: unit
 unit: venv ## Unit and property tests only (fast, no processes).

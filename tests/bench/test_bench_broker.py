@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.bench.support import BenchRun, assert_succeeded, counts, headline, run_bench
+
+pytestmark = pytest.mark.needs("bench")  # rabbitmq-server and PerfTest
 
 STREAMS, PER_STREAM = 4, 100
 RABBIT_STREAMS, RABBIT_PER_STREAM = 4, 1000

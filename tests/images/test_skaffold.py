@@ -33,6 +33,8 @@ from local_cluster.processes import ManagedProcess, reap_on_exit
 from tests.e2e.support import wait_for
 
 # Inside the module's own network namespace nothing else listens, so a fixed port is free.
+pytestmark = pytest.mark.needs("skaffold")  # built last, behind the e2e tests (Makefile)
+
 REGISTRY = "127.0.0.1:5000"
 TAG = "skaffold-test"
 # skaffold.yaml's artifacts and the `make images` image each one is.

@@ -1,0 +1,59 @@
+"""Which prerequisites of ``make test`` each test needs, and the order that lets the rest run first.
+
+``make test`` builds its slow prerequisites behind the tests (``tests/prerequisites.py``). A test
+needs a group when it is marked ``needs("group")``, or else when it lives in a folder of
+``FOLDER_NEEDS``. Under ``make test`` the tests run sorted by the build order of what they need,
+those that need nothing first, each module kept whole (module-scoped fixtures); a test waits for
+its group before its fixtures are set up. Elsewhere the order is pytest's own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.prerequisites import group_order, wait_for_group
+
+# Every test in these folders starts the sealed cluster or runs a built image: the Go tools, the
+# host packages and the images (``make tools host-packages images``).
+FOLDER_NEEDS = {"e2e": "cluster", "images": "cluster"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "needs(group): the group of make test's prerequisites (TEST_PREREQ_GROUPS) this test waits for",
+    )
+
+
+def needed_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("needs")
+    if marker is not None:
+        return str(marker.args[0])
+    parts = item.path.relative_to(item.config.rootpath).parts
+    return FOLDER_NEEDS.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order = group_order()
+    if not order:
+        return
+    rank = {group: index + 1 for index, group in enumerate(order)}
+    # A module's rank is its first test's, so that no module is split across the run.
+    module_rank: dict[object, int] = {}
+    for item in items:
+        module_rank.setdefault(item.module, rank.get(needed_group(item) or "", 0))  # type: ignore[attr-defined]
+    items.sort(key=lambda item: module_rank[item.module])  # type: ignore[attr-defined]  # stable
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    group = needed_group(item)
+    if group is None:
+        return
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[prerequisites] {line}")
+
+    wait_for_group(group, say)

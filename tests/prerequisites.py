@@ -1,0 +1,98 @@
+"""Waiting for the prerequisites that ``make test`` builds behind the tests.
+
+``hack/test-behind-prerequisites.sh`` builds the groups of ``TEST_PREREQ_GROUPS`` (Makefile) one
+after another while pytest runs, and writes into ``$BROKER_FAILOVER_PREREQS_DIR``, per group, its
+log, its make command and, once done, its exit status. A test that needs a group waits here until
+the group is done, showing the build's latest progress line now and then, and fails (never skips)
+with the end of the log if the build failed or stopped. Without the variable (plain ``pytest``,
+``make e2e``) the prerequisites were built before pytest started, and nothing waits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ENV = "BROKER_FAILOVER_PREREQS_DIR"
+WAIT_LIMIT_SECONDS = 3600.0  # a failure limit: a fresh machine's whole build takes about half of it
+POLL_SECONDS = 2.0
+PROGRESS_EVERY_SECONDS = 60.0
+
+
+def prerequisites_dir() -> Path | None:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+def group_order() -> list[str]:
+    """The groups in the order they are built (empty when nothing builds behind the tests)."""
+    folder = prerequisites_dir()
+    if folder is None or not (folder / "order").is_file():
+        return []
+    return (folder / "order").read_text().split()
+
+
+def _builder_alive(folder: Path) -> bool:
+    try:
+        os.kill(int((folder / "builder.pid").read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _latest_progress(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [line for line in text.splitlines() if line.startswith(">>")]
+    return lines[-1] if lines else "(no progress line yet)"
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
+def wait_for_group(group: str, say: Callable[[str], None]) -> None:
+    """Return once ``group`` and the groups built before it are built (a later group may use an
+    earlier one's output: skaffold builds the images); fail the test if a build failed or stopped."""
+    folder = prerequisites_dir()
+    if folder is None:
+        return
+    order = group_order()
+    if group not in order:
+        pytest.fail(
+            f"no prerequisite group {group!r} in {folder / 'order'}: see TEST_PREREQ_GROUPS (Makefile)"
+        )
+    for built_first in order[: order.index(group) + 1]:
+        _wait_for_one(folder, built_first, say)
+
+
+def _wait_for_one(folder: Path, group: str, say: Callable[[str], None]) -> None:
+    status, log = folder / f"{group}.rc", folder / f"{group}.log"
+    targets = folder / f"{group}.targets"
+    command = targets.read_text().strip() if targets.exists() else group
+    started = time.monotonic()
+    next_progress = 0.0
+    while not status.exists():
+        waited = time.monotonic() - started
+        if waited >= next_progress:
+            say(f"waiting for `{command}` ({waited:.0f} s so far; log {log}): {_latest_progress(log)}")
+            next_progress = waited + PROGRESS_EVERY_SECONDS
+        if not _builder_alive(folder) and not status.exists():
+            pytest.fail(
+                f"the builder of `{command}` stopped before it finished; end of {log}:\n{_tail(log)}",
+                pytrace=False,
+            )
+        if waited > WAIT_LIMIT_SECONDS:
+            pytest.fail(
+                f"`{command}` still not built after {waited:.0f} s; end of {log}:\n{_tail(log)}",
+                pytrace=False,
+            )
+        time.sleep(POLL_SECONDS)
+    code = status.read_text().strip()
+    if code != "0":
+        pytest.fail(f"`{command}` failed (exit status {code}); end of {log}:\n{_tail(log)}", pytrace=False)
+    if time.monotonic() - started > POLL_SECONDS:
+        say(f"`{command}` built after {time.monotonic() - started:.0f} s of waiting")
