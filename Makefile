@@ -47,17 +47,17 @@ fmt: venv ## Format and auto-fix with ruff.
 	$(BIN)/ruff check --fix .
 
 # The groups of TEST_PREREQS that `make test` builds behind the tests, one after another, each
-# GROUP=TARGET,TARGET (hack/test-behind-prerequisites.sh): the cluster's first, since most tests
-# that need anything need it; skaffold's compile last, behind the e2e tests. A test names its group
-# with a `needs` marker or by its folder (tests/conftest.py).
-TEST_PREREQ_GROUPS := cluster=tools,host-packages,images bench=bench-packages,perf-test-jar \
+# GROUP=TARGET,TARGET (hack/test-behind-prerequisites.sh). The Go tools first, at once: they need
+# no venv and most tests that need anything need them; skaffold's compile last, behind the e2e
+# tests. A test names its group with a `needs` marker or by its folder (tests/conftest.py).
+TEST_PREREQ_GROUPS := tools=tools cluster=host-packages,images bench=bench-packages,perf-test-jar \
   skaffold=skaffold,registry-package
 
-# On a fresh machine the prerequisites take half an hour of two cores (Go tools, skaffold, images),
-# so they build behind the tests at the lowest priority while the tests that need none of them run.
+# On a fresh machine the prerequisites take about 20 minutes of two cores, so they build behind the
+# tests at the lowest priority while lint and the tests that need none of them run; the tests
+# marked second_stream run beside the others.
 .PHONY: test
 test: ## Everything CI runs: lint, then every test (unit, integration, e2e).
-	@$(MAKE) --no-print-directory -j2 lint venv
 	@hack/test-behind-prerequisites.sh "$(TEST_PREREQS)" $(TEST_PREREQ_GROUPS) -- $(PYTEST) tests --durations=30
 
 .PHONY: unit

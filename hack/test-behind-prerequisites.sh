@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# `make test`'s runner: pytest starts as soon as the venv is ready, and the slow prerequisites (the
-# Go tools, the images, skaffold: half an hour on a fresh 2-core machine, a no-op once cached) are
-# built behind it at the lowest CPU and I/O priority, so the tests that need none of them run while
-# they compile. Each test that needs a group waits for that group only (tests/conftest.py runs
-# the tests in the groups' order, those that need nothing first).
+# `make test`'s runner. The slow prerequisites (the Go tools, the images, skaffold: about 20 minutes
+# of two cores on a fresh machine, a no-op once cached) build behind the tests at the lowest CPU and
+# I/O priority, so the tests that need none of them run meanwhile, and a test that needs a group
+# waits for that group (tests/conftest.py, tests/prerequisites.py).
 #
-# Usage: hack/test-behind-prerequisites.sh "PREREQS" GROUP=TARGET,TARGET ... -- PYTEST ARGS...
+# Usage: hack/test-behind-prerequisites.sh "PREREQS" GROUP=TARGET,TARGET ... -- PYTEST [ARGS...]
 #   PREREQS  every make target of TEST_PREREQS; the groups must name each exactly once, so that a
 #            prerequisite added in mk/ is not silently left out of `make test`.
-#   GROUP    built one after another, in the order given (the Go builds would only slow each
-#            other down); make -j inside a group.
-# Each group's log, exit status and the builder's pid go to $BROKER_FAILOVER_PREREQS_DIR.
+#   GROUP    built one after another, in the order given (Go builds would only slow each other
+#            down), make -j inside a group. The first group starts at once, before the venv
+#            exists, so it must not need it (the Go tools); the others start once lint passed.
+#
+# Steps: the first group starts; `make lint venv` runs (a lint failure ends make test there); the
+# other groups follow the first; then two pytest processes run side by side: the tests marked
+# `second_stream` (each starts a cluster of its own and mostly waits on it: the soak, the demo, the
+# failover benchmark's smoke), output to a file printed at the end, and all the others. Each
+# group's log, make command and exit status go to $BROKER_FAILOVER_PREREQS_DIR.
 set -euo pipefail
 
 dir="${BROKER_FAILOVER_PREREQS_DIR:-$PWD/.cache/prereqs}"
 export BROKER_FAILOVER_PREREQS_DIR="$dir"
 
-prereqs=($1)
+read -r -a prereqs <<<"$1"
 shift
 groups=()
 while [[ $# -gt 0 && $1 != -- ]]; do
@@ -24,8 +29,8 @@ while [[ $# -gt 0 && $1 != -- ]]; do
   shift
 done
 [[ ${1:-} == -- ]] && shift
+[[ $# -gt 0 ]] || { echo "test-behind-prerequisites: no pytest command after --" >&2; exit 2; }
 
-# Every prerequisite in exactly one group.
 grouped=()
 for group in "${groups[@]}"; do
   IFS=, read -r -a targets <<<"${group#*=}"
@@ -40,25 +45,55 @@ rm -rf "$dir"
 mkdir -p "$dir"
 printf '%s\n' "${groups[@]%%=*}" >"$dir/order"
 
+build_group() {
+  local name=${1%%=*} rc=0
+  IFS=, read -r -a targets <<<"${1#*=}"
+  echo "make ${targets[*]}" >"$dir/$name.targets"
+  nice -n 19 ionice -c 3 make --no-print-directory -j3 "${targets[@]}" >"$dir/$name.log" 2>&1 || rc=$?
+  echo "$rc" >"$dir/$name.rc"
+}
+
 build_groups() {
-  local group name rc
-  for group in "${groups[@]}"; do
-    name=${group%%=*}
-    IFS=, read -r -a targets <<<"${group#*=}"
-    echo "make ${targets[*]}" >"$dir/$name.targets"
-    rc=0
-    nice -n 19 ionice -c 3 make --no-print-directory -j3 "${targets[@]}" >"$dir/$name.log" 2>&1 || rc=$?
-    echo "$rc" >"$dir/$name.rc"
+  build_group "${groups[0]}"
+  local waited=0
+  until [[ -e $dir/venv.ready ]]; do # written below once lint passed; bounded like the tests' wait
+    sleep 1
+    ((++waited < 3600)) || return 1
+  done
+  local group
+  for group in "${groups[@]:1}"; do
+    build_group "$group"
   done
 }
 
-set -m # the builder gets a process group of its own, so that stopping it stops go build too
+set -m # background jobs get process groups of their own, so stopping one stops what it started
 build_groups &
 builder=$!
+second_stream=""
 set +m
 echo "$builder" >"$dir/builder.pid"
-stop_builder() { kill -- -"$builder" 2>/dev/null || true; }
-trap stop_builder EXIT
+stop_all() {
+  kill -- -"$builder" 2>/dev/null || true
+  [[ -z $second_stream ]] || kill -- -"$second_stream" 2>/dev/null || true
+}
+trap stop_all EXIT
 echo ">> prerequisites build behind the tests (${groups[*]%%=*}); logs in $dir"
 
-"$@"
+make --no-print-directory -j2 lint venv
+touch "$dir/venv.ready"
+
+set -m
+"$@" -m second_stream -p no:cacheprovider >"$dir/second-stream.log" 2>&1 &
+second_stream=$!
+set +m
+echo ">> the tests marked second_stream run beside the others; their output: $dir/second-stream.log"
+
+main_rc=0
+"$@" -m "not second_stream" || main_rc=$?
+second_rc=0
+wait "$second_stream" || second_rc=$?
+second_stream=""
+echo
+echo ">> the tests marked second_stream (exit status $second_rc):"
+cat "$dir/second-stream.log"
+((main_rc == 0 && second_rc == 0))

@@ -23,6 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "needs(group): the group of make test's prerequisites (TEST_PREREQ_GROUPS) this test waits for",
     )
+    config.addinivalue_line(
+        "markers",
+        "second_stream: make test runs it in a second pytest process beside the others (it starts a "
+        "cluster of its own and mostly waits on it)",
+    )
 
 
 def needed_group(item: pytest.Item) -> str | None:

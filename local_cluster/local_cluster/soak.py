@@ -26,6 +26,11 @@ own back-off remains. ``--faults-only`` picks kinds of fault.
 After each fault the soak waits until it is recovered: the cluster Healthy with an active, both
 broker pods and the operators Ready, the backend's confirmed count moving again, and an operator
 heartbeating brokers again (its ``broker_failover_heartbeats_total`` grew since the fault).
+Each fault's line and the summary per kind give two figures (``soak_summary``): the longest pause
+in the backend's confirmations (the outage traffic saw; for a kill of the active, the failover
+through the ``-active`` Service) and the full recovery (which also waits for the kubelet to
+restart a killed container, with its back-off); ``recovery.png`` in the report directory shows
+both for every fault.
 
 At the end traffic stops, everything is confirmed both ways, the brokers close their
 message-log segments, and the checkers run:
@@ -68,6 +73,7 @@ from local_cluster.relay import (
     wait_until,
 )
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+from local_cluster.soak_summary import ConfirmationWatch, FaultCost, plot, summary_lines
 
 STREAMS = 4
 PER_STREAM_PER_TICK = 5
@@ -252,6 +258,7 @@ class SoakResult:
     recovered: int
     records: dict[str, int]
     validator: dict[str, int]
+    costs: list[FaultCost]
 
     @property
     def violations(self) -> int:
@@ -283,7 +290,10 @@ def run_soak(
     )
     feeder = Feeder(relay, PER_STREAM_PER_TICK, TICK).start()
     relay.backend("/sim/start", {})
+    watch = ConfirmationWatch(lambda: int(relay.backend("/sim/status")["confirmed"]))
+    watch.start()
     recovered = 0
+    costs: list[FaultCost] = []
     began = time.monotonic()
     try:
         for index in range(1, faults + 1):
@@ -293,8 +303,11 @@ def run_soak(
                 note = inject(relay, fault)
                 last = wait_recovered(relay)
                 recovered += 1
-                took = time.monotonic() - started
-                outcome = f"{note}recovered in {took:.1f}s"
+                ended = time.monotonic()
+                took = ended - started
+                paused = watch.longest_pause(started, ended)  # at most took: the window is the same
+                costs.append(FaultCost(fault, paused, took))
+                outcome = f"{note}traffic paused {paused:.1f}s, recovered in {took:.1f}s"
                 if took > SLOW_RECOVERY_SECONDS and last:
                     outcome += f" (the last wait: {last})"
             except RelayError as error:
@@ -302,6 +315,12 @@ def run_soak(
             say(f"  [{index}/{faults}] {fault:18} {outcome} ({time.monotonic() - began:.0f}s)")
     finally:
         feeder.stop.set()
+        watch.stop()
+    for line in summary_lines(costs):
+        say(f"  {line}")
+    if costs:
+        plot(costs, report_dir / "recovery.png")
+        say(f"each fault's traffic pause and full recovery: {report_dir / 'recovery.png'}")
     relay.wait_all_confirmed()
     records = relay.record_violations()
     store = cluster.claim_volume_path(namespace, MESSAGE_LOG_CLAIM)
@@ -313,7 +332,7 @@ def run_soak(
     say("running the ordering validator over the brokers' message logs")
     validator = validator_violations(store, report_dir)
     relay.uninstall()
-    return SoakResult(faults=faults, recovered=recovered, records=records, validator=validator)
+    return SoakResult(faults=faults, recovered=recovered, records=records, validator=validator, costs=costs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import pytest
 from local_cluster.cluster import built_tools_dir
 from tests.bench.support import assert_succeeded, counts, headline, run_bench
 
-pytestmark = [pytest.mark.e2e, pytest.mark.needs("cluster")]
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("cluster"), pytest.mark.second_stream]  # its own cluster
 
 
 def test_bench_failover_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> None:

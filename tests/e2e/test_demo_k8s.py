@@ -18,7 +18,7 @@ import pytest
 
 from local_cluster.cluster import REPO_ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.second_stream]  # its own cluster, beside the others
 
 
 def processes_mentioning(text: str) -> list[str]:

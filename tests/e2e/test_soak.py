@@ -18,6 +18,8 @@ import pytest
 from local_cluster.sealed_cluster import SealedCluster
 from local_cluster.soak import FAULTS, run_soak
 
+pytestmark = pytest.mark.second_stream  # beside the other e2e tests in make test, on a cluster of its own
+
 SHORT_FORM_FAULTS = 30  # issue 13: at least 30; each of the seven kinds four times or more
 
 
@@ -38,3 +40,8 @@ def test_thirty_faults_under_traffic_are_recovered_with_nothing_lost_duplicated_
     assert result.records == {"lost": 0, "twice": 0, "out-of-order": 0}, log
     assert result.validator == {}, log
     assert (tmp_path / "report" / "report.html").exists()
+    # Each fault's two figures (traffic paused at most as long as the whole recovery took) and the
+    # picture of them.
+    assert [cost.kind for cost in result.costs] == [FAULTS[i % len(FAULTS)] for i in range(SHORT_FORM_FAULTS)]
+    assert all(0 < cost.pause_seconds <= cost.recovery_seconds for cost in result.costs), result.costs
+    assert (tmp_path / "report" / "recovery.png").stat().st_size > 0

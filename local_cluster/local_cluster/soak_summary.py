@@ -1,0 +1,117 @@
+"""What each fault of the chaos soak cost: the pause in traffic and the time to full recovery.
+
+Two figures per fault, because they answer different questions:
+
+- **traffic pause**: the longest time the backend simulator saw no new confirmation, from the
+  fault until the fault was recovered. A kill of the active pauses traffic until the failover has
+  moved the ``-active`` Service (issue 23's figure); a kill of the standby should not pause it.
+- **full recovery**: until the cluster is Healthy, every pod is Ready again and an operator
+  heartbeats again; after a kill this includes the kubelet's restart back-off of the container.
+
+``ConfirmationWatch`` samples the backend's confirmed count in the background; ``summary_lines``
+prints median and max per kind of fault, and ``plot`` draws each fault's two figures per kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SAMPLE_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class FaultCost:
+    kind: str
+    pause_seconds: float
+    recovery_seconds: float
+
+
+class ConfirmationWatch(threading.Thread):
+    """Samples ``confirmed()`` every ``SAMPLE_SECONDS`` and keeps the instants it grew."""
+
+    def __init__(self, confirmed: Callable[[], int]) -> None:
+        super().__init__(name="confirmation-watch", daemon=True)
+        self._confirmed = confirmed
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._grew: list[float] = []
+
+    def run(self) -> None:
+        last = -1
+        while not self._stopping.wait(SAMPLE_SECONDS):
+            try:
+                count = self._confirmed()
+            except Exception:  # a failed sample is a missed sample, not a failure
+                continue
+            if count > last:
+                with self._lock:
+                    self._grew.append(time.monotonic())
+                last = count
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=5)
+
+    def instants(self) -> list[float]:
+        """When the count was seen to grow, oldest first."""
+        with self._lock:
+            return list(self._grew)
+
+    def longest_pause(self, start: float, end: float) -> float:
+        """The longest stretch in [start, end] with no new confirmation."""
+        return longest_pause([instant for instant in self.instants() if start < instant <= end], start, end)
+
+
+def longest_pause(grew: Sequence[float], start: float, end: float) -> float:
+    """The longest gap between ``start``, each instant in ``grew`` (sorted, inside the window) and
+    the first of them after the last gap; the window's end closes a pause that never ended."""
+    bounds = [start, *grew] if grew else [start, end]
+    return max(later - earlier for earlier, later in itertools.pairwise(bounds))
+
+
+def summary_lines(costs: Sequence[FaultCost]) -> list[str]:
+    """Median and max per kind, in the order the kinds first occurred."""
+    lines = []
+    for kind in dict.fromkeys(cost.kind for cost in costs):
+        mine = [cost for cost in costs if cost.kind == kind]
+        pauses = [cost.pause_seconds for cost in mine]
+        full = [cost.recovery_seconds for cost in mine]
+        lines.append(
+            f"{kind:18} x{len(mine):<3} traffic pause median {statistics.median(pauses):5.1f}s "
+            f"max {max(pauses):5.1f}s; full recovery median {statistics.median(full):5.1f}s "
+            f"max {max(full):5.1f}s"
+        )
+    return lines
+
+
+def plot(costs: Sequence[FaultCost], path: Path) -> None:
+    """One row per kind of fault: each fault's traffic pause and full recovery as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(cost.kind for cost in costs))
+    figure, axes = plt.subplots(figsize=(10, 0.6 * len(kinds) + 1.6))
+    for row, kind in enumerate(kinds):
+        mine = [cost for cost in costs if cost.kind == kind]
+        axes.scatter([c.pause_seconds for c in mine], [row + 0.12] * len(mine), marker="|", s=160,
+                     color="tab:red", label="traffic pause" if row == 0 else None)  # fmt: skip
+        axes.scatter([c.recovery_seconds for c in mine], [row - 0.12] * len(mine), marker="|", s=160,
+                     color="tab:blue", label="full recovery" if row == 0 else None)  # fmt: skip
+    axes.set_yticks(range(len(kinds)), kinds)
+    axes.set_xscale("symlog", linthresh=1)
+    axes.set_xlabel("seconds after the fault (log scale above 1 s)")
+    axes.set_title(f"chaos soak: {len(costs)} faults")
+    axes.grid(axis="x", alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

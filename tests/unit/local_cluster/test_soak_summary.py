@@ -1,0 +1,67 @@
+"""The soak's per-fault figures: the longest pause in confirmations and the per-kind summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from local_cluster.soak_summary import ConfirmationWatch, FaultCost, longest_pause, plot, summary_lines
+
+
+def test_the_longest_pause_counts_from_the_fault_to_the_first_confirmation_after_it() -> None:
+    # Fault at 10.0; confirmations went on at 10.05, stopped, came back at 11.3 and kept coming.
+    assert longest_pause([10.05, 11.3, 11.4, 11.5], 10.0, 12.0) == 11.3 - 10.05
+    # Nothing confirmed until 10.7: the pause starts at the fault.
+    assert longest_pause([10.7, 10.8], 10.0, 11.0) == 10.7 - 10.0
+
+
+def test_a_window_without_any_confirmation_is_one_pause_to_its_end() -> None:
+    assert longest_pause([], 5.0, 8.5) == 3.5
+
+
+def test_the_watch_keeps_the_instants_the_count_grew() -> None:
+    counts = iter([1, 1, 2, 2, 2, 3])
+    watch = ConfirmationWatch(lambda: next(counts, 3))
+    watch.start()
+    deadline = time.monotonic() + 30  # a failure limit; six samples take about 0.3 s
+    while len(watch.instants()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    assert not watch.is_alive()
+    grew = watch.instants()
+    assert len(grew) == 3 and grew == sorted(grew), grew  # 1, then 2, then 3; never 3 again
+    # The open tail after the last growth is not a pause: the longest one is between growths.
+    assert watch.longest_pause(grew[0], grew[-1] + 10) == max(grew[1] - grew[0], grew[2] - grew[1])
+
+
+def test_a_failing_sample_is_skipped_not_fatal() -> None:
+    calls = {"n": 0}
+
+    def flaky() -> int:
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise OSError("connection refused")
+        return calls["n"]
+
+    watch = ConfirmationWatch(flaky)
+    watch.start()
+    deadline = time.monotonic() + 30
+    while len(watch.instants()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    assert len(watch.instants()) >= 3  # the failed samples in between stopped nothing
+
+
+def test_the_summary_gives_median_and_max_per_kind_in_order(tmp_path: Path) -> None:
+    costs = [
+        FaultCost("kill-active", 0.4, 20.0),
+        FaultCost("kill-standby", 0.1, 15.0),
+        FaultCost("kill-active", 0.6, 30.0),
+        FaultCost("kill-active", 2.0, 25.0),
+    ]
+    lines = summary_lines(costs)
+    assert [line.split()[0] for line in lines] == ["kill-active", "kill-standby"]
+    assert "x3" in lines[0] and "pause median   0.6s max   2.0s" in lines[0], lines[0]
+    assert "full recovery median  25.0s max  30.0s" in lines[0], lines[0]
+    plot(costs, tmp_path / "recovery.png")
+    assert (tmp_path / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
