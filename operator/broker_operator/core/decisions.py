@@ -116,7 +116,9 @@ def choose_next_active(state: EngineState, move: Move) -> str | None:
 
     Ready standbys (last seen ``Inactive``) go before unknown or unavailable ones
     because a candidate that does not answer must be fenced for a whole lease
-    before the walk may go on.
+    before the walk may go on. Within each, brokers on a draining node go last: the
+    drain would evict one soon after, a second move; a ready one on a draining node
+    still goes before one that may not answer.
     """
     eligible = [
         name
@@ -130,8 +132,13 @@ def choose_next_active(state: EngineState, move: Move) -> str | None:
         return None
     if move.first is not None and eligible[0] == move.first:
         return eligible[0]
-    ready = [name for name in eligible if (b := state.broker(name)) is not None and b.ready]
-    return (ready or eligible)[0]
+
+    def preference(name: str) -> tuple[bool, bool]:
+        broker = state.broker(name)
+        assert broker is not None  # eligible names only
+        return (not broker.ready, broker.draining)
+
+    return min(eligible, key=preference)  # the first in move.order among the best
 
 
 def next_epoch(state: EngineState) -> int:

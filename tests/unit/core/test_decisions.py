@@ -235,6 +235,25 @@ def test_a_drain_with_no_standby_elsewhere_keeps_the_active_and_says_why_once() 
     assert len([e for e in world.events if e.reason == "DrainBlocked"]) == 2
 
 
+def test_a_failover_prefers_a_standby_whose_node_is_not_draining() -> None:
+    world = World.create(["b0", "b1", "b2"], FAST, pod_mode=True)
+    world.run(3.0)
+    assert world.actives() == ["b0"]
+    world.draining = {"b1"}  # b1 would be next by priority, but its node is being drained
+    world.run(1.0)
+    assert world.actives() == ["b0"]  # a drain of a standby's node moves nothing
+    world.brokers["b0"].alive = False
+    before = len(world.events)
+    world.run(3.0)
+    assert world.actives() == ["b2"]
+    moves = [(e.reason, e.message) for e in world.events[before:] if e.reason in ("Failover", "Switchover")]
+    assert len(moves) == 1 and moves[0][0] == "Failover" and "b2" in moves[0][1], moves  # not via b1
+    # With b2 gone too, the draining b1 is still better than nobody.
+    world.brokers["b2"].alive = False
+    world.run(3.0)
+    assert world.actives() == ["b1"]
+
+
 def test_unknown_preferred_active_is_refused_with_an_event() -> None:
     world = World.create(["b0", "b1"], FAST, preferred=None)
     world.run(2.0)
