@@ -46,12 +46,13 @@ fmt: venv ## Format and auto-fix with ruff.
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The groups of TEST_PREREQS that `make test` builds behind the tests, one after another, each
-# GROUP=TARGET,TARGET (hack/test-behind-prerequisites.sh). The Go tools first, at once: they need
-# no venv and most tests that need anything need them; skaffold's compile last, behind the e2e
-# tests. A test names its group with a `needs` marker or by its folder (tests/conftest.py).
-TEST_PREREQ_GROUPS := tools=tools cluster=host-packages,images bench=bench-packages,perf-test-jar \
-  skaffold=skaffold,registry-package
+# The groups of TEST_PREREQS that `make test` builds behind the tests, each GROUP=TARGET,TARGET
+# (hack/test-behind-prerequisites.sh): the Go tools at once (they need no venv, and most tests
+# that need anything need them), the images that need no tool beside them once the venv is there,
+# then one after another the rest; skaffold's compile last, behind the e2e tests. A test names its
+# group with a `needs` marker or by its folder (tests/conftest.py).
+TEST_PREREQ_GROUPS := tools=tools base-images=host-packages,images-without-tools cluster=images \
+  bench=bench-packages,perf-test-jar skaffold=skaffold,registry-package
 
 # On a fresh machine the prerequisites take about 20 minutes of two cores, so they build behind the
 # tests at the lowest priority while lint and the tests that need none of them run; the tests
@@ -89,7 +90,7 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-failover-k8s bench-operator bench-validator ## Run every benchmark.
+bench: bench-broker bench-failover bench-failover-k8s bench-drain bench-operator bench-validator ## Run every benchmark.
 
 .PHONY: bench-smoke
 bench-smoke: venv $(TEST_PREREQS) ## Every benchmark in small (one round, a few hundred messages, a small store), as make test runs them: tests/bench.
@@ -106,6 +107,10 @@ bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchove
 .PHONY: bench-failover-k8s
 bench-failover-k8s: venv tools host-packages images ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
 	$(BIN)/python bench/bench_failover_k8s.py
+
+.PHONY: bench-drain
+bench-drain: venv tools host-packages images ## kubectl drain of the active's node, 10 times under 200 msg/s, on three real nodes: the switchover's gap and the drain's duration.
+	$(BIN)/python bench/bench_drain.py
 
 .PHONY: soak
 soak: venv tools host-packages images ## Chaos soak on the sealed cluster: 200 faults under traffic, checked by the simulators and the ordering validator.

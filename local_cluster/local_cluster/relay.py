@@ -255,11 +255,14 @@ def deploy_relay(
     request_timeout_seconds: float | None = None,
     helm_values: dict[str, str] | None = None,
     spec: dict[str, Any] | None = None,
+    simulators_node: str | None = None,
 ) -> Relay:
     """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy.
 
     The BrokerCluster is the example's, with ``spec``'s top-level fields in place of its own
-    (``{"heartbeat": {...}}`` replaces the whole heartbeat section)."""
+    (``{"heartbeat": {...}}`` replaces the whole heartbeat section). ``simulators_node`` pins the
+    two simulator pods to that node (a node fault test keeps the traffic's source and sink off the
+    node it breaks)."""
 
     def kubectl(*args: str, input: str | None = None) -> None:
         cluster.kubectl("-n", namespace, *args, input=input)
@@ -311,6 +314,9 @@ def deploy_relay(
         ),
         *simulator_objects("backend", BACKEND_IMAGE, backend_args, token_env),
     ]
+    if simulators_node is not None:
+        for pod in (item for item in objects if item["kind"] == "Pod"):
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": simulators_node}
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     brokercluster["spec"].update(spec or {})

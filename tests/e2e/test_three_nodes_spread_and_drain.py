@@ -22,6 +22,15 @@ reaches, as network storage would be), so an evicted broker can start on another
 node-local volume (the default class, kind's local-path) it would wait, Pending, for its node to
 come back, which costs a standby but not the active.
 
+**Node partition**, under traffic: nftables in the active's node drop everything on its link
+(the API server, the other nodes and their pods, its pods' forwarded traffic). The operator and
+the simulators run on node-1 and the two brokers on the other two, so the partition cuts off the
+active alone: it fences itself when its lease runs out, the operator activates the other broker
+once the lease and its margin have passed, traffic flows again while the node is still cut off,
+and after the heal the old active answers again, as a standby. The simulators' records and the
+ordering validator over the brokers' message logs (overlapping active terms are split brain) find
+nothing lost, twice, out of order or done by a fenced epoch.
+
 The drain is limited to the brokers' and the operator's pods (``--pod-selector``): the simulators
 are bare pods of this test, with no controller to re-create them, which a real drain would refuse
 without ``--force``.
@@ -29,17 +38,21 @@ without ``--force``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from local_cluster.local_path_storage import SHARED_CLASS
-from local_cluster.relay import CLUSTER_NAME, Relay, RelayError
+from local_cluster.relay import CLUSTER_NAME, MESSAGE_LOG_CLAIM, Feeder, Relay, RelayError
 from local_cluster.sealed_cluster import SealedCluster
+from local_cluster.soak import validator_violations
 from tests.e2e.support import relay_in_new_namespace, wait_for
 
-pytestmark = pytest.mark.three_nodes
+# Beside the other e2e tests in make test: it runs a cluster of its own, and mostly waits on it.
+pytestmark = [pytest.mark.three_nodes, pytest.mark.second_stream]
 
 STREAMS, MESSAGES = 4, 400  # per stream, per direction
 DRAINED_PODS = "app.kubernetes.io/name in (broker, broker-failover)"
@@ -203,6 +216,114 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
     finally:
         cluster.kubectl("uncordon", node, check=False)
+
+
+HOSTNAME = "kubernetes.io/hostname"
+QUIET_NODE = "node-1"  # the operator and the simulators; the node partition test breaks another
+BROKERS_OFF_QUIET_NODE_AND_APART = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": HOSTNAME, "operator": "NotIn", "values": [QUIET_NODE]}]}
+            ]
+        }
+    },
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "topologyKey": HOSTNAME,
+                "labelSelector": {"matchLabels": {"broker.failover.dev/cluster": CLUSTER_NAME}},
+            }
+        ]
+    },
+}
+
+
+@pytest.fixture
+def partitionable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
+    """Two brokers on node-2 and node-3; the operator, the simulators and CoreDNS on node-1.
+
+    CoreDNS too: the cluster runs one replica, and on the partitioned node it would take every
+    name lookup down with it (the backend resolves ``orders-active`` again every 10 s), a fault of
+    its own that this test is not about."""
+    _move_cluster_dns(sealed_cluster_three_nodes, QUIET_NODE)
+    with relay_in_new_namespace(
+        sealed_cluster_three_nodes,
+        "nodepart",
+        streams=STREAMS,
+        messages_per_stream=MESSAGES,
+        helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
+        spec={"replicas": 2, "failback": "Manual", "affinity": BROKERS_OFF_QUIET_NODE_AND_APART},
+        simulators_node=QUIET_NODE,
+    ) as relay:
+        yield relay
+
+
+def _move_cluster_dns(cluster: SealedCluster, node: str) -> None:
+    patch = {"spec": {"template": {"spec": {"nodeSelector": {HOSTNAME: node}}}}}
+    dns = ("-n", "kube-system")
+    cluster.kubectl(*dns, "patch", "deployment", "coredns", "--type=merge", "-p", json.dumps(patch))
+    cluster.kubectl(*dns, "rollout", "status", "deployment/coredns", "--timeout=120s", timeout=150)
+
+
+def _broker_state(relay: Relay, name: str) -> str | None:
+    return next((b["state"] for b in relay.status().get("brokers") or [] if b["name"] == name), None)
+
+
+def test_a_partition_of_the_actives_node_moves_the_active_and_it_rejoins_as_standby(
+    partitionable: Relay, tmp_path: Path
+) -> None:
+    relay, cluster = partitionable, partitionable.cluster
+    brokers = _nodes_of(relay, f"broker.failover.dev/cluster={CLUSTER_NAME}")
+    assert sorted(brokers.values()) == ["node-2", "node-3"], brokers
+    assert set(_nodes_of(relay, "app.kubernetes.io/component=operator").values()) == {QUIET_NODE}
+    assert {_node_of(relay, "backend"), _node_of(relay, "cloud")} == {QUIET_NODE}
+    relay.backend("/sim/start", {})
+    feeder = Feeder(relay).start()  # 200 msg/s more, for as long as the partition lasts
+    wait_for(
+        "the first messages confirmed",
+        lambda: int(relay.backend("/sim/status")["confirmed"]) >= STREAMS * MESSAGES,
+        timeout=120,
+    )
+    old_active = relay.status()["active"]
+    node = cluster.node(brokers[old_active])
+    node.partition()
+    try:
+        after = wait_for(
+            f"the active moved off the partitioned {node.name}",
+            lambda: (status := relay.status()).get("active") not in (None, old_active) and status,
+            timeout=60,
+        )
+        new_active = after["active"]
+        assert brokers[new_active] != node.name
+        # Traffic flows again through the new active while the old one's node is still cut off.
+        confirmed = int(relay.backend("/sim/status")["confirmed"])
+        try:
+            wait_for(
+                "traffic confirmed again during the partition",
+                lambda: int(relay.backend("/sim/status")["confirmed"]) > confirmed,
+                timeout=60,
+            )
+        except pytest.fail.Exception as failure:
+            pytest.fail(f"{failure}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
+    finally:
+        feeder.stop.set()
+        node.heal()
+    # The old active fenced itself when its lease ran out; healed, it answers as a standby.
+    wait_for(
+        f"{old_active} back as a standby", lambda: _broker_state(relay, old_active) == "Inactive", timeout=120
+    )
+    assert relay.status()["active"] == new_active
+    try:
+        relay.wait_all_confirmed()
+    except RelayError as error:
+        pytest.fail(f"{error}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
+    assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+    store = cluster.claim_volume_path(relay.namespace, MESSAGE_LOG_CLAIM)
+    try:
+        wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), timeout=120)
+    finally:
+        assert validator_violations(store, tmp_path / "report") == {}
 
 
 @pytest.fixture

@@ -1,0 +1,193 @@
+"""``kubectl drain`` of the active broker's node, over and over, under traffic, on three real nodes.
+
+Setup (``local_cluster.relay``): the sealed cluster with three nodes (a kubelet, containerd and
+kube-proxy each), the chart's operator and the simulators on ``node-1``, three brokers spread by
+the operator's default anti-affinity, their journals on the ``shared-path`` class (one directory
+every node reaches, as network storage would be, so an evicted broker starts again on another
+node), failback Manual; the backend sends to ``http://orders-active.<ns>.svc:8080``, fed 200 msg/s
+(4 streams x 5 messages per 100 ms).
+
+Each drain cordons the active's node and evicts its broker pods (``--pod-selector``: the operator
+and the simulators stay). The ``<name>-active`` PodDisruptionBudget refuses the active's eviction
+(429, kubectl retries) until the operator has switched over to a standby on another node (reason
+``NodeDrain``), then the eviction goes through and the drain completes. The node is uncordoned
+and the next drain waits for all three brokers Ready. Measured per drain:
+
+- the drain command's own duration (``drain_seconds``);
+- the switchover's gap: from the old active's last accepted bundle to the new active's first
+  (each broker's ``broker_messages_accepted_total``, polled every 25 ms inside the cluster's
+  network; a bundle arrives about every 100 ms at this rate, so the figure carries that);
+- at the end, from the simulators' records: messages lost, delivered twice, out of order (any of
+  them: exit status 1).
+
+Prints one line per drain, p50 and p99 of both, and last ``drain_switchover_gap_p99_ms=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
+from local_cluster.local_path_storage import SHARED_CLASS
+from local_cluster.relay import CLUSTER_NAME, Feeder, Relay, deploy_relay, wait_until
+from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+
+sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
+from bench.bench_failover_k8s import Observations, _metric, now_ms, percentile
+
+STREAMS = 4
+PER_STREAM_PER_TICK = 5
+TICK = 0.1
+QUIET_NODE = "node-1"
+BROKERS = tuple(f"{CLUSTER_NAME}-{index}" for index in range(3))
+BROKER_PODS = "app.kubernetes.io/name=broker"
+MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
+
+
+def _poll(obs: Observations, name: str, ip: str, stop: threading.Event) -> None:
+    while not (stop.is_set() or obs.stop.is_set()):
+        value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
+        if value is not None:
+            obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
+        time.sleep(0.025)
+
+
+def switchover_gap_ms(obs: Observations, old: str, new: str, since: float) -> float | None:
+    """From the old active's last growth after ``since`` to the new active's first growth after it."""
+    with obs.lock:
+        old_series = [(t, v) for t, v in obs.accepted.get(old, []) if t >= since]
+        new_series = list(obs.accepted.get(new, []))
+    grew_old = [t for (t, v), (_, before) in zip(old_series[1:], old_series, strict=False) if v > before]
+    if not grew_old:
+        return None
+    last_old = grew_old[-1]
+    before = [v for t, v in new_series if t <= last_old]
+    baseline = before[-1] if before else 0.0
+    first_new = next((t for t, v in new_series if t > last_old and v > baseline), None)
+    return None if first_new is None else first_new - last_old
+
+
+def _node_of(relay: Relay, pod: str) -> str:
+    return str(relay.pod(pod)["spec"].get("nodeName", ""))
+
+
+def _all_ready(relay: Relay) -> bool:
+    return all(relay.pod_ready(name) for name in BROKERS) and relay.status().get("phase") == "Healthy"
+
+
+def run_drain(relay: Relay, obs: Observations, index: int, total: int) -> tuple[float, float | None]:
+    cluster = relay.cluster
+    old = str(relay.status()["active"])
+    node = _node_of(relay, old)
+    stop = threading.Event()
+    for name in BROKERS:  # the pods' addresses change as they are evicted and re-created
+        ip = relay.pod(name)["status"]["podIP"]
+        threading.Thread(
+            target=cluster.call_in_network,
+            args=(functools.partial(_poll, obs, name, ip, stop), 3600),
+            daemon=True,
+        ).start()
+    time.sleep(0.5)  # a few samples before the drain
+    since = now_ms()
+    started = time.monotonic()
+    try:
+        drain = cluster.kubectl(
+            "drain", node, f"--pod-selector={BROKER_PODS}", "--ignore-daemonsets",
+            "--delete-emptydir-data", "--timeout=150s", timeout=180, check=False,
+        )  # fmt: skip
+        seconds = time.monotonic() - started
+        if drain.returncode != 0:
+            raise RuntimeError(f"kubectl drain {node} failed:\n{drain.stdout}\n{drain.stderr}")
+        wait_until(
+            "the switchover recorded", lambda: relay.status().get("lastFailover", {}).get("from") == old, 30
+        )
+        new = str(relay.status()["active"])
+        time.sleep(1.0)  # the new active's first bundles, for the poll to see
+        gap = switchover_gap_ms(obs, old, new, since)
+    finally:
+        stop.set()
+        cluster.kubectl("uncordon", node, check=False)
+    reason = relay.status().get("lastFailover", {}).get("reason")
+    shown = "n/a" if gap is None else f"{gap:.0f} ms"
+    print(
+        f"[{index}/{total}] drain of {node}: {old} -> {new} ({reason}), drain {seconds:.1f} s, "
+        f"switchover gap {shown}",
+        flush=True,
+    )
+    wait_until("every broker Ready again", lambda: _all_ready(relay), 240, 0.5)
+    return seconds, gap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--drains", type=int, default=10)
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="the cluster's files (default: a new directory in /tmp)"
+    )
+    options = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    work = options.workdir or Path(tempfile.mkdtemp(prefix="bench-drain-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"starting the sealed local cluster of three nodes in {work}", flush=True)
+    cluster: SealedCluster = start_sealed_cluster(
+        LocalClusterSettings(
+            tools_dir=built_tools_dir(), workdir=work / "cluster", nodes=3, ready_timeout_seconds=270
+        )
+    )
+    obs = Observations()
+    durations: list[float] = []
+    gaps: list[float] = []
+    try:
+        namespace = f"bench-drain-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", namespace)
+        relay = deploy_relay(
+            cluster,
+            namespace,
+            streams=STREAMS,
+            messages_per_stream=10,
+            helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
+            spec={
+                "replicas": 3,
+                "failback": "Manual",
+                "storage": {"size": "1Gi", "storageClassName": SHARED_CLASS},
+            },
+            simulators_node=QUIET_NODE,
+        )
+        Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()
+        relay.backend("/sim/start", {})
+        wait_until("every broker Ready", lambda: _all_ready(relay), 240, 0.5)
+        for index in range(1, options.drains + 1):
+            seconds, gap = run_drain(relay, obs, index, options.drains)
+            durations.append(seconds)
+            if gap is not None:
+                gaps.append(gap)
+        obs.stop.set()
+        relay.wait_all_confirmed()
+        records = relay.record_violations()
+    finally:
+        obs.stop.set()
+        cluster.stop()
+    print(
+        f"drain_seconds: p50 {statistics.median(durations):.1f} p99 {percentile(durations, 0.99):.1f} "
+        f"over {len(durations)} drains"
+    )
+    if gaps:
+        print(f"switchover gap, ms: p50 {statistics.median(gaps):.0f} p99 {percentile(gaps, 0.99):.0f}")
+    print(f"lost {records['lost']}, twice {records['twice']}, out of order {records['out-of-order']}")
+    print(f"drain_seconds_p99={percentile(durations, 0.99):.1f}")
+    gap_p99 = round(percentile(gaps, 0.99)) if len(gaps) == len(durations) else -1
+    print(f"drain_switchover_gap_p99_ms={gap_p99}")
+    return 0 if sum(records.values()) == 0 and gap_p99 >= 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""``make bench-drain`` in small: one drain of the active broker's node on three real nodes.
+
+Needs what tests/e2e needs (root, ``make tools``, ``make images``); without them it fails saying
+so, never skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.support import assert_succeeded, counts, headline, run_bench
+
+# Its own cluster of three nodes, beside the other tests in make test (tests/conftest.py).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.needs("cluster"),
+    pytest.mark.second_stream,
+]
+
+
+def test_bench_drain_smoke(tmp_path_factory: pytest.TempPathFactory) -> None:
+    work = tmp_path_factory.mktemp("bench-drain")
+    run = run_bench("bench_drain.py", "--drains", "1", "--workdir", str(work / "run"), timeout=600)
+    assert_succeeded(run)
+    assert headline(run, "drain_switchover_gap_p99_ms") > 0
+    # The drain moved the active by a planned switchover (reason NodeDrain), not a failover.
+    moved = r"^\[1/1\] drain of node-\d: orders-(?P<old>\d) -> orders-(?P<new>\d) \(NodeDrain\), drain \d"
+    assert len(set(counts(run, moved).values())) == 2, run.explain()
+    records = r"^lost (?P<lost>\d+), twice (?P<twice>\d+), out of order (?P<misordered>\d+)$"
+    assert counts(run, records) == {"lost": 0, "twice": 0, "misordered": 0}, run.explain()
