@@ -9,6 +9,9 @@ its group before its fixtures are set up. Elsewhere the order is pytest's own.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 
 from tests.prerequisites import group_order, wait_for_group
@@ -50,15 +53,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: module_rank[item.module])  # type: ignore[attr-defined]  # stable
 
 
+WAIT_PROBLEM = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Wait for the test's group outermost, before pytest-timeout starts the test's clock (a
+    wait of many minutes is not the test's time), with output capture off so the progress shows."""
+    group = needed_group(item)
+    if group is not None:
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        capture = item.config.pluginmanager.get_plugin("capturemanager")
+
+        def say(line: str) -> None:
+            if reporter is None:
+                return
+            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+                reporter.write_line(f"[prerequisites] {line}")
+
+        if problem := wait_for_group(group, say):
+            item.stash[WAIT_PROBLEM] = problem
+    return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    group = needed_group(item)
-    if group is None:
-        return
-    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-
-    def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(f"[prerequisites] {line}")
-
-    wait_for_group(group, say)
+    if problem := item.stash.get(WAIT_PROBLEM, None):
+        pytest.fail(problem, pytrace=False)

@@ -4,7 +4,8 @@
 after another while pytest runs, and writes into ``$BROKER_FAILOVER_PREREQS_DIR``, per group, its
 log, its make command and, once done, its exit status. A test that needs a group waits here until
 the group is done, showing the build's latest progress line now and then, and fails (never skips)
-with the end of the log if the build failed or stopped. Without the variable (plain ``pytest``,
+with the end of the log if the build failed or stopped (``tests/conftest.py`` waits before the
+test's timeout starts, and fails the test in its setup). Without the variable (plain ``pytest``,
 ``make e2e``) the prerequisites were built before pytest started, and nothing waits.
 """
 
@@ -14,8 +15,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 ENV = "BROKER_FAILOVER_PREREQS_DIR"
 WAIT_LIMIT_SECONDS = 3600.0  # a failure limit: a fresh machine's whole build takes about half of it
@@ -54,22 +53,23 @@ def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
 
 
-def wait_for_group(group: str, say: Callable[[str], None]) -> None:
-    """Return once ``group`` and the groups built before it are built (a later group may use an
-    earlier one's output: skaffold builds the images); fail the test if a build failed or stopped."""
+def wait_for_group(group: str, say: Callable[[str], None]) -> str | None:
+    """Wait until ``group`` and the groups built before it are built (a later group may use an
+    earlier one's output: skaffold builds the images); why the test cannot run if one of them
+    failed, stopped or took too long, else None."""
     folder = prerequisites_dir()
     if folder is None:
-        return
+        return None
     order = group_order()
     if group not in order:
-        pytest.fail(
-            f"no prerequisite group {group!r} in {folder / 'order'}: see TEST_PREREQ_GROUPS (Makefile)"
-        )
+        return f"no prerequisite group {group!r} in {folder / 'order'}: see TEST_PREREQ_GROUPS (Makefile)"
     for built_first in order[: order.index(group) + 1]:
-        _wait_for_one(folder, built_first, say)
+        if problem := _wait_for_one(folder, built_first, say):
+            return problem
+    return None
 
 
-def _wait_for_one(folder: Path, group: str, say: Callable[[str], None]) -> None:
+def _wait_for_one(folder: Path, group: str, say: Callable[[str], None]) -> str | None:
     status, log = folder / f"{group}.rc", folder / f"{group}.log"
     targets = folder / f"{group}.targets"
     command = targets.read_text().strip() if targets.exists() else group
@@ -81,18 +81,13 @@ def _wait_for_one(folder: Path, group: str, say: Callable[[str], None]) -> None:
             say(f"waiting for `{command}` ({waited:.0f} s so far; log {log}): {_latest_progress(log)}")
             next_progress = waited + PROGRESS_EVERY_SECONDS
         if not _builder_alive(folder) and not status.exists():
-            pytest.fail(
-                f"the builder of `{command}` stopped before it finished; end of {log}:\n{_tail(log)}",
-                pytrace=False,
-            )
+            return f"the builder of `{command}` stopped before it finished; end of {log}:\n{_tail(log)}"
         if waited > WAIT_LIMIT_SECONDS:
-            pytest.fail(
-                f"`{command}` still not built after {waited:.0f} s; end of {log}:\n{_tail(log)}",
-                pytrace=False,
-            )
+            return f"`{command}` still not built after {waited:.0f} s; end of {log}:\n{_tail(log)}"
         time.sleep(POLL_SECONDS)
     code = status.read_text().strip()
     if code != "0":
-        pytest.fail(f"`{command}` failed (exit status {code}); end of {log}:\n{_tail(log)}", pytrace=False)
+        return f"`{command}` failed (exit status {code}); end of {log}:\n{_tail(log)}"
     if time.monotonic() - started > POLL_SECONDS:
         say(f"`{command}` built after {time.monotonic() - started:.0f} s of waiting")
+    return None
