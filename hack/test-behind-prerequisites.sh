@@ -16,7 +16,9 @@
 # second group starts beside the first, the others follow; then two pytest processes run side by
 # side: the tests marked
 # `second_stream` (each starts a cluster of its own and mostly waits on it: the soak, the demo, the
-# failover benchmark's smoke), output to a file printed at the end, and all the others. Each
+# failover benchmark's smoke), output to a file printed at the end, and all the others. The second
+# stream starts its tests once the main one has finished those that need no prerequisite (their
+# sub-second timeouts would not like clusters beside them). Each
 # group's log, make command and exit status go to $BROKER_FAILOVER_PREREQS_DIR.
 set -euo pipefail
 
@@ -89,13 +91,14 @@ make --no-print-directory -j2 lint venv
 touch "$dir/venv.ready"
 
 set -m
-"$@" -m second_stream -p no:cacheprovider >"$dir/second-stream.log" 2>&1 &
+BROKER_FAILOVER_TEST_STREAM=second "$@" -m second_stream -p no:cacheprovider >"$dir/second-stream.log" 2>&1 &
 second_stream=$!
 set +m
 echo ">> the tests marked second_stream run beside the others; their output: $dir/second-stream.log"
 
 main_rc=0
 "$@" -m "not second_stream" || main_rc=$?
+touch "$dir/quiet-tests-done" # in case the main stream had no test that needs a prerequisite
 second_rc=0
 wait "$second_stream" || second_rc=$?
 second_stream=""

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.prerequisites import group_order, wait_for_group
+from tests.prerequisites import group_order, mark_quiet_tests_done, wait_for_group, wait_for_quiet_tests
 
 # Every test in these folders starts the sealed cluster or runs a built image: the Go tools, the
 # host packages and the images (``make tools host-packages images``).
@@ -71,6 +71,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
                 reporter.write_line(f"[prerequisites] {line}")
 
+        mark_quiet_tests_done()
+        wait_for_quiet_tests(say)
         if problem := wait_for_group(group, say):
             item.stash[WAIT_PROBLEM] = problem
     return (yield)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ENV = "BROKER_FAILOVER_PREREQS_DIR"
+STREAM_ENV = "BROKER_FAILOVER_TEST_STREAM"  # "second" in the second pytest process of make test
 WAIT_LIMIT_SECONDS = 3600.0  # a failure limit: a fresh machine's whole build takes about half of it
 POLL_SECONDS = 2.0
 PROGRESS_EVERY_SECONDS = 60.0
@@ -51,6 +52,36 @@ def _latest_progress(log: Path) -> str:
 
 def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
+QUIET_DONE = "quiet-tests-done"  # the main stream reached its first test that needs a group
+
+
+def second_stream() -> bool:
+    return os.environ.get(STREAM_ENV) == "second"
+
+
+def mark_quiet_tests_done() -> None:
+    """Called by the main stream when it reaches its first test that needs a prerequisite: the
+    tests before it (integration, with sub-second timeouts) are done, so the second stream's
+    clusters may start beside it."""
+    folder = prerequisites_dir()
+    if folder is not None and not second_stream():
+        (folder / QUIET_DONE).touch()
+
+
+def wait_for_quiet_tests(say: Callable[[str], None]) -> None:
+    """In the second stream: wait (bounded) until the main stream's quiet tests are done. On a
+    fresh machine they end long before the cluster is built; on a warm one this keeps the second
+    stream's clusters from running beside them."""
+    folder = prerequisites_dir()
+    if folder is None or not second_stream():
+        return
+    started = time.monotonic()
+    if not (folder / QUIET_DONE).exists():
+        say("waiting for the main stream's tests that need no prerequisite to finish")
+    while not (folder / QUIET_DONE).exists() and time.monotonic() - started < WAIT_LIMIT_SECONDS:
+        time.sleep(POLL_SECONDS)
 
 
 def wait_for_group(group: str, say: Callable[[str], None]) -> str | None:
