@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import signal
 import statistics
 import sys
@@ -185,8 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lost {records['lost']}, twice {records['twice']}, out of order {records['out-of-order']}")
     print(f"drain_seconds_p99={percentile(durations, 0.99):.1f}")
     gap_p99 = round(percentile(gaps, 0.99)) if len(gaps) == len(durations) else -1
+    passed = sum(records.values()) == 0 and gap_p99 >= 0
+    if passed and options.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)  # etcd data and logs, a GB or more
+    elif not passed:
+        print(f"the cluster's logs are kept for a look: {work / 'cluster' / 'logs'}", file=sys.stderr)
     print(f"drain_switchover_gap_p99_ms={gap_p99}")
-    return 0 if sum(records.values()) == 0 and gap_p99 >= 0 else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
