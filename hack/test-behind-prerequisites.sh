@@ -14,12 +14,12 @@
 #
 # Steps: the first group starts; `make lint venv` runs (a lint failure ends make test there); the
 # second group starts beside the first, the others follow; then two pytest processes run side by
-# side: the tests marked
-# `second_stream` (each starts a cluster of its own and mostly waits on it: the soak, the demo, the
-# failover benchmark's smoke), output to a file printed at the end, and all the others. The second
-# stream starts its tests once the main one has finished those that need no prerequisite (their
-# sub-second timeouts would not like clusters beside them). Each
-# group's log, make command and exit status go to $BROKER_FAILOVER_PREREQS_DIR.
+# side: the tests marked `second_stream` (each starts a cluster of its own and mostly waits on it:
+# the soak, the demo, the three-node module, two benchmark smokes), output to a file printed at the
+# end, and all the others. The second stream starts its tests once the main one has finished those
+# that need no prerequisite (their sub-second timeouts would not like clusters beside them; the
+# main stream touches quiet-tests-done, tests/prerequisites.py). Each group's log, make command and
+# exit status go to $BROKER_FAILOVER_PREREQS_DIR.
 set -euo pipefail
 
 dir="${BROKER_FAILOVER_PREREQS_DIR:-$PWD/.cache/prereqs}"

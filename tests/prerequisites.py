@@ -1,12 +1,13 @@
 """Waiting for the prerequisites that ``make test`` builds behind the tests.
 
-``hack/test-behind-prerequisites.sh`` builds the groups of ``TEST_PREREQ_GROUPS`` (Makefile) one
-after another while pytest runs, and writes into ``$BROKER_FAILOVER_PREREQS_DIR``, per group, its
-log, its make command and, once done, its exit status. A test that needs a group waits here until
-the group is done, showing the build's latest progress line now and then, and fails (never skips)
-with the end of the log if the build failed or stopped (``tests/conftest.py`` waits before the
-test's timeout starts, and fails the test in its setup). Without the variable (plain ``pytest``,
-``make e2e``) the prerequisites were built before pytest started, and nothing waits.
+``hack/test-behind-prerequisites.sh`` builds the groups of ``TEST_PREREQ_GROUPS`` (Makefile) in
+their order (the first two side by side) while pytest runs, and writes into
+``$BROKER_FAILOVER_PREREQS_DIR``, per group, its log, its make command and, once done, its exit
+status. A test that needs a group waits here until the group is done, showing the build's latest
+progress line now and then, and fails (never skips) with the end of the log if the build failed or
+stopped (``tests/conftest.py`` waits before the test's timeout starts, and fails the test in its
+setup). Without the variable (plain ``pytest``, ``make e2e``) the prerequisites were built before
+pytest started, and nothing waits.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ class ConfirmationWatch(threading.Thread):
 
 
 def longest_pause(grew: Sequence[float], start: float, end: float) -> float:
-    """The longest gap between ``start``, each instant in ``grew`` (sorted, inside the window) and
-    the first of them after the last gap; the window's end closes a pause that never ended."""
+    """The longest gap from ``start`` through the instants in ``grew`` (sorted, inside the window),
+    each gap ending at a new confirmation; with no instant, the whole window up to ``end``. The
+    time after the last instant is not a pause: traffic was flowing again."""
     bounds = [start, *grew] if grew else [start, end]
     return max(later - earlier for earlier, later in itertools.pairwise(bounds))
 
