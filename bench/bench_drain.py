@@ -43,7 +43,7 @@ from local_cluster.relay import CLUSTER_NAME, Feeder, Relay, deploy_relay, wait_
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
-from bench.bench_failover_k8s import Observations, _metric, now_ms, percentile
+from bench.bench_failover_k8s import Observations, _poll_broker, now_ms, percentile
 
 STREAMS = 4
 PER_STREAM_PER_TICK = 5
@@ -52,14 +52,6 @@ QUIET_NODE = "node-1"
 BROKERS = tuple(f"{CLUSTER_NAME}-{index}" for index in range(3))
 BROKER_PODS = "app.kubernetes.io/name=broker"
 MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
-
-
-def _poll(obs: Observations, name: str, ip: str, stop: threading.Event) -> None:
-    while not (stop.is_set() or obs.stop.is_set()):
-        value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
-        if value is not None:
-            obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
-        time.sleep(0.025)
 
 
 def switchover_gap_ms(obs: Observations, old: str, new: str, since: float) -> float | None:
@@ -94,7 +86,7 @@ def run_drain(relay: Relay, obs: Observations, index: int, total: int) -> tuple[
         ip = relay.pod(name)["status"]["podIP"]
         threading.Thread(
             target=cluster.call_in_network,
-            args=(functools.partial(_poll, obs, name, ip, stop), 3600),
+            args=(functools.partial(_poll_broker, obs, name, ip, stop), 3600),
             daemon=True,
         ).start()
     time.sleep(0.5)  # a few samples before the drain

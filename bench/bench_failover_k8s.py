@@ -163,10 +163,11 @@ def _metric(url: str, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _poll_broker(obs: Observations, name: str, ip: str) -> None:
-    """One broker's accepted counter every 25 ms. A thread per broker: a poll of a partitioned
-    broker hangs until its timeout, and must not delay what the other broker's series shows."""
-    while not obs.stop.is_set():
+def _poll_broker(obs: Observations, name: str, ip: str, stop: threading.Event | None = None) -> None:
+    """One broker's accepted counter every 25 ms, until ``obs.stop`` (or ``stop``, for a pod whose
+    address changes) is set. A thread per broker: a poll of a partitioned broker hangs until its
+    timeout, and must not delay what the other broker's series shows."""
+    while not (obs.stop.is_set() or (stop is not None and stop.is_set())):
         value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
         if value is not None:
             obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
