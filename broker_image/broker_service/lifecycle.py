@@ -247,7 +247,7 @@ class Broker:
         await self._perform(answer.effects)
         if isinstance(answer.awaiting, StoreEpoch):
             with contextlib.suppress(EpochStoreError):
-                self._store_epoch(answer.awaiting.epoch)
+                await self._store_epoch(answer.awaiting.epoch)
         return term.standby_reply(self.journal_error)
 
     async def _renew(self, epoch: int, started: float) -> HeartbeatReply:
@@ -258,7 +258,7 @@ class Broker:
         answer = term.renew(epoch, started, self._journal_problem())
         if isinstance(answer.awaiting, StoreEpoch):
             try:
-                self._store_epoch(answer.awaiting.epoch)
+                await self._store_epoch(answer.awaiting.epoch)
             except EpochStoreError as error:
                 return term.epoch_not_stored(str(error))
             answer = term.proceed(started)
@@ -277,10 +277,13 @@ class Broker:
             )
         return None
 
-    def _store_epoch(self, epoch: int) -> None:
+    async def _store_epoch(self, epoch: int) -> None:
         began = time.monotonic()
-        self.epochs.store(epoch)
-        # Two fsyncs on the heartbeat's path: the failover benchmark reads this line for the hop.
+        # Two fsyncs, in a worker thread: on a slow or busy volume they can take longer than the
+        # lease margin, and in the loop that would read as a stall and fence this broker (the
+        # heartbeat lock keeps heartbeats waiting meanwhile; bundles and the watcher go on).
+        await asyncio.to_thread(self.epochs.store, epoch)
+        # The failover benchmark reads this line for the hop.
         logger.info("stored epoch %d in %.1f ms", epoch, (time.monotonic() - began) * 1000)
         self.metrics.epoch.set(epoch)
         self._perform_now(self.term.epoch_stored(epoch))

@@ -9,12 +9,16 @@ setup most tests share.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from broker_service.lifecycle import Broker
+from broker_service.settings import BrokerSettings
+from broker_service.soap_codec import HeartbeatRequest
 from broker_simulators.local_processes import ProcessSet, RunningProcess, free_port, loopback_host
 
 pytestmark = pytest.mark.integration
@@ -87,3 +91,34 @@ def start_relay(
         **(broker_args or {}),  # type: ignore[arg-type]
     )
     return RelaySetup(backend=backend, cloud=cloud, broker=broker)
+
+
+@contextlib.asynccontextmanager
+async def active_in_process_broker(
+    processes: ProcessSet, tmp_path: Path, *, lease_seconds: float
+) -> AsyncIterator[Broker]:
+    """The real ``Broker`` in the test's own event loop, Active at epoch 1, beside real simulators.
+
+    For tests that reach into it (a held disk write); the simulators send nothing themselves.
+    """
+    cloud = processes.start_cloud_simulator(tmp_path)
+    backend = processes.start_backend_simulator(tmp_path, streams=0)
+    settings = BrokerSettings(
+        name="in-process",
+        cluster="acme-1000",
+        account="acme",
+        company="1000",
+        data_dir=tmp_path / "data",
+        backend_url=backend.url,
+        cloud_url=cloud.url,
+        token="t",
+        lease_seconds=lease_seconds,
+    )
+    broker = Broker(settings)
+    await broker.start()
+    try:
+        reply = await broker.heartbeat(HeartbeatRequest(active=True, epoch=1, operator_id="test"))
+        assert reply.state == "Active", reply
+        yield broker
+    finally:
+        await broker.stop()

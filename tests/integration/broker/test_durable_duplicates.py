@@ -24,16 +24,15 @@ import pytest
 
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_service.lifecycle import Broker
-from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
     AcceptResult,
-    HeartbeatRequest,
     SendMessagesRequest,
     SoapFaultError,
     parse_request,
 )
 from broker_simulators.backend import build_envelope
 from broker_simulators.local_processes import ProcessSet
+from tests.integration.broker.conftest import active_in_process_broker
 from tests.unit.broker.gated_disk import GatedDisk
 
 pytestmark = pytest.mark.integration
@@ -51,27 +50,8 @@ def bundle() -> SendMessagesRequest:
 
 @pytest.fixture
 async def active_broker(processes: ProcessSet, tmp_path: Path) -> AsyncIterator[Broker]:
-    cloud = processes.start_cloud_simulator(tmp_path)
-    backend = processes.start_backend_simulator(tmp_path, streams=0)  # it sends nothing itself
-    settings = BrokerSettings(
-        name="in-process",
-        cluster="acme-1000",
-        account="acme",
-        company="1000",
-        data_dir=tmp_path / "data",
-        backend_url=backend.url,
-        cloud_url=cloud.url,
-        token="t",
-        lease_seconds=60,
-    )
-    broker = Broker(settings)
-    await broker.start()
-    try:
-        reply = await broker.heartbeat(HeartbeatRequest(active=True, epoch=1, operator_id="test"))
-        assert reply.state == "Active", reply
+    async with active_in_process_broker(processes, tmp_path, lease_seconds=60) as broker:
         yield broker
-    finally:
-        await broker.stop()
 
 
 Sent = asyncio.Task[tuple[int, list[AcceptResult]]]
