@@ -62,8 +62,8 @@ from local_cluster.cluster_services import install_cluster_dns, start_kube_proxy
 from local_cluster.containerd_sandbox import start_containerd
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane
 from local_cluster.image_build import IMAGES
+from local_cluster.image_seed import IMAGES_FILE, import_images, seeded_images
 from local_cluster.kubelet_node import (
-    IMAGES_FILE,
     ON_DEMAND_IMAGES,
     KubeletNodeError,
     _capture,
@@ -71,7 +71,6 @@ from local_cluster.kubelet_node import (
     _start_scheduler,
     _tail,
     cgroup_root_name,
-    import_images,
     kill_namespace_processes,
     kubelet_config,
 )
@@ -91,6 +90,7 @@ class ClusterNode:
     directory: Path  # <workdir>/nodes/<node>: containerd's root, the kubelet's state, logs
     cgroup: str  # "<cluster root>/<node>", without the leading "/"
     containerd: subprocess.Popen[bytes] | None = None
+    planted: list[str] = dataclasses.field(default_factory=list)  # images linked in (image_seed)
     kubelet: ManagedProcess | None = None
     kube_proxy: ManagedProcess | None = None
 
@@ -214,6 +214,10 @@ def start_cluster_nodes(
     root.create()
     nodes = [ClusterNode(n, workdir / "nodes" / n.name, f"{root.name}/{n.name}") for n in networks]
     foreground = [spec.name for spec in IMAGES if spec.name not in ON_DEMAND_IMAGES]
+
+    def missing(node: ClusterNode) -> list[str]:
+        return [name for name in foreground if name not in node.planted]
+
     stopping = threading.Event()
     errors: list[BaseException] = []
     importers: list[threading.Thread] = []
@@ -221,6 +225,7 @@ def start_cluster_nodes(
         for node in nodes:
             CgroupRoot(node.cgroup).create()
             node.runtime_cgroups().create()
+            node.planted = seeded_images(node.directory / "containerd" / "root")
             node.containerd = start_containerd(
                 node.directory / "containerd",
                 cri=True,
@@ -229,10 +234,11 @@ def start_cluster_nodes(
                 prefix=node.prefix(),
             )
             record = node.directory / IMAGES_FILE
+            record.write_text(json.dumps(node.planted))
             importers.append(
                 threading.Thread(
                     target=_capture(errors, import_images),
-                    args=(node.containerd_socket, foreground, record, stopping, False),
+                    args=(node.containerd_socket, missing(node), record, stopping, False),
                     daemon=True,
                 )
             )
@@ -266,9 +272,12 @@ def start_cluster_nodes(
             raise errors[0]
         if any(importer.is_alive() for importer in importers):
             raise KubeletNodeError(f"importing the images took over {ready_timeout_seconds:.0f}s")
+        # What every node has: the foreground images, and what was planted on all of them.
+        everywhere = set.intersection(*(set(node.planted) for node in nodes))
+        held = [*foreground, *sorted(everywhere - set(foreground))]
         record = workdir / IMAGES_FILE
-        record.write_text(json.dumps(foreground))
-        background = [name for name in background_images if name not in foreground]
+        record.write_text(json.dumps(held))
+        background = [name for name in background_images if name not in held]
         cluster.importer = threading.Thread(
             target=_capture([], _import_on_every_node),
             args=(nodes, background, record, stopping),
@@ -289,7 +298,8 @@ def _import_on_every_node(
     """Each image into every node's containerd; named in ``record`` once every node has it."""
     for name in names:
         for node in nodes:
-            import_images(node.containerd_socket, [name], node.directory / IMAGES_FILE, stopping, False)
+            if name not in node.planted:
+                import_images(node.containerd_socket, [name], node.directory / IMAGES_FILE, stopping, False)
         if stopping.is_set():
             return
         staged = record.with_suffix(".tmp")

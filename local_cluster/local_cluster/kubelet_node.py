@@ -6,11 +6,13 @@ starts, in order:
 
 * containerd with its CRI (``containerd_sandbox.start_containerd``), state under the cluster's
   directory, pods on the CNI bridge plugin, the sandbox ("pause") image ``make images`` built;
-* the images ``make images`` wrote as OCI archives, imported (nothing is ever pulled: a pod naming
-  an image that was not built waits with the kubelet's ``ErrImageNeverPull``). The validator's
-  image, 1.3 GB unpacked and half a minute to import, only when asked for: in the background
-  once the node is ready (``background_images``), or later (``SealedCluster.ensure_images``);
-  ``images.json`` in the cluster's directory names the images imported so far;
+* the images ``make images`` wrote as OCI archives, linked into containerd's root before it starts
+  from a copy imported once (``image_seed``; nothing is ever pulled: a pod naming an image that
+  was not built waits with the kubelet's ``ErrImageNeverPull``). Where linking is not possible
+  they are imported instead, the validator's (1.3 GB unpacked, half a minute) only when asked
+  for: in the background once the node is ready (``background_images``), or later
+  (``SealedCluster.ensure_images``); ``images.json`` in the cluster's directory names the images
+  the node has so far;
 * the control plane (``control_plane``) on the bridge address, and kube-scheduler;
 * the kubelet (built with the other tools from the same pin), registered as the Node;
 * kube-proxy (nftables) and CoreDNS, a pod from its image (``cluster_dns.yaml``);
@@ -51,15 +53,15 @@ from local_cluster.cluster_services import (
     start_kube_proxy,
     wait_for_healthz,
 )
-from local_cluster.containerd_sandbox import NAMESPACE, start_containerd
+from local_cluster.containerd_sandbox import start_containerd
 from local_cluster.control_plane import (
     ControlPlane,
     ControlPlaneSettings,
     ControlPlaneStartError,
     start_control_plane,
 )
-from local_cluster.image_archives import archive_for
 from local_cluster.image_build import IMAGES
+from local_cluster.image_seed import IMAGES_FILE, import_images, seeded_images
 from local_cluster.local_path_storage import install_local_path_storage
 from local_cluster.pki import ClusterPki
 from local_cluster.processes import ManagedProcess
@@ -68,7 +70,6 @@ KUBELET_PORT = 10250
 # Imported only when asked for: the validator's image is 1.3 GB unpacked and only its CronJob
 # (and Spark's executor pods) use it.
 ON_DEMAND_IMAGES = ("broker-failover/validator",)
-IMAGES_FILE = "images.json"
 # Sockets live under the node's own /run (a tmpfs of the sealed mount namespace): a socket's path
 # has at most 107 bytes, and a test's directory can be longer than that leaves. The kubelet's state
 # stays under the cluster's directory, bind-mounted at a short path.
@@ -241,32 +242,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def import_images(
-    socket: Path,
-    names: Sequence[str],
-    record: Path,
-    stopping: threading.Event | None = None,
-    unpack: bool = True,
-) -> None:
-    """``ctr images import`` of each image's archive, in order, adding it to ``record`` when done.
-
-    ``unpack=False`` (``--no-unpack``) stores the image's blobs only; containerd's CRI unpacks an
-    image into its snapshotter when a container of it is first created on that node."""
-    for name in names:
-        if stopping is not None and stopping.is_set():
-            return
-        archive = archive_for(name)
-        flags = [] if unpack else ["--no-unpack"]
-        command = ["ctr", "--address", str(socket), "-n", NAMESPACE, "images", "import", *flags, str(archive)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-        if result.returncode != 0:
-            raise KubeletNodeError(f"importing {archive} failed: {result.stderr.strip()}")
-        done = json.loads(record.read_text()) if record.exists() else []
-        staged = record.with_suffix(".tmp")
-        staged.write_text(json.dumps([*done, name]))
-        staged.replace(record)
-
-
 def start_kubelet_node(
     tools_dir: Path,
     workdir: Path,
@@ -280,11 +255,12 @@ def start_kubelet_node(
     deadline = started + ready_timeout_seconds
     cgroups = CgroupRoot(cgroup_root_name(workdir))
     cgroups.create()
+    planted = seeded_images(workdir / "containerd" / "root")
     containerd = start_containerd(workdir / "containerd", cri=True, run_dir=CONTAINERD_RUN)
     socket = CONTAINERD_RUN / "containerd.sock"
     record = workdir / IMAGES_FILE
-    record.unlink(missing_ok=True)
-    foreground = [spec.name for spec in IMAGES if spec.name not in ON_DEMAND_IMAGES]
+    record.write_text(json.dumps(planted))
+    foreground = [spec.name for spec in IMAGES if spec.name not in (*ON_DEMAND_IMAGES, *planted)]
     stopping = threading.Event()
     try:
         # The control plane starts while the images are imported (both take seconds).
@@ -316,7 +292,7 @@ def start_kubelet_node(
             raise errors[0]
         if importer.is_alive():
             raise KubeletNodeError(f"importing the images took over {ready_timeout_seconds:.0f}s")
-        background = [name for name in background_images if name not in foreground]
+        background = [name for name in background_images if name not in (*foreground, *planted)]
         node.importer = threading.Thread(
             target=_capture([], import_images), args=(socket, background, record, stopping), daemon=True
         )

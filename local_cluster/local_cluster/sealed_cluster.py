@@ -61,7 +61,8 @@ from local_cluster.cluster_state import STATE_FILE, read_state
 from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.image_archives import archive_for
-from local_cluster.kubelet_node import IMAGES_FILE, KubeletNode, cgroup_root_name, start_kubelet_node
+from local_cluster.image_seed import IMAGES_FILE
+from local_cluster.kubelet_node import KubeletNode, cgroup_root_name, start_kubelet_node
 from local_cluster.pki import ClientCertificate, write_kubeconfig
 from local_cluster.processes import (
     ManagedProcess,
