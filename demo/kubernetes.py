@@ -136,8 +136,8 @@ class Kubectl:
         return self.cluster.helm(*args, timeout=300).stdout
 
     def get(self, *what: str) -> Any:
-        result = self.cluster.kubectl("-n", NAMESPACE, "get", *what, "-o", "json", check=False)
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        """What ``kubectl get WHAT -o json`` prints (the demo's polling, so not echoed), or None."""
+        return self.cluster.get_json(NAMESPACE, *what)
 
     def status(self) -> dict[str, Any]:
         return dict((self.get("brokercluster", CLUSTER) or {}).get("status") or {})

@@ -18,9 +18,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import urllib3
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
+from local_cluster.api_reads import api_path
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.local_path_storage import volume_path
 
@@ -99,9 +103,8 @@ class ClusterAccess:
         deadline = time.monotonic() + timeout
         phase = "absent"
         while time.monotonic() < deadline:
-            found = self.kubectl("-n", namespace, "get", "pvc", claim, "-o", "json", check=False)
-            if found.returncode == 0:
-                body = json.loads(found.stdout)
+            body = self.get_json(namespace, "pvc", claim)
+            if body is not None:
                 phase = str((body.get("status") or {}).get("phase"))
                 volume = (body.get("spec") or {}).get("volumeName")
                 if phase == "Bound" and volume:
@@ -140,6 +143,28 @@ class ClusterAccess:
 
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def get_json(self, namespace: str, *what: str) -> Any:
+        """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None where kubectl would fail (not
+        found, API server unreachable). For the kinds ``api_reads`` knows, one GET over a client
+        kept for the purpose, not a kubectl process (what polling loops call)."""
+        request = api_path(namespace, what)
+        if request is None:
+            result = self.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
+            return json.loads(result.stdout) if result.returncode == 0 else None
+        path, query = request
+        reader: client.ApiClient | None = self.__dict__.get("_reader")
+        if reader is None:
+            reader = self.__dict__["_reader"] = self.api_client()
+        method, url, headers, _, _ = reader.param_serialize(
+            "GET", path, query_params=list(query.items()), auth_settings=["BearerToken"]
+        )
+        try:
+            response = reader.call_api(method, url, header_params=headers, _request_timeout=10)
+            body = response.read()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError):
+            return None
+        return json.loads(body) if response.status == 200 else None
 
 
 if __name__ == "__main__":

@@ -177,8 +177,8 @@ class Relay:
         }
 
     def get(self, *what: str) -> Any:
-        result = self.cluster.kubectl("-n", self.namespace, "get", *what, "-o", "json", check=False)
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        """``kubectl get WHAT -o json`` in the relay's namespace, or None (``ClusterAccess.get_json``)."""
+        return self.cluster.get_json(self.namespace, *what)
 
     def status(self) -> dict[str, Any]:
         return dict(((self.get("brokercluster", CLUSTER_NAME) or {}).get("status")) or {})
@@ -269,9 +269,7 @@ def deploy_relay(
 
     wait_until(
         "the namespace's default ServiceAccount",
-        lambda: (
-            cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode == 0
-        ),
+        lambda: cluster.get_json(namespace, "serviceaccount", "default") is not None,
         60,
     )
     kubectl("apply", "-f", "-", input=json.dumps(message_log_claim()))

@@ -81,8 +81,7 @@ def wait_for(
 
 def get_json(cluster: ClusterAccess, namespace: str, *what: str) -> Any:
     """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None when kubectl fails (e.g. not found)."""
-    result = cluster.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
+    return cluster.get_json(namespace, *what)
 
 
 def free_port() -> int:
