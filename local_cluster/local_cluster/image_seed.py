@@ -24,20 +24,19 @@ cache), planting fails cleanly and the node imports the archives as before.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from local_cluster.containerd_sandbox import NAMESPACE, start_containerd
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.image_archives import archive_for
-from local_cluster.image_build import CACHE_DIR, IMAGES, ImageBuildError
+from local_cluster.image_build import CACHE_DIR, IMAGES, ImageBuildError, locked
 
 SEED_DIR = CACHE_DIR / "containerd-seed"
 # Written by containerd while it runs: copied into each node, never linked.
@@ -101,14 +100,6 @@ def seed_key(names: Sequence[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _seed_lock(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / "lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def _make_seed(names: Sequence[str], target: Path) -> None:
     """Import ``names`` into a fresh containerd root at ``target / "root"`` (under the lock)."""
     scratch = target.with_name(target.name + ".partial")
@@ -140,7 +131,7 @@ def ensure_seed(names: Sequence[str]) -> Path:
     """The seed for ``names`` (made now if there is none for these archives): its directory, whose
     ``root`` is a containerd root and whose ``images.json`` names what it holds."""
     target = SEED_DIR / seed_key(names)
-    with _seed_lock(SEED_DIR):
+    with locked(SEED_DIR):
         if not (target / IMAGES_FILE).exists():
             _make_seed(names, target)
     return target
@@ -152,7 +143,7 @@ def plant_seed(seed: Path, root: Path) -> list[str]:
     Raises ``OSError`` when the links cannot be made (``cp``'s own message in it); the partial
     root is removed first, so the caller can import instead."""
     root.mkdir(parents=True, exist_ok=True)
-    with _seed_lock(seed.parent):  # not while a new seed replaces this one
+    with locked(seed.parent):  # not while a new seed replaces this one
         try:
             linked = subprocess.run(
                 ["cp", "-a", "--link", f"{seed / 'root'}/.", str(root)],
