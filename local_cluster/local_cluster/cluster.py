@@ -11,6 +11,7 @@ runs it, as it always has.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -144,6 +145,11 @@ class ClusterAccess:
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    @functools.cached_property
+    def _reader(self) -> client.ApiClient:
+        """The client ``get_json`` keeps for its reads (a connection pool, not one per look)."""
+        return self.api_client()
+
     def get_json(self, namespace: str, *what: str) -> Any:
         """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None where kubectl would fail (not
         found, API server unreachable). For the kinds ``api_reads`` knows, one GET over a client
@@ -153,9 +159,7 @@ class ClusterAccess:
             result = self.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
             return json.loads(result.stdout) if result.returncode == 0 else None
         path, query = request
-        reader: client.ApiClient | None = self.__dict__.get("_reader")
-        if reader is None:
-            reader = self.__dict__["_reader"] = self.api_client()
+        reader = self._reader
         method, url, headers, _, _ = reader.param_serialize(
             "GET", path, query_params=list(query.items()), auth_settings=["BearerToken"]
         )
