@@ -51,7 +51,12 @@ def broker_active(broker: RunningProcess) -> bool | None:
             text = response.read().decode()
     except OSError:
         return None
-    match = re.search(r"^broker_active (\S+)$", text, re.MULTILINE)
+    return reads_active(text)
+
+
+def reads_active(metrics: str) -> bool:
+    """Whether a broker's ``/metrics`` text has its ``broker_active`` gauge at 1."""
+    match = re.search(r"^broker_active (\S+)$", metrics, re.MULTILINE)
     return match is not None and float(match.group(1)) == 1.0
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import signal
 import socket
 import struct
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from broker_simulators.local_processes import (
 )
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import heartbeat
-from tests.integration.operator.conftest import ProcessShell, broker_active, eventually
+from tests.integration.operator.conftest import ProcessShell, broker_active, eventually, reads_active
 
 pytestmark = pytest.mark.integration
 
@@ -129,23 +130,41 @@ def test_a_kill_9_is_proven_gone(processes: ProcessSet, tmp_path: Path) -> None:
 SIGTERM_TRIES = 20
 
 
+def read_gauge_until_refused(admin: RunningProcess, seen: list[bool], within: float = 30.0) -> None:
+    """Append the broker's own ``broker_active`` gauge to ``seen`` until its admin port refuses.
+
+    Only a refusal ends the reads: a timeout or a reset under load proves nothing about the
+    order (CI once read a timeout as the refusal, after a last ``True``)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(admin.url + "/metrics", timeout=2.0) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, ConnectionRefusedError) as failed:
+            if isinstance(getattr(failed, "reason", failed), ConnectionRefusedError):
+                return
+            continue  # a timeout or a reset: ask again
+        except OSError:
+            continue
+        seen.append(reads_active(text))
+    raise AssertionError(f"the admin port still answered {within:g}s after SIGTERM (seen {seen[-5:]})")
+
+
 def test_sigterm_stops_acting_before_the_admin_port_refuses(processes: ProcessSet, tmp_path: Path) -> None:
     for attempt in range(SIGTERM_TRIES):
         broker, admin, url = start_watched_broker(processes, tmp_path / f"try-{attempt}")
         assert heartbeat(admin, active=True, epoch=1).state == "Active"
-        seen: list[bool | None] = []
+        seen: list[bool] = []
 
         async def story(
             broker: RunningProcess = broker,
             admin: RunningProcess = admin,
             url: str = url,
-            seen: list[bool | None] = seen,
+            seen: list[bool] = seen,
         ) -> Observation:
             async with Watching(broker.name, url) as watching:
                 broker.kill(signal.SIGTERM)
-                # Read the broker's own gauge on the admin port until the port refuses.
-                while (active := await asyncio.to_thread(broker_active, admin)) is not None:
-                    seen.append(active)
+                await asyncio.to_thread(read_gauge_until_refused, admin, seen)
                 return await watching.first_signal()
 
         gone = asyncio.run(story())
