@@ -14,11 +14,14 @@
 #
 # Steps: the first group starts; `make lint venv` runs (a lint failure ends make test there); the
 # second group starts beside the first, the others follow; then two pytest processes run side by
-# side: the tests marked `second_stream` (each starts a cluster of its own and mostly waits on it:
-# the soak, the demo, the three-node module, two benchmark smokes), output to a file printed at the
-# end, and all the others. The second stream starts its tests once the main one has finished those
-# that need no prerequisite (their sub-second timeouts would not like clusters beside them; the
-# main stream touches quiet-tests-done, tests/prerequisites.py). Each group's log, make command and
+# side: the second stream (output to a file printed at the end) runs the tests marked
+# `second_stream` (each starts a cluster of its own and mostly waits on it: the soak, the demo, the
+# three-node module, two benchmark smokes), the main one all the others; the modules that need a
+# prerequisite are shared, each run by the stream that reaches it first (the main one from the
+# front, the second from the back: tests/conftest.py), so that the two end together. The second
+# stream starts its tests once the main one has finished those that need no prerequisite (their
+# sub-second timeouts would not like clusters beside them; the main stream touches
+# quiet-tests-done, tests/prerequisites.py). Each group's log, make command and
 # exit status go to $BROKER_FAILOVER_PREREQS_DIR.
 set -euo pipefail
 
@@ -91,10 +94,10 @@ make --no-print-directory -j2 lint venv
 touch "$dir/venv.ready"
 
 set -m
-BROKER_FAILOVER_TEST_STREAM=second "$@" -m second_stream -p no:cacheprovider >"$dir/second-stream.log" 2>&1 &
+BROKER_FAILOVER_TEST_STREAM=second "$@" -p no:cacheprovider >"$dir/second-stream.log" 2>&1 &
 second_stream=$!
 set +m
-echo ">> the tests marked second_stream run beside the others; their output: $dir/second-stream.log"
+echo ">> a second stream of tests (second_stream, then shared modules) runs beside; its output: $dir/second-stream.log"
 
 main_rc=0
 "$@" -m "not second_stream" || main_rc=$?
@@ -104,6 +107,6 @@ wait "$second_stream" || second_rc=$?
 second_stream=""
 ((second_rc != 5)) || second_rc=0 # pytest's "no tests collected": none is marked second_stream
 echo
-echo ">> the tests marked second_stream (exit status $second_rc):"
+echo ">> the second stream (exit status $second_rc):"
 cat "$dir/second-stream.log"
 ((main_rc == 0 && second_rc == 0))

@@ -5,16 +5,31 @@ needs a group when it is marked ``needs("group")``, or else when it lives in a f
 ``FOLDER_NEEDS``. Under ``make test`` the tests run sorted by the build order of what they need,
 those that need nothing first, each module kept whole (module-scoped fixtures); a test waits for
 its group before its fixtures are set up. Elsewhere the order is pytest's own.
+
+Under make test two pytest processes run side by side (hack/test-behind-prerequisites.sh): the
+main stream, with every test not marked ``second_stream``, and the second, with those marked
+``second_stream`` (each starts a cluster of its own). The modules that need a prerequisite and are
+not marked are shared: both streams collect them, the main stream from the front, the second from
+the back once its own are done, and whichever reaches a module first runs it (``claim_module``),
+so the streams end together however long each module takes on the machine at hand.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 
 import pytest
 
-from tests.prerequisites import group_order, mark_quiet_tests_done, wait_for_group, wait_for_quiet_tests
+from tests.prerequisites import (
+    claim_module,
+    group_order,
+    mark_quiet_tests_done,
+    second_stream,
+    wait_for_group,
+    wait_for_quiet_tests,
+)
 
 # Every test in these folders starts the sealed cluster or runs a built image: the Go tools, the
 # host packages and the images (``make tools host-packages images``).
@@ -51,6 +66,79 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         module_rank.setdefault(item.module, rank.get(needed_group(item) or "", 0))  # type: ignore[attr-defined]
     items.sort(key=lambda item: module_rank[item.module])  # type: ignore[attr-defined]  # stable
+    if second_stream():
+        own: list[pytest.Item] = []
+        shared_modules: list[list[pytest.Item]] = []
+        quiet: list[pytest.Item] = []
+        for tests in by_module(items):
+            if tests[0].get_closest_marker("second_stream"):
+                own += tests
+            elif shared(tests[0]):
+                shared_modules.append(tests)
+            else:
+                quiet += tests
+        items[:] = own + [item for tests in reversed(shared_modules) for item in tests]
+        if quiet:
+            config.hook.pytest_deselected(items=quiet)
+
+
+def by_module(items: list[pytest.Item]) -> list[list[pytest.Item]]:
+    """The tests in runs of one module each (the order makes each module one run)."""
+    return [list(tests) for _, tests in itertools.groupby(items, key=module_id)]
+
+
+def module_id(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def shared(item: pytest.Item) -> bool:
+    """Whether both streams of make test collect the test (see the module doc)."""
+    return needed_group(item) is not None and item.get_closest_marker("second_stream") is None
+
+
+OTHER_STREAM = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """pytest's own loop, leaving out the shared modules that the other stream of make test claimed
+    first; elsewhere (or on collection errors, or ``--collect-only``) pytest's own loop runs."""
+    config = session.config
+    if not group_order() or config.option.collectonly or session.testsfailed:
+        return None
+    left_out = config.stash.setdefault(OTHER_STREAM, [])
+
+    def claimed() -> Iterator[pytest.Item]:
+        for module_tests in by_module(session.items):
+            module = module_id(module_tests[0])
+            if shared(module_tests[0]) and not claim_module(module):
+                left_out.append(module)
+                config.hook.pytest_deselected(items=module_tests)
+                continue
+            yield from module_tests
+
+    # The next test is known before this one runs (module-scoped fixtures end on it), so a module
+    # is claimed while the last test of the module before it runs.
+    queue = claimed()
+    item = next(queue, None)
+    while item is not None:
+        nextitem = next(queue, None)
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+        item = nextitem
+    return True
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if left_out := terminalreporter.config.stash.get(OTHER_STREAM, []):
+        terminalreporter.write_line(
+            f"the other stream of make test ran these {len(left_out)} shared modules:"
+        )
+        for module in left_out:
+            terminalreporter.write_line(f"  {module}")
 
 
 WAIT_PROBLEM = pytest.StashKey[str]()

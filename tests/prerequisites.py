@@ -56,6 +56,7 @@ def _tail(log: Path, lines: int = 40) -> str:
 
 
 QUIET_DONE = "quiet-tests-done"  # the main stream reached its first test that needs a group
+CLAIMS = "claims"  # one file per shared module, made by the stream that runs it
 
 
 def second_stream() -> bool:
@@ -123,3 +124,24 @@ def _wait_for_one(folder: Path, group: str, say: Callable[[str], None]) -> str |
     if time.monotonic() - started > POLL_SECONDS:
         say(f"`{command}` built after {time.monotonic() - started:.0f} s of waiting")
     return None
+
+
+def claim_module(module_id: str) -> bool:
+    """Whether this stream runs ``module_id`` (a test file's node id), one of the modules both
+    streams collect (tests/conftest.py): the first stream to ask gets it, the other leaves it out.
+    Outside make test there is one stream, which runs everything."""
+    folder = prerequisites_dir()
+    if folder is None:
+        return True
+    claims = folder / CLAIMS
+    claims.mkdir(exist_ok=True)
+    stream = "second" if second_stream() else "main"
+    try:
+        descriptor = os.open(
+            claims / module_id.replace("/", "__"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
+        )
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w") as claim:
+        claim.write(f"{stream}\n")
+    return True
