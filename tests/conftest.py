@@ -10,8 +10,9 @@ Under make test two pytest processes run side by side (hack/test-behind-prerequi
 main stream, with every test not marked ``second_stream``, and the second, with those marked
 ``second_stream`` (each starts a cluster of its own). The modules that need a prerequisite and are
 not marked are shared: both streams collect them, the main stream from the front, the second from
-the back once its own are done, and whichever reaches a module first runs it (``claim_module``),
-so the streams end together however long each module takes on the machine at hand.
+the back once its own are done (group by group, the earliest built first), and whichever reaches
+a module first runs it (``claim_module``), so the streams end together however long each module
+takes on the machine at hand.
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 shared_modules.append(tests)
             else:
                 quiet += tests
-        items[:] = own + [item for tests in reversed(shared_modules) for item in tests]
+        # From the back, but those of a group built earlier first: on a fresh machine the second
+        # stream should not wait for skaffold's compile while modules that need only the cluster
+        # are left.
+        shared_modules.reverse()
+        shared_modules.sort(key=lambda tests: module_rank[tests[0].module])  # type: ignore[attr-defined]
+        items[:] = own + [item for tests in shared_modules for item in tests]
         if quiet:
             config.hook.pytest_deselected(items=quiet)
 

@@ -52,13 +52,18 @@ def make_project(root: Path) -> None:
     for number in range(SHARED_MODULES):
         module = RECORDING_TEST.format(mark="", seconds=SECONDS_PER_TEST)
         (tests / "e2e" / f"test_shared_{number}.py").write_text(module)
+    # A module of a group built after the cluster (as skaffold is), first in file order.
+    later = RECORDING_TEST.format(mark='pytestmark = pytest.mark.needs("later")', seconds=0)
+    (tests / "e2e" / "test_a_later_group.py").write_text(later)
 
 
 def prerequisites_built(folder: Path) -> None:
-    """What the runner script leaves once the group ``cluster`` is built (e2e tests need it)."""
+    """What the runner script leaves once the groups are built: ``cluster`` (e2e tests need it)
+    and ``later``."""
     folder.mkdir()
-    (folder / "order").write_text("cluster\n")
-    (folder / "cluster.rc").write_text("0\n")
+    (folder / "order").write_text("cluster later\n")
+    for group in ("cluster", "later"):
+        (folder / f"{group}.rc").write_text("0\n")
     (folder / "builder.pid").write_text(f"{os.getpid()}\n")
 
 
@@ -97,11 +102,8 @@ def test_each_shared_module_runs_once_the_main_stream_from_the_front(tmp_path: P
     tests = [test for _, test in runs]
     assert len(tests) == len(set(tests)), f"a test ran twice: {runs}"
     shared = [f"tests.e2e.test_shared_{n}" for n in range(SHARED_MODULES)]
-    expected = {
-        f"{module}::{test}"
-        for module in [*shared, "tests.test_quiet", "tests.e2e.test_own"]
-        for test in ("test_one", "test_two")
-    }
+    modules = [*shared, "tests.test_quiet", "tests.e2e.test_own", "tests.e2e.test_a_later_group"]
+    expected = {f"{module}::{test}" for module in modules for test in ("test_one", "test_two")}
     assert set(tests) == expected
 
     stream_of = {test.split("::")[0]: stream for stream, test in runs}
@@ -111,9 +113,15 @@ def test_each_shared_module_runs_once_the_main_stream_from_the_front(tmp_path: P
     taken_by_main = order.count("main")
     assert order == ["main"] * taken_by_main + ["second"] * (SHARED_MODULES - taken_by_main), order
     assert 0 < taken_by_main < SHARED_MODULES, f"one stream ran every shared module: {order}"
+    # The later group's module comes after every module of the cluster's, in either stream.
+    later_by = stream_of["tests.e2e.test_a_later_group"]
+    in_that_stream = [test.split("::")[0] for stream, test in runs if stream == later_by]
+    assert in_that_stream[-2:] == ["tests.e2e.test_a_later_group"] * 2, in_that_stream
     # Each stream names the modules the other ran, and counts their tests as deselected.
-    assert f"ran these {SHARED_MODULES - taken_by_main} shared modules" in main.stdout, main.stdout
-    assert f"ran these {taken_by_main} shared modules" in second_output, second_output
+    by_second = SHARED_MODULES - taken_by_main + (later_by == "second")
+    assert f"ran these {by_second} shared modules" in main.stdout, main.stdout
+    by_main = taken_by_main + (later_by == "main")
+    assert f"ran these {by_main} shared modules" in second_output, second_output
 
 
 @pytest.mark.parametrize("stream", ["main", "second"])
