@@ -11,6 +11,11 @@
 export CGO_ENABLED=0
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export GOFLAGS="-mod=readonly"
+# The compiler and linker are Go programs: with a garbage collector that runs a quarter as often
+# they take about a tenth less CPU (client-go's 566 packages from an empty build cache, 2026-11-26:
+# 257 CPU-s at the default GOGC=100, 225 at 400, twice each) for peaks of about 650 MB a compile
+# instead of 380. Not part of Go's cache keys, so the compiled packages are the same.
+export GOGC="${GOGC:-400}"
 
 go_tools_cache_root="${BROKER_FAILOVER_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/broker-failover/tools}"
 

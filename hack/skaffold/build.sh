@@ -38,11 +38,11 @@ echo ">> [$((SECONDS - start))s] modules ready" >&2
 # Compiled without optimizations or inlining (-N -l): the test runs it for seconds, and on a fresh
 # machine the compile is on make test's critical path. Measured 2026-11-26, empty build cache:
 # 699 CPU-s (6m08s) optimized, 535 CPU-s (4m50s) with -N -l. The standard library keeps the
-# default flags (the later -gcflags pattern wins), so its compiled packages are the ones the
-# Kubernetes tools' build already put in Go's cache; of skaffold's 2,311 packages, 242 are the
-# standard library's and 256 more are the same module versions as the tools' (these lose that
-# sharing: an unoptimized build is a different build).
-build_flags=(-trimpath "-gcflags=all=-N -l" "-gcflags=std="
+# tools' flags (the later -gcflags pattern wins: no DWARF, hack/tools/build.sh), so its compiled
+# packages are the ones the Kubernetes tools' build already put in Go's cache; of skaffold's 2,311
+# packages, 242 are the standard library's and 256 more are the same module versions as the tools'
+# (these lose that sharing: an unoptimized build is a different build).
+build_flags=(-trimpath "-gcflags=all=-N -l -dwarf=false" "-gcflags=std=-dwarf=false"
   "-ldflags=-s -w -X github.com/GoogleContainerTools/skaffold/v2/pkg/skaffold/version.version=$version")
 go_build_with_progress github.com/GoogleContainerTools/skaffold/v2/cmd/skaffold
 install_scratch "$bin_dir" skaffold
