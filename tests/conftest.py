@@ -140,9 +140,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if left_out := terminalreporter.config.stash.get(OTHER_STREAM, []):
-        terminalreporter.write_line(
-            f"the other stream of make test ran these {len(left_out)} shared modules:"
-        )
+        count = f"{len(left_out)} shared module{'s' if len(left_out) != 1 else ''}"
+        terminalreporter.write_line(f"the other stream of make test ran {count}:")
         for module in left_out:
             terminalreporter.write_line(f"  {module}")
 

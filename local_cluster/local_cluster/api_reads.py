@@ -12,6 +12,7 @@ to ``kubectl`` as before.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from broker_operator.controller.names import GROUP, PLURAL, VERSION
 
@@ -63,3 +64,21 @@ def api_path(namespace: str, what: Sequence[str]) -> tuple[str, dict[str, str]] 
             return None  # kubectl refuses a name with a selector; let it say so
         path = f"{path}/{name}"
     return path, query
+
+
+# Asked for by ``ClusterAccess.get_table``: the server-side printing kubectl itself asks for.
+TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def table_rows(table: dict[str, Any]) -> list[dict[str, str]]:
+    """The rows of a ``meta.k8s.io/v1`` Table as ``kubectl get`` prints them without ``-o wide``:
+    {COLUMN: cell} for the columns of priority 0, an absent value as an empty cell."""
+    columns = [
+        (index, str(column["name"]).upper())
+        for index, column in enumerate(table.get("columnDefinitions") or [])
+        if not column.get("priority")
+    ]
+    return [
+        {name: "" if (cell := row["cells"][index]) is None else str(cell) for index, name in columns}
+        for row in table.get("rows") or []
+    ]

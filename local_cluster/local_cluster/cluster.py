@@ -25,7 +25,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from local_cluster.api_reads import api_path
+from local_cluster.api_reads import TABLE_ACCEPT, api_path, table_rows
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.local_path_storage import volume_path
 
@@ -158,10 +158,26 @@ class ClusterAccess:
         if request is None:
             result = self.kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
             return json.loads(result.stdout) if result.returncode == 0 else None
-        path, query = request
+        return self._get(*request)
+
+    def get_table(self, namespace: str, *what: str) -> list[dict[str, str]] | None:
+        """The rows ``kubectl -n NAMESPACE get WHAT`` prints, as {COLUMN: cell}, from the API
+        server's own printing (the Table kubectl asks for, ``api_reads.table_rows``) over the kept
+        client, or None where kubectl would fail. Only for the kinds ``api_reads`` knows."""
+        request = api_path(namespace, what)
+        if request is None:
+            raise ValueError(f"no API path for {what}: see local_cluster.api_reads")
+        table = self._get(*request, accept=TABLE_ACCEPT)
+        return None if table is None else table_rows(table)
+
+    def _get(self, path: str, query: dict[str, str], accept: str = "application/json") -> Any:
         reader = self._reader
         method, url, headers, _, _ = reader.param_serialize(
-            "GET", path, query_params=list(query.items()), auth_settings=["BearerToken"]
+            "GET",
+            path,
+            query_params=list(query.items()),
+            header_params={"Accept": accept},
+            auth_settings=["BearerToken"],
         )
         try:
             response = reader.call_api(method, url, header_params=headers, _request_timeout=10)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import re
 import socket
 import subprocess
@@ -524,6 +525,11 @@ def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
 # ---- the operator running brokers -----------------------------------------------------------
 
 
+# A kubectl is a process start and a TLS handshake, about 0.2 CPU-seconds here; the waits below
+# poll twice a second.
+KUBECTL_EVERY = 10
+
+
 def bc_row(cluster: SealedCluster, namespace: str, name: str) -> dict[str, str]:
     """``kubectl get bc <name>`` as {column: value}, exactly what a person sees.
 
@@ -544,10 +550,19 @@ def wait_for_row(  # noqa: PLR0917  (reads as the sentence: cluster, namespace, 
     predicate: Callable[[dict[str, str]], bool],
     timeout: float = WAIT_SECONDS,
 ) -> dict[str, str]:
-    """Wait until ``kubectl get bc <name>`` shows a row satisfying ``predicate``; fail showing the last."""
+    """Wait until ``kubectl get bc <name>`` shows a row satisfying ``predicate``; fail showing the last.
+
+    The polls read the API server's own printing of the row (the Table kubectl asks for, one GET
+    over a kept client); kubectl itself runs when that row satisfies ``predicate``, and every
+    ``KUBECTL_EVERY`` polls in any case, and only kubectl's row ends the wait."""
     seen: list[dict[str, str]] = []
+    polls = itertools.count(1)
 
     def probe() -> dict[str, str] | None:
+        rows = cluster.get_table(namespace, "bc", name)
+        if rows and not predicate(rows[0]) and next(polls) % KUBECTL_EVERY:
+            seen.append(rows[0])
+            return None
         seen.append(bc_row(cluster, namespace, name))
         return seen[-1] if predicate(seen[-1]) else None
 

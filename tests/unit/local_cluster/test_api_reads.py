@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_cluster.api_reads import api_path
+from local_cluster.api_reads import api_path, table_rows
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,23 @@ def test_polled_kinds_become_one_get(what: tuple[str, ...], expected: tuple[str,
 )
 def test_anything_else_is_left_to_kubectl(what: tuple[str, ...]) -> None:
     assert api_path("ns", what) is None
+
+
+def test_a_table_becomes_the_rows_kubectl_prints() -> None:
+    # As the API server printed a BrokerCluster with no status yet (2026-11-26), plus a wide-only column.
+    table = {
+        "kind": "Table",
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "priority": 0},
+            {"name": "Active", "type": "string", "priority": 0},
+            {"name": "Epoch", "type": "integer", "priority": 0},
+            {"name": "Node", "type": "string", "priority": 1},
+            {"name": "Age", "type": "date"},
+        ],
+        "rows": [{"cells": ["orders", None, None, "node-1", "5s"]}, {"cells": ["b", "b-1", 3, None, "1m"]}],
+    }
+    assert table_rows(table) == [
+        {"NAME": "orders", "ACTIVE": "", "EPOCH": "", "AGE": "5s"},
+        {"NAME": "b", "ACTIVE": "b-1", "EPOCH": "3", "AGE": "1m"},
+    ]
+    assert table_rows({"kind": "Table", "columnDefinitions": [{"name": "Name"}], "rows": None}) == []
