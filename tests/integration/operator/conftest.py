@@ -45,9 +45,13 @@ SETTINGS = HeartbeatSettings(
 
 
 def broker_active(broker: RunningProcess) -> bool | None:
-    """The broker's own ``broker_active`` gauge (None if it does not answer: dead or stopped)."""
+    """The broker's own ``broker_active`` gauge (None if it does not answer: dead or stopped).
+
+    A dead broker refuses at once; the timeout only bounds a stopped one. It is long enough that a
+    live broker on a machine loaded by make test's builds is not read as silent (one-shot checks
+    such as ``actives() == ["b1"]`` rest on it)."""
     try:
-        with urllib.request.urlopen(broker.url + "/metrics", timeout=0.5) as response:
+        with urllib.request.urlopen(broker.url + "/metrics", timeout=3.0) as response:
             text = response.read().decode()
     except OSError:
         return None
@@ -103,6 +107,8 @@ class BrokerTrio:
         return [BrokerTarget(name, p.soap_url, i) for i, (name, p) in enumerate(self.brokers.items())]
 
     def actives(self) -> list[str]:
+        """The brokers whose own gauge says active. It blocks for up to a read's timeout a broker:
+        an async test calls it in a thread, or the engine's loop beside it stalls."""
         return [name for name, p in self.brokers.items() if broker_active(p)]
 
     async def start_loop(

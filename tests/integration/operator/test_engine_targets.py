@@ -26,7 +26,7 @@ async def test_engine_started_without_brokers_activates_those_given_later(cluste
     # Pods without IPs yet: Pending, not Unavailable, and no warning event.
     assert loop.status.phase == "Pending"
     assert "NoBrokerAvailable" not in shell.reasons()
-    assert cluster.actives() == [] and loop.status.epoch == 0
+    assert await asyncio.to_thread(cluster.actives) == [] and loop.status.epoch == 0
     loop.update(cluster.targets(), SETTINGS, None)
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active once the brokers are given")
     await eventually(lambda: loop.status.phase == "Healthy", 10, "phase Healthy")
