@@ -67,15 +67,23 @@ def prerequisites_built(folder: Path) -> None:
     (folder / "builder.pid").write_text(f"{os.getpid()}\n")
 
 
+PYTEST = [sys.executable, "-m", "pytest", "tests", "-p", "no:cacheprovider", "-q"]
+
+
+def run_pytest(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PYTEST, *args], check=False, cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
 def test_each_shared_module_runs_once_the_main_stream_from_the_front(tmp_path: Path) -> None:
     project, prereqs, ran = tmp_path / "project", tmp_path / "prereqs", tmp_path / "ran.log"
     make_project(project)
     prerequisites_built(prereqs)
     env = {**os.environ, "BROKER_FAILOVER_PREREQS_DIR": str(prereqs), "RAN_LOG": str(ran)}
     env.pop("BROKER_FAILOVER_TEST_STREAM", None)
-    pytest_command = [sys.executable, "-m", "pytest", "tests", "-p", "no:cacheprovider", "-q"]
     second = subprocess.Popen(
-        pytest_command,
+        PYTEST,
         cwd=project,
         env={**env, "BROKER_FAILOVER_TEST_STREAM": "second"},
         stdout=subprocess.PIPE,
@@ -83,15 +91,7 @@ def test_each_shared_module_runs_once_the_main_stream_from_the_front(tmp_path: P
         text=True,
     )
     try:
-        main = subprocess.run(
-            [*pytest_command, "-m", "not second_stream"],
-            check=False,
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        main = run_pytest(project, env, "-m", "not second_stream")
         second_output, _ = second.communicate(timeout=120)
     finally:
         second.kill()
@@ -130,15 +130,7 @@ def test_outside_make_test_nothing_is_claimed_or_left_out(tmp_path: Path, stream
     make_project(project)
     env = {**os.environ, "RAN_LOG": str(ran), "BROKER_FAILOVER_TEST_STREAM": stream}
     env.pop("BROKER_FAILOVER_PREREQS_DIR", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests", "-p", "no:cacheprovider", "-q", "-k", "shared_0 or own"],
-        check=False,
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_pytest(project, env, "-k", "shared_0 or own")
     assert run.returncode == 0, run.stdout + run.stderr
     assert len(ran.read_text().splitlines()) == 4
-    assert "shared modules" not in run.stdout
+    assert "the other stream" not in run.stdout
