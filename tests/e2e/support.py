@@ -79,11 +79,6 @@ def wait_for(
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {description}; last observation: {last!r}")
 
 
-def get_json(cluster: ClusterAccess, namespace: str, *what: str) -> Any:
-    """``kubectl -n NAMESPACE get WHAT -o json`` decoded, or None when kubectl fails (e.g. not found)."""
-    return cluster.get_json(namespace, *what)
-
-
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (pods share this host's network in the harness)."""
     with socket.socket() as probe:
@@ -114,7 +109,7 @@ def installed_crd(cluster: ClusterAccess, crd_file: Path = CRD_FILE) -> Iterator
     (an apply during deletion would be lost with it), deleted again at the end."""
 
     def not_being_deleted() -> bool:
-        crd = get_json(cluster, "default", "crd", CRD_NAME) or {}
+        crd = cluster.get_json("default", "crd", CRD_NAME) or {}
         return not crd.get("metadata", {}).get("deletionTimestamp")
 
     wait_for("an earlier module's CRD deletion to finish", not_being_deleted, timeout=120)

@@ -28,7 +28,7 @@ from broker_operator.controller.kube import KubeApi
 from broker_operator.engine import ServiceFenced
 from local_cluster.relay import CLUSTER_NAME, Relay, deploy_relay
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, wait_for
+from tests.e2e.support import wait_for
 
 SERVICE = f"{CLUSTER_NAME}-active"
 STREAMS, MESSAGES = 2, 100
@@ -44,7 +44,7 @@ def owner(sealed_cluster: SealedCluster) -> Iterator[dict[str, Any]]:
     namespace = f"fence-{uuid.uuid4().hex[:6]}"
     sealed_cluster.kubectl("create", "namespace", namespace)
     sealed_cluster.kubectl("-n", namespace, "create", "configmap", CLUSTER_NAME)
-    made = get_json(sealed_cluster, namespace, "configmap", CLUSTER_NAME)
+    made = sealed_cluster.get_json(namespace, "configmap", CLUSTER_NAME)
     yield {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -54,7 +54,7 @@ def owner(sealed_cluster: SealedCluster) -> Iterator[dict[str, Any]]:
 
 
 def _slice(cluster: SealedCluster, namespace: str) -> dict[str, Any]:
-    return dict(get_json(cluster, namespace, "endpointslice", SERVICE))
+    return dict(cluster.get_json(namespace, "endpointslice", SERVICE))
 
 
 def test_the_slice_is_written_only_upwards_in_epoch(

@@ -26,7 +26,7 @@ import yaml
 from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.relay import BACKEND_IMAGE, CLOUD_IMAGE, SIM_PORT, simulator_objects
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, installed_crd, wait_for
+from tests.e2e.support import installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -162,7 +162,7 @@ def release(sealed_cluster: SealedCluster) -> Iterator[str]:
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
     sealed_cluster.kubectl("create", "namespace", namespace)
     wait_for(
-        "default ServiceAccount", lambda: get_json(sealed_cluster, namespace, "serviceaccount", "default")
+        "default ServiceAccount", lambda: sealed_cluster.get_json(namespace, "serviceaccount", "default")
     )
     yield namespace
     sealed_cluster.helm("uninstall", "bf", "--namespace", namespace, "--wait", "--timeout=60s", check=False)
@@ -183,7 +183,7 @@ def simulators(sealed_cluster: SealedCluster, release: str) -> dict[str, str]:
     )  # fmt: skip
 
     def ready(name: str) -> bool:
-        conditions = ((get_json(sealed_cluster, release, "pod", name) or {}).get("status") or {}).get(
+        conditions = ((sealed_cluster.get_json(release, "pod", name) or {}).get("status") or {}).get(
             "conditions"
         ) or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -207,8 +207,8 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
     # NOTES.txt tells the user how to see state, for this release's names.
     assert "kubectl get brokerclusters" in installed.stdout
     assert f"kubectl logs -n {namespace} deploy/bf-broker-failover" in installed.stdout
-    (operator_pod,) = get_json(
-        sealed_cluster, namespace, "pods", "-l", "app.kubernetes.io/component=operator"
+    (operator_pod,) = sealed_cluster.get_json(
+        namespace, "pods", "-l", "app.kubernetes.io/component=operator"
     )["items"]
     assert operator_pod["spec"]["serviceAccountName"] == "bf-broker-failover"
 
@@ -230,15 +230,15 @@ def test_the_installed_operator_runs_a_cluster_through_the_charts_rbac(
     sealed_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(manifest))
 
     def healthy() -> Any:
-        status = (get_json(sealed_cluster, namespace, "bc", "charted") or {}).get("status", {})
+        status = (sealed_cluster.get_json(namespace, "bc", "charted") or {}).get("status", {})
         return status if status.get("phase") == "Healthy" else None
 
     status = wait_for("BrokerCluster charted to become Healthy under the charted operator", healthy, 120)
     assert status["active"] == "charted-0"
-    active_pods = get_json(sealed_cluster, namespace, "pods", "-l", "role=active")["items"]
+    active_pods = sealed_cluster.get_json(namespace, "pods", "-l", "role=active")["items"]
     assert [pod["metadata"]["name"] for pod in active_pods] == ["charted-0"]
     # The policy admits the brokers' admin port from exactly the operator pod the chart runs.
-    policy = get_json(sealed_cluster, namespace, "networkpolicy", "charted-brokers-ingress")
+    policy = sealed_cluster.get_json(namespace, "networkpolicy", "charted-brokers-ingress")
     (operator_peer,) = policy["spec"]["ingress"][0]["from"]
     assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     selected = operator_peer["podSelector"]["matchLabels"]
@@ -297,8 +297,8 @@ def audited_calls(cluster: SealedCluster, user: str) -> list[tuple[str, str, int
 def granted_by_chart(cluster: SealedCluster, namespace: str) -> set[tuple[str, str]]:
     """(verb, group/resource) pairs the release's ClusterRole and its Role in ``namespace`` grant."""
     roles = [
-        get_json(cluster, namespace, "clusterrole", "bf-broker-failover"),
-        get_json(cluster, namespace, "role", "bf-broker-failover"),
+        cluster.get_json(namespace, "clusterrole", "bf-broker-failover"),
+        cluster.get_json(namespace, "role", "bf-broker-failover"),
     ]
     return {
         (verb, f"{group}/{resource}")

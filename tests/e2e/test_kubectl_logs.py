@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, get_json, wait_for
+from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.e2e
 def namespace(sealed_cluster: SealedCluster) -> Iterator[str]:
     name = f"logs-{uuid.uuid4().hex[:8]}"
     sealed_cluster.kubectl("create", "namespace", name)
-    wait_for("default ServiceAccount", lambda: get_json(sealed_cluster, name, "serviceaccount", "default"))
+    wait_for("default ServiceAccount", lambda: sealed_cluster.get_json(name, "serviceaccount", "default"))
     yield name
     sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
@@ -71,7 +71,7 @@ def logs_contain(cluster: SealedCluster, namespace: str, text: str, *args: str) 
 
 
 def container_state(cluster: SealedCluster, namespace: str, pod: str) -> dict[str, Any]:
-    body = get_json(cluster, namespace, "pod", pod) or {}
+    body = cluster.get_json(namespace, "pod", pod) or {}
     statuses = (body.get("status") or {}).get("containerStatuses") or [{}]
     return dict(statuses[0].get("state") or {})
 

@@ -29,7 +29,7 @@ import yaml
 
 from local_cluster.pki import write_kubeconfig
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import LocalProcess, get_json, installed_crd, wait_for
+from tests.e2e.support import LocalProcess, installed_crd, wait_for
 from tests.e2e.test_operator import (
     VENV_BIN,
     apply,
@@ -157,7 +157,7 @@ def test_status_on_a_terminal_and_as_json(sealed_cluster: SealedCluster, running
     lines = shown.stdout.splitlines()
     assert lines[0] == f"Cluster:    {CLUSTER} (namespace {namespace})"
     assert "Phase:      Healthy" in lines
-    epoch = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]["epoch"]
+    epoch = sealed_cluster.get_json(namespace, "bc", CLUSTER)["status"]["epoch"]
     assert f"Active:     {BROKERS[0]}, epoch {epoch}" in lines
     assert any(line.startswith("Ordering:   not checked yet") for line in lines)
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("BROKER"))
@@ -259,13 +259,13 @@ def test_report_before_and_after_a_validator_verdict(
 
 def test_switchover_to_the_standby_moves_the_active(sealed_cluster: SealedCluster, running: str) -> None:
     namespace = running
-    before = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]
+    before = sealed_cluster.get_json(namespace, "bc", CLUSTER)["status"]
     assert before["active"] == BROKERS[0]
     moved = plugin(sealed_cluster, "switchover", CLUSTER, BROKERS[1], "-n", namespace, "--timeout", "90")
     assert moved.returncode == 0, moved.stdout + moved.stderr
     assert f"switchover of {CLUSTER} to {BROKERS[1]} requested" in moved.stdout
     assert f"{BROKERS[1]} is now the active broker of {CLUSTER}" in moved.stdout
-    after = get_json(sealed_cluster, namespace, "bc", CLUSTER)
+    after = sealed_cluster.get_json(namespace, "bc", CLUSTER)
     assert after["spec"]["preferredActive"] == BROKERS[1]
     assert after["status"]["active"] == BROKERS[1]
     assert after["status"]["epoch"] > before["epoch"]
@@ -286,14 +286,14 @@ def test_unknown_names_are_usage_errors_and_change_nothing(
         result = plugin(sealed_cluster, *args, "-n", namespace)
         assert result.returncode == 2, (args, result.stdout)
         assert result.stderr.strip() == f"error: BrokerCluster 'nosuch' not found in namespace {namespace}"
-    before = get_json(sealed_cluster, namespace, "bc", CLUSTER)["spec"].get("preferredActive")
+    before = sealed_cluster.get_json(namespace, "bc", CLUSTER)["spec"].get("preferredActive")
     wrong = plugin(sealed_cluster, "switchover", CLUSTER, f"{CLUSTER}-7", "-n", namespace)
     assert wrong.returncode == 2
     assert (
         f"broker '{CLUSTER}-7' is not in BrokerCluster {CLUSTER} (its brokers: {', '.join(BROKERS)})"
         in wrong.stderr
     )
-    assert get_json(sealed_cluster, namespace, "bc", CLUSTER)["spec"].get("preferredActive") == before
+    assert sealed_cluster.get_json(namespace, "bc", CLUSTER)["spec"].get("preferredActive") == before
     unknown_broker = plugin(sealed_cluster, "held", "list", CLUSTER, "--broker", "elsewhere", "-n", namespace)
     assert (
         unknown_broker.returncode == 2

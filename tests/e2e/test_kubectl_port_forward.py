@@ -35,7 +35,7 @@ import pytest
 
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import PYTHON_IMAGE, get_json, installed_crd, wait_for
+from tests.e2e.support import PYTHON_IMAGE, installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -142,7 +142,7 @@ def port_forward(cluster: SealedCluster, namespace: str, target: str, remote: in
 
 
 def _ready(cluster: SealedCluster, namespace: str, name: str) -> bool:
-    status = (get_json(cluster, namespace, "pod", name) or {}).get("status") or {}
+    status = (cluster.get_json(namespace, "pod", name) or {}).get("status") or {}
     return any(container.get("ready") for container in status.get("containerStatuses") or [])
 
 
@@ -185,7 +185,7 @@ def test_a_port_nothing_listens_on_reports_the_kubelet_error(
     wait_for(
         "pod web running",
         lambda: (
-            ((get_json(sealed_cluster, namespace, "pod", "web") or {}).get("status") or {}).get("phase")
+            ((sealed_cluster.get_json(namespace, "pod", "web") or {}).get("status") or {}).get("phase")
             == "Running"
         ),
         timeout=90,

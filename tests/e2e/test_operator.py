@@ -58,7 +58,6 @@ from local_cluster.sealed_cluster import SealedCluster, SealedClusterError
 from tests.e2e.support import (
     WAIT_SECONDS,
     LocalProcess,
-    get_json,
     installed_crd,
     listening,
     wait_for,
@@ -142,7 +141,7 @@ def crd_installed(sealed_cluster: SealedCluster) -> Iterator[None]:
 def new_namespace(cluster: ClusterAccess, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
-    wait_for("default ServiceAccount", lambda: get_json(cluster, name, "serviceaccount", "default"))
+    wait_for("default ServiceAccount", lambda: cluster.get_json(name, "serviceaccount", "default"))
     return name
 
 
@@ -221,7 +220,7 @@ def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster,
     header = table.splitlines()[0].split()
     assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["columns", "acme", "3000"]
-    defaulted = get_json(sealed_cluster, namespace, "bc", "columns")["spec"]
+    defaulted = sealed_cluster.get_json(namespace, "bc", "columns")["spec"]
     assert defaulted["heartbeat"] == {
         "intervalSeconds": 1,
         "timeoutSeconds": 1,
@@ -292,7 +291,7 @@ def test_invalid_manifests_are_refused_naming_the_field(
     result = apply(sealed_cluster, namespace, broker_cluster("invalid", **spec))
     assert result.returncode != 0, f"accepted: {spec}"
     assert message in result.stderr, result.stderr
-    assert get_json(sealed_cluster, namespace, "bc", "invalid") is None
+    assert sealed_cluster.get_json(namespace, "bc", "invalid") is None
 
 
 def test_decimal_heartbeat_seconds_are_accepted_and_kept(
@@ -302,7 +301,7 @@ def test_decimal_heartbeat_seconds_are_accepted_and_kept(
     heartbeat = {"intervalSeconds": 0.2, "timeoutSeconds": 0.2, "failureThreshold": 2, "leaseSeconds": 2.5}
     created = apply(sealed_cluster, namespace, broker_cluster("decimal", replicas=1, heartbeat=heartbeat))
     assert created.returncode == 0, created.stderr
-    stored = get_json(sealed_cluster, namespace, "bc", "decimal")["spec"]
+    stored = sealed_cluster.get_json(namespace, "bc", "decimal")["spec"]
     assert stored["heartbeat"] == {**heartbeat, "standbyProbeSeconds": 10}
     settings = parse_spec("decimal", stored).heartbeat
     assert (settings.interval_seconds, settings.timeout_seconds, settings.lease_seconds) == (0.2, 0.2, 2.5)
@@ -328,7 +327,7 @@ def test_the_api_server_refuses_decimals_with_the_python_parsers_words(
     result = apply(sealed_cluster, namespace, broker_cluster("refused", heartbeat=heartbeat))
     assert result.returncode != 0, f"accepted: {heartbeat}"
     assert problem in result.stderr, result.stderr
-    assert get_json(sealed_cluster, namespace, "bc", "refused") is None
+    assert sealed_cluster.get_json(namespace, "bc", "refused") is None
 
 
 def test_account_is_immutable(sealed_cluster: SealedCluster, namespace: str) -> None:
@@ -379,7 +378,7 @@ def test_the_epoch_write_is_conditional_on_the_resource_version(
             assert conflict.value.current == 4
 
         asyncio.run(scenario())
-        assert get_json(sealed_cluster, namespace, "bc", "fenced")["status"]["epoch"] == 4
+        assert sealed_cluster.get_json(namespace, "bc", "fenced")["status"]["epoch"] == 4
     finally:
         sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
@@ -569,12 +568,12 @@ def wait_for_row(  # noqa: PLR0917  (reads as the sentence: cluster, namespace, 
     try:
         return wait_for(description, probe, timeout)
     except pytest.fail.Exception:
-        status = (get_json(cluster, namespace, "bc", name) or {}).get("status")
+        status = (cluster.get_json(namespace, "bc", name) or {}).get("status")
         pytest.fail(f"{description}: last row {seen[-1] if seen else None}, status {status}")
 
 
 def pod(cluster: SealedCluster, namespace: str, name: str) -> dict[str, Any] | None:
-    return get_json(cluster, namespace, "pod", name)
+    return cluster.get_json(namespace, "pod", name)
 
 
 def role_of(cluster: SealedCluster, namespace: str, name: str) -> str | None:
@@ -612,7 +611,7 @@ def broker_gauge(cluster: SealedCluster, namespace: str, name: str, metric: str)
 
 
 def event_reasons(cluster: SealedCluster, namespace: str, name: str) -> list[str]:
-    events = get_json(cluster, namespace, "events", "--field-selector", f"involvedObject.name={name}")
+    events = cluster.get_json(namespace, "events", "--field-selector", f"involvedObject.name={name}")
     return [e["reason"] for e in (events or {}).get("items", [])]
 
 
@@ -620,7 +619,7 @@ def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> N
     """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``), but the
     journal claims, which the default ``whenDeleted: Retain`` leaves unowned."""
     for name in ("journal-orders-0", "journal-orders-1"):
-        claim = wait_for(f"pvc/{name}", lambda name=name: get_json(cluster, namespace, "pvc", name))
+        claim = wait_for(f"pvc/{name}", lambda name=name: cluster.get_json(namespace, "pvc", name))
         assert not claim["metadata"].get("ownerReferences"), claim["metadata"]
     for kind, name in [
         ("pod", "orders-0"),
@@ -631,20 +630,20 @@ def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> N
         ("secret", "orders-broker-token"),
     ]:
         child = wait_for(
-            f"{kind}/{name}", lambda kind=kind, name=name: get_json(cluster, namespace, kind, name)
+            f"{kind}/{name}", lambda kind=kind, name=name: cluster.get_json(namespace, kind, name)
         )
         (owner,) = child["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", uid), (
             f"{kind}/{name}"
         )
-    assert "selector" not in get_json(cluster, namespace, "service", "orders-active")["spec"]
+    assert "selector" not in cluster.get_json(namespace, "service", "orders-active")["spec"]
 
 
 def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: str) -> None:
     """Services of cluster ``orders`` deleted by hand are created again (new uids); the ``-active`` one
     selects nothing, and its EndpointSlice (the operator's, owned by the BrokerCluster) serves it."""
     old_uids = {
-        name: get_json(sealed_cluster, namespace, "service", name)["metadata"]["uid"]
+        name: sealed_cluster.get_json(namespace, "service", name)["metadata"]["uid"]
         for name in ("orders-active", "orders-brokers")
     }
     sealed_cluster.kubectl("-n", namespace, "delete", "service", "orders-active", "orders-brokers")
@@ -652,14 +651,14 @@ def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: 
         wait_for(
             f"service/{name} created again",
             lambda name=name, old_uid=old_uid: (
-                (body := get_json(sealed_cluster, namespace, "service", name))
+                (body := sealed_cluster.get_json(namespace, "service", name))
                 and body["metadata"]["uid"] != old_uid
             ),
             timeout=30,
         )
-    assert "selector" not in get_json(sealed_cluster, namespace, "service", "orders-active")["spec"]
-    assert get_json(sealed_cluster, namespace, "service", "orders-brokers")["spec"]["selector"]
-    endpoints = get_json(sealed_cluster, namespace, "endpointslice", "orders-active")
+    assert "selector" not in sealed_cluster.get_json(namespace, "service", "orders-active")["spec"]
+    assert sealed_cluster.get_json(namespace, "service", "orders-brokers")["spec"]["selector"]
+    endpoints = sealed_cluster.get_json(namespace, "endpointslice", "orders-active")
     assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == "orders-active"
     assert [e["addresses"] for e in endpoints["endpoints"]], endpoints  # names the active broker
 
@@ -676,7 +675,7 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     )
     created = apply(sealed_cluster, namespace, manifest)
     assert created.returncode == 0, created.stderr
-    uid = get_json(sealed_cluster, namespace, "bc", "orders")["metadata"]["uid"]
+    uid = sealed_cluster.get_json(namespace, "bc", "orders")["metadata"]["uid"]
 
     assert_children_owned(sealed_cluster, namespace, uid)
 
@@ -703,7 +702,7 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     assert int(moved["EPOCH"]) > first_epoch
     wait_for("role=active on orders-1", lambda: role_of(sealed_cluster, namespace, "orders-1") == "active")
     wait_for("role=standby on orders-0", lambda: role_of(sealed_cluster, namespace, "orders-0") == "standby")
-    status = get_json(sealed_cluster, namespace, "bc", "orders")["status"]
+    status = sealed_cluster.get_json(namespace, "bc", "orders")["status"]
     assert status["lastFailover"]["from"] == "orders-0"
     assert status["lastFailover"]["to"] == "orders-1"
     assert status["failovers"] >= 1
@@ -802,7 +801,7 @@ def test_a_second_cluster_for_the_same_pair_is_a_conflict(
         "pair-second in phase Conflict",
         lambda row: row["PHASE"] == "Conflict",
     )
-    status = get_json(sealed_cluster, namespace, "bc", "pair-second")["status"]
+    status = sealed_cluster.get_json(namespace, "bc", "pair-second")["status"]
     assert status["conflictsWith"] == "pair-first"
     assert "Conflict" in event_reasons(sealed_cluster, namespace, "pair-second")
     assert pod(sealed_cluster, namespace, "pair-second-0") is None
@@ -854,7 +853,7 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
     actives_seen: list[int] = []
 
     def rolled() -> bool:
-        pods = get_json(sealed_cluster, namespace, "pods", "-l", "broker.failover.dev/cluster=upgrade")[
+        pods = sealed_cluster.get_json(namespace, "pods", "-l", "broker.failover.dev/cluster=upgrade")[
             "items"
         ]
         actives_seen.append(sum(p["metadata"]["labels"].get("role") == "active" for p in pods))
@@ -983,7 +982,7 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
 
 def claim_names(cluster: SealedCluster, namespace: str, name: str) -> list[str]:
     """``kubectl get pvc`` of one BrokerCluster's journal claims (bound by local-path-provisioner)."""
-    listing = get_json(cluster, namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
+    listing = cluster.get_json(namespace, "pvc", "-l", f"broker.failover.dev/cluster={name}")
     return sorted(c["metadata"]["name"] for c in (listing or {}).get("items", []))
 
 
@@ -1018,12 +1017,12 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
     owners = {
         claim: [
             ref["uid"]
-            for ref in get_json(sealed_cluster, namespace, "pvc", claim)["metadata"].get("ownerReferences")
+            for ref in sealed_cluster.get_json(namespace, "pvc", claim)["metadata"].get("ownerReferences")
             or []
         ]
         for claim in claims
     }
-    uid = get_json(sealed_cluster, namespace, "bc", name)["metadata"]["uid"]
+    uid = sealed_cluster.get_json(namespace, "bc", name)["metadata"]["uid"]
     assert set(map(tuple, owners.values())) == ({(uid,)} if policy == "Delete" else {()}), owners
 
     patched = sealed_cluster.kubectl(
@@ -1049,7 +1048,7 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
     wait_for(
         f"pods of {name} gone",
         lambda: (
-            not get_json(sealed_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")[
+            not sealed_cluster.get_json(namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")[
                 "items"
             ]
         ),
@@ -1065,7 +1064,7 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
 
 
 def ready_condition(cluster: SealedCluster, namespace: str, name: str) -> dict[str, Any] | None:
-    status = (get_json(cluster, namespace, "bc", name) or {}).get("status") or {}
+    status = (cluster.get_json(namespace, "bc", name) or {}).get("status") or {}
     conditions = status.get("conditions") or []
     return next((c for c in conditions if c["type"] == "Ready"), None)
 
@@ -1098,7 +1097,7 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
     try:
         stuck = wait_for("Ready=False naming the missing Secret", stuck_condition, timeout=90)
     except pytest.fail.Exception:
-        pods = get_json(sealed_cluster, namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")
+        pods = sealed_cluster.get_json(namespace, "pods", "-l", f"broker.failover.dev/cluster={name}")
         statuses = [p.get("status") for p in (pods or {}).get("items", [])]
         pytest.fail(f"Ready condition {seen}; pod statuses {statuses}")
     assert stuck["status"] == "False"
@@ -1144,11 +1143,11 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
     )
     created = apply(sealed_cluster, namespace, manifest)
     assert created.returncode == 0, created.stderr
-    uid = get_json(sealed_cluster, namespace, "bc", "guarded")["metadata"]["uid"]
+    uid = sealed_cluster.get_json(namespace, "bc", "guarded")["metadata"]["uid"]
 
     policy = wait_for(
         "networkpolicy/guarded-brokers-ingress",
-        lambda: get_json(sealed_cluster, namespace, "networkpolicy", "guarded-brokers-ingress"),
+        lambda: sealed_cluster.get_json(namespace, "networkpolicy", "guarded-brokers-ingress"),
     )
     (owner,) = policy["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "guarded", uid)
@@ -1196,7 +1195,7 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
         http_in_network(sealed_cluster, request)
     text = fault.value.read().decode()
     assert "WRONG_PORT" in text and "admin port 8081" in text, text
-    brokers = get_json(sealed_cluster, namespace, "bc", "guarded")["status"]["brokers"]
+    brokers = sealed_cluster.get_json(namespace, "bc", "guarded")["status"]["brokers"]
     assert {b["name"]: b["state"] for b in brokers} == {"guarded-0": "Active", "guarded-1": "Inactive"}
 
     # Turned off, the policy goes; the brokers keep running.
@@ -1212,7 +1211,7 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
     )
     wait_for(
         "networkpolicy/guarded-brokers-ingress deleted",
-        lambda: get_json(sealed_cluster, namespace, "networkpolicy", "guarded-brokers-ingress") is None,
+        lambda: sealed_cluster.get_json(namespace, "networkpolicy", "guarded-brokers-ingress") is None,
         timeout=30,
     )
     assert "Deleted" in event_reasons(sealed_cluster, namespace, "guarded")

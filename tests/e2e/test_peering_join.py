@@ -22,7 +22,6 @@ from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.peering import join_peering
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json
 from tests.e2e.test_operator import new_namespace
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +64,7 @@ def test_replicas_started_together_wait_for_the_object_and_see_each_other(
         joined = await join_peering(
             api, PEERING, (namespace,), priority=priority, lifetime_seconds=30, identity=identity
         )
-        peering = await asyncio.to_thread(get_json, sealed_cluster, namespace, "kopfpeering", PEERING)
+        peering = await asyncio.to_thread(sealed_cluster.get_json, namespace, "kopfpeering", PEERING)
         status = (peering or {}).get("status") or {}
         seen_when_done[identity] = set(status)
         return joined
@@ -82,7 +81,7 @@ def test_replicas_started_together_wait_for_the_object_and_see_each_other(
         "operator-a": {"operator-a", "operator-b"},
         "operator-b": {"operator-a", "operator-b"},
     }
-    status = get_json(sealed_cluster, namespace, "kopfpeering", PEERING)["status"]
+    status = sealed_cluster.get_json(namespace, "kopfpeering", PEERING)["status"]
     peers = {name: Peer(identity=name, **record) for name, record in status.items()}
     assert {name: (peer.priority, peer.is_dead) for name, peer in peers.items()} == {
         "operator-a": (20, False),
@@ -103,4 +102,4 @@ def test_without_the_object_it_gives_up_in_bounded_time_and_writes_nothing(
     started = time.monotonic()
     assert asyncio.run(join()) is False
     assert time.monotonic() - started < 10
-    assert get_json(sealed_cluster, namespace, "kopfpeering", PEERING) is None
+    assert sealed_cluster.get_json(namespace, "kopfpeering", PEERING) is None

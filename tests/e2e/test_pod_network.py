@@ -26,7 +26,7 @@ from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.cluster_state import read_state
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, WEB_SERVER, get_json, machine_network, wait_for
+from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, WEB_SERVER, machine_network, wait_for
 
 # A client pod: resolve the Service by its short name (search path from resolv.conf) and
 # fetch through it; print one JSON line and exit 0 only if both worked.
@@ -85,7 +85,7 @@ def _pod_output(cluster: SealedCluster, namespace: str, name: str) -> str:
 
 
 def _phase(cluster: SealedCluster, namespace: str, name: str) -> str | None:
-    pod = get_json(cluster, namespace, "pod", name)
+    pod = cluster.get_json(namespace, "pod", name)
     return pod["status"].get("phase") if pod else None
 
 
@@ -151,7 +151,7 @@ def test_a_service_name_resolves_through_coredns_and_routes_through_kube_proxy(
         )
     sealed_cluster.kubectl("-n", namespace, "create", "service", "clusterip", "web", "--tcp=8080:8080")
     sealed_cluster.kubectl("-n", namespace, "set", "selector", "service", "web", "app=web")
-    service = get_json(sealed_cluster, namespace, "service", "web")
+    service = sealed_cluster.get_json(namespace, "service", "web")
     cluster_ip = service["spec"]["clusterIP"]
     wait_for(
         "both web pods as endpoints of the Service",
@@ -159,7 +159,7 @@ def test_a_service_name_resolves_through_coredns_and_routes_through_kube_proxy(
             len(
                 [
                     endpoint
-                    for item in (get_json(sealed_cluster, namespace, "endpointslices") or {}).get("items", [])
+                    for item in (sealed_cluster.get_json(namespace, "endpointslices") or {}).get("items", [])
                     for endpoint in item.get("endpoints") or []
                     if (endpoint.get("conditions") or {}).get("ready")
                 ]
@@ -329,8 +329,8 @@ def test_volumes_are_mounted_at_their_mount_path_and_nothing_lands_on_the_machin
     assert "written-by-writer" in _finished(sealed_cluster, namespace, "reader")
 
     # The write went to the claim's volume, a directory of the cluster ...
-    volume_name = get_json(sealed_cluster, namespace, "pvc", "demo-data")["spec"]["volumeName"]
-    host_path = Path(get_json(sealed_cluster, "default", "pv", volume_name)["spec"]["hostPath"]["path"])
+    volume_name = sealed_cluster.get_json(namespace, "pvc", "demo-data")["spec"]["volumeName"]
+    host_path = Path(sealed_cluster.get_json("default", "pv", volume_name)["spec"]["hostPath"]["path"])
     assert (host_path / "file").read_text() == "written-by-writer\n"
     assert not (host_path / "refused").exists()
     # ... and no mount point was made on the machine, nor in the cluster's own namespace.

@@ -35,7 +35,7 @@ from local_cluster.local_path_storage import (
     volume_path,
 )
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import SHELL_IMAGE, get_json, wait_for
+from tests.e2e.support import SHELL_IMAGE, wait_for
 
 pytestmark = pytest.mark.e2e
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"  # set by sig-storage-lib-external-provisioner
@@ -46,7 +46,7 @@ DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 def namespace(sealed_cluster: SealedCluster) -> Iterator[str]:
     name = f"volumes-{uuid.uuid4().hex[:8]}"
     sealed_cluster.kubectl("create", "namespace", name)
-    wait_for("default ServiceAccount", lambda: get_json(sealed_cluster, name, "serviceaccount", "default"))
+    wait_for("default ServiceAccount", lambda: sealed_cluster.get_json(name, "serviceaccount", "default"))
     yield name
     sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
@@ -88,7 +88,7 @@ def shell_pod(name: str, claim_name: str, script: str) -> dict[str, Any]:
 
 def bound_claim(cluster: ClusterAccess, namespace: str, name: str) -> dict[str, Any]:
     def probe() -> Any:
-        found = get_json(cluster, namespace, "pvc", name)
+        found = cluster.get_json(namespace, "pvc", name)
         return found if found and found["status"].get("phase") == "Bound" else None
 
     # A helper pod runs before the volume exists: seconds on an idle node, more on a loaded one.
@@ -96,7 +96,7 @@ def bound_claim(cluster: ClusterAccess, namespace: str, name: str) -> dict[str, 
 
 
 def volume(cluster: ClusterAccess, name: str) -> dict[str, Any] | None:
-    result = get_json(cluster, "default", "pv", name)
+    result = cluster.get_json("default", "pv", name)
     return dict(result) if result else None
 
 
@@ -112,7 +112,7 @@ def run_to_completion(cluster: ClusterAccess, namespace: str, pod: dict[str, Any
     apply(cluster, namespace, pod)
 
     def finished() -> Any:
-        found = get_json(cluster, namespace, "pod", name)
+        found = cluster.get_json(namespace, "pod", name)
         phase = (found or {}).get("status", {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
@@ -128,18 +128,18 @@ def delete(cluster: ClusterAccess, namespace: str, *what: str) -> None:
 
 
 def claim_events(cluster: ClusterAccess, namespace: str, name: str) -> list[dict[str, Any]]:
-    found = get_json(cluster, namespace, "events", "--field-selector", f"involvedObject.name={name}")
+    found = cluster.get_json(namespace, "events", "--field-selector", f"involvedObject.name={name}")
     return list((found or {}).get("items") or [])
 
 
 def test_the_default_class_is_local_path_and_binds_a_claim_on_the_node_of_its_first_pod(
     sealed_cluster: SealedCluster, namespace: str
 ) -> None:
-    default = get_json(sealed_cluster, "default", "storageclass", DEFAULT_CLASS)
+    default = sealed_cluster.get_json("default", "storageclass", DEFAULT_CLASS)
     assert default["metadata"]["annotations"][DEFAULT_CLASS_ANNOTATION] == "true"
     assert default["provisioner"] == PROVISIONER == "rancher.io/local-path"
     assert (default["volumeBindingMode"], default["reclaimPolicy"]) == ("WaitForFirstConsumer", "Delete")
-    running = get_json(sealed_cluster, "local-path-storage", "deployment", "local-path-provisioner")
+    running = sealed_cluster.get_json("local-path-storage", "deployment", "local-path-provisioner")
     (container,) = running["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "docker.io/broker-failover/local-path-provisioner:0.1.0", container
 
@@ -147,7 +147,7 @@ def test_the_default_class_is_local_path_and_binds_a_claim_on_the_node_of_its_fi
     # No class in the claim: the DefaultStorageClass admission plugin gave it `standard`, and its
     # binding waits for a consumer, so it stays Pending with no volume until a pod needs it.
     time.sleep(3)
-    pending = get_json(sealed_cluster, namespace, "pvc", "journal")
+    pending = sealed_cluster.get_json(namespace, "pvc", "journal")
     assert pending["spec"]["storageClassName"] == DEFAULT_CLASS
     assert pending["status"]["phase"] == "Pending" and not pending["spec"].get("volumeName"), pending
     reasons = {event["reason"] for event in claim_events(sealed_cluster, namespace, "journal")}
@@ -159,7 +159,7 @@ def test_the_default_class_is_local_path_and_binds_a_claim_on_the_node_of_its_fi
     )
     assert written == "Succeeded"
     pv = bound_volume(sealed_cluster, namespace, "journal")
-    node = get_json(sealed_cluster, namespace, "pod", "writer")["spec"]["nodeName"]
+    node = sealed_cluster.get_json(namespace, "pod", "writer")["spec"]["nodeName"]
     assert pv["metadata"]["annotations"][PROVISIONED_BY] == PROVISIONER
     assert pv["spec"]["storageClassName"] == DEFAULT_CLASS
     assert pv["spec"]["accessModes"] == ["ReadWriteOnce"]
@@ -181,7 +181,7 @@ def test_the_default_class_is_local_path_and_binds_a_claim_on_the_node_of_its_fi
 def test_read_write_many_claims_use_the_shared_path_class_and_pods_share_one_volume(
     sealed_cluster: SealedCluster, namespace: str
 ) -> None:
-    shared = get_json(sealed_cluster, "default", "storageclass", SHARED_CLASS)
+    shared = sealed_cluster.get_json("default", "storageclass", SHARED_CLASS)
     assert shared["provisioner"] == SHARED_PROVISIONER
     assert (shared["volumeBindingMode"], shared["reclaimPolicy"]) == ("Immediate", "Delete")
     assert DEFAULT_CLASS_ANNOTATION not in (shared["metadata"].get("annotations") or {})
@@ -217,9 +217,9 @@ def test_the_default_class_refuses_read_write_many(sealed_cluster: SealedCluster
 
     messages = wait_for("the provisioner to refuse the claim", refused, timeout=90)
     assert any("only supports ReadWriteOnce" in message for message in messages), messages
-    found = get_json(sealed_cluster, namespace, "pvc", "wide")
+    found = sealed_cluster.get_json(namespace, "pvc", "wide")
     assert found["status"]["phase"] == "Pending" and not found["spec"].get("volumeName")
-    assert get_json(sealed_cluster, namespace, "pod", "user")["status"]["phase"] == "Pending"
+    assert sealed_cluster.get_json(namespace, "pod", "user")["status"]["phase"] == "Pending"
 
 
 def test_deleting_a_claim_deletes_its_volume_and_directory_and_a_new_claim_of_the_name_starts_empty(
@@ -285,7 +285,7 @@ def test_a_retain_class_keeps_volume_and_data_after_the_claim_is_deleted(
         # Retain means an admin cleans up: here, the test (the data directory too).
         sealed_cluster.kubectl("-n", namespace, "delete", "pod", "--all", "--wait=true", check=False)
         sealed_cluster.kubectl("-n", namespace, "delete", "pvc", "--all", "--wait=true", check=False)
-        for leftover in (get_json(sealed_cluster, "default", "pv") or {}).get("items", []):
+        for leftover in (sealed_cluster.get_json("default", "pv") or {}).get("items", []):
             if leftover["spec"].get("storageClassName") == class_name:
                 sealed_cluster.kubectl(
                     "delete", "pv", leftover["metadata"]["name"], "--wait=false", check=False
@@ -301,7 +301,7 @@ def test_a_pod_whose_claim_does_not_exist_yet_waits_until_it_is_created(
     apply(sealed_cluster, namespace, shell_pod("early", "later", "echo ran > /data/f"))
 
     def unschedulable() -> Any:
-        pod = get_json(sealed_cluster, namespace, "pod", "early") or {}
+        pod = sealed_cluster.get_json(namespace, "pod", "early") or {}
         conditions = (pod.get("status") or {}).get("conditions") or []
         scheduled: dict[str, Any] = next((c for c in conditions if c["type"] == "PodScheduled"), {})
         return scheduled if scheduled.get("status") == "False" else None
@@ -311,13 +311,13 @@ def test_a_pod_whose_claim_does_not_exist_yet_waits_until_it_is_created(
     assert scheduled["reason"] == "Unschedulable", scheduled
     assert 'persistentvolumeclaim "later" not found' in scheduled["message"], scheduled
     time.sleep(2)
-    early = get_json(sealed_cluster, namespace, "pod", "early")
+    early = sealed_cluster.get_json(namespace, "pod", "early")
     assert early["status"]["phase"] == "Pending" and not early["spec"].get("nodeName"), early["status"]
 
     apply(sealed_cluster, namespace, claim("later"))
 
     def succeeded() -> Any:
-        pod = get_json(sealed_cluster, namespace, "pod", "early") or {}
+        pod = sealed_cluster.get_json(namespace, "pod", "early") or {}
         return (pod.get("status") or {}).get("phase") == "Succeeded"
 
     # The claim's creation requeues the pod (a scheduler event), well before its 5-minute retry;

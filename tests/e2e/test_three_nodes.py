@@ -30,7 +30,7 @@ from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.local_path_storage import SHARED_CLASS, volume_path
 from local_cluster.processes import reap_on_exit
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
-from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, get_json, machine_network, wait_for
+from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, machine_network, wait_for
 
 pytestmark = pytest.mark.three_nodes
 
@@ -135,10 +135,10 @@ def _check_spread_and_reach(cluster: SealedCluster) -> None:
         cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(pod))
     cluster.kubectl("-n", NAMESPACE, "create", "service", "clusterip", "web", "--tcp=8080:8080")
     cluster.kubectl("-n", NAMESPACE, "set", "selector", "service", "web", "app=web")
-    cluster_ip = get_json(cluster, NAMESPACE, "service", "web")["spec"]["clusterIP"]
+    cluster_ip = cluster.get_json(NAMESPACE, "service", "web")["spec"]["clusterIP"]
 
     def pods_ready() -> dict[str, tuple[str, str]] | None:
-        listed = get_json(cluster, NAMESPACE, "pods") or {"items": []}
+        listed = cluster.get_json(NAMESPACE, "pods") or {"items": []}
         ready = {
             pod["metadata"]["name"]: (pod["spec"]["nodeName"], pod["status"]["podIP"])
             for pod in listed["items"]
@@ -157,7 +157,7 @@ def _check_spread_and_reach(cluster: SealedCluster) -> None:
         lambda: (
             sum(
                 1
-                for item in (get_json(cluster, NAMESPACE, "endpointslices") or {}).get("items", [])
+                for item in (cluster.get_json(NAMESPACE, "endpointslices") or {}).get("items", [])
                 for endpoint in item.get("endpoints") or []
                 if (endpoint.get("conditions") or {}).get("ready")
             )
@@ -231,22 +231,22 @@ def _check_volumes(cluster: SealedCluster) -> None:
     cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(objects))
 
     def finished() -> bool:
-        listed = get_json(cluster, NAMESPACE, "pods", "-l", "!app") or {"items": []}
+        listed = cluster.get_json(NAMESPACE, "pods", "-l", "!app") or {"items": []}
         phases = [pod["status"].get("phase") for pod in listed["items"]]
         assert "Failed" not in phases, listed
         return phases.count("Succeeded") == 3
 
     wait_for("the claims' three pods finished", finished, timeout=180)
-    journal = get_json(
-        cluster, "default", "pv", get_json(cluster, NAMESPACE, "pvc", "journal")["spec"]["volumeName"]
+    journal = cluster.get_json(
+        "default", "pv", cluster.get_json(NAMESPACE, "pvc", "journal")["spec"]["volumeName"]
     )
     (term,) = journal["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["values"] == ["node-2"], term
     journal_path = volume_path(journal)
     assert journal_path.parent == cluster.workdir / "nodes" / "node-2" / "local-path", journal_path
     assert (journal_path / "nodes").read_text() == "node-2\n"
-    store = get_json(
-        cluster, "default", "pv", get_json(cluster, NAMESPACE, "pvc", "store")["spec"]["volumeName"]
+    store = cluster.get_json(
+        "default", "pv", cluster.get_json(NAMESPACE, "pvc", "store")["spec"]["volumeName"]
     )
     assert not store["spec"].get("nodeAffinity"), store["spec"]
     store_path = volume_path(store)

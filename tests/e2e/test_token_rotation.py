@@ -26,7 +26,7 @@ import pytest
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, SOAP_ENV_NAMESPACE
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import LocalProcess, get_json, installed_crd, wait_for
+from tests.e2e.support import LocalProcess, installed_crd, wait_for
 from tests.e2e.test_operator import (
     apply,
     broker_cluster,
@@ -95,7 +95,7 @@ def list_held_status(cluster: SealedCluster, namespace: str, broker: str, token:
 
 
 def secret_token(cluster: SealedCluster, namespace: str, name: str) -> str:
-    secret = get_json(cluster, namespace, "secret", name)
+    secret = cluster.get_json(namespace, "secret", name)
     return base64.b64decode(secret["data"]["token"]).decode()
 
 
@@ -138,7 +138,7 @@ def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failove
             lambda row: row["ACTIVE"] == BROKERS[0] and row["PHASE"] == "Healthy",
             timeout=120,
         )
-        status_before = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]
+        status_before = sealed_cluster.get_json(namespace, "bc", CLUSTER)["status"]
         started = containers(sealed_cluster, namespace)
         secret = f"{CLUSTER}-broker-token"
         old = secret_token(sealed_cluster, namespace, secret)
@@ -180,7 +180,7 @@ def test_a_rotated_token_reaches_brokers_and_operator_without_restart_or_failove
         for broker in BROKERS:
             assert list_held_status(sealed_cluster, namespace, broker, old) == "UNAUTHENTICATED"
             assert list_held_status(sealed_cluster, namespace, broker, new) == "ok"
-        status = get_json(sealed_cluster, namespace, "bc", CLUSTER)["status"]
+        status = sealed_cluster.get_json(namespace, "bc", CLUSTER)["status"]
         assert status.get("failovers", 0) == status_before.get("failovers", 0)
         assert status["active"] == BROKERS[0] and status["epoch"] == status_before["epoch"]
         reasons = event_reasons(sealed_cluster, namespace, CLUSTER)

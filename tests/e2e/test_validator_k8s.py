@@ -50,7 +50,7 @@ from local_cluster.cluster import REPO_ROOT, ClusterAccess
 from local_cluster.pki import write_kubeconfig
 from local_cluster.relay import CLUSTER_NAME, MESSAGE_LOG_CLAIM, Relay, deploy_relay
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import get_json, installed_crd, wait_for
+from tests.e2e.support import installed_crd, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def crd(sealed_cluster: SealedCluster) -> Iterator[None]:
 def namespace(sealed_cluster: SealedCluster, crd: None) -> Iterator[str]:
     name = f"validator-{uuid.uuid4().hex[:6]}"
     sealed_cluster.kubectl("create", "namespace", name)
-    wait_for("default ServiceAccount", lambda: get_json(sealed_cluster, name, "serviceaccount", "default"))
+    wait_for("default ServiceAccount", lambda: sealed_cluster.get_json(name, "serviceaccount", "default"))
     yield name
     sealed_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
@@ -243,7 +243,7 @@ def test_record_ordering_patches_only_status_ordering_and_warns_about_missing_cl
     )
 
     assert len(warnings) == 1 and "'ghost'" in warnings[0] and namespace in warnings[0], warnings
-    status = get_json(sealed_cluster, namespace, "bc", "alpha")["status"]
+    status = sealed_cluster.get_json(namespace, "bc", "alpha")["status"]
     assert status["ordering"] == {
         "lastCheckTime": "2026-11-23T10:11:12Z",
         "result": "Passed",
@@ -261,7 +261,7 @@ def test_record_ordering_patches_only_status_ordering_and_warns_about_missing_cl
         "elsewhere",
         api_client_factory=sealed_cluster.api_client,
     )
-    ordering = get_json(sealed_cluster, namespace, "bc", "alpha")["status"]["ordering"]
+    ordering = sealed_cluster.get_json(namespace, "bc", "alpha")["status"]["ordering"]
     assert (ordering["result"], ordering["violations"], ordering["report"]) == ("Failed", 3, "elsewhere")
 
     # Without `patch` on brokerclusters/status the write is refused, and the error says what is missing.
@@ -289,18 +289,16 @@ def pod_log(cluster: SealedCluster, pod: dict[str, Any]) -> str:
 
 
 def job_pods(cluster: ClusterAccess, namespace: str, job: str) -> list[dict[str, Any]]:
-    return list((get_json(cluster, namespace, "pods", "-l", f"job-name={job}") or {}).get("items", []))
+    return list((cluster.get_json(namespace, "pods", "-l", f"job-name={job}") or {}).get("items", []))
 
 
 def executor_pods(cluster: ClusterAccess, namespace: str) -> list[dict[str, Any]]:
-    return list((get_json(cluster, namespace, "pods", "-l", "spark-role=executor") or {}).get("items", []))
+    return list((cluster.get_json(namespace, "pods", "-l", "spark-role=executor") or {}).get("items", []))
 
 
 def job_condition(cluster: ClusterAccess, namespace: str, job: str) -> dict[str, Any] | None:
     """The Job's Complete or Failed condition once it has one."""
-    conditions = ((get_json(cluster, namespace, "job", job) or {}).get("status") or {}).get(
-        "conditions"
-    ) or []
+    conditions = ((cluster.get_json(namespace, "job", job) or {}).get("status") or {}).get("conditions") or []
     return next(
         (c for c in conditions if c["type"] in ("Complete", "Failed") and c["status"] == "True"), None
     )
@@ -425,7 +423,7 @@ def inject_duplicate_delivery(store: Path) -> dict[str, Any]:
 
 def ordering_of(cluster: ClusterAccess, namespace: str) -> dict[str, Any]:
     return dict(
-        ((get_json(cluster, namespace, "bc", CLUSTER) or {}).get("status") or {}).get("ordering") or {}
+        ((cluster.get_json(namespace, "bc", CLUSTER) or {}).get("status") or {}).get("ordering") or {}
     )
 
 
@@ -486,7 +484,7 @@ def test_the_cronjob_validates_a_failover_with_spark_executor_pods(  # noqa: PLR
             # Where the provisioner put the store: the bound PV's path, as the pods mount it.
             store = cluster.claim_volume_path(namespace, STORE_CLAIM)
             cronjob_name = f"{relay.release}-broker-failover-validator"
-            cronjob = get_json(cluster, namespace, "cronjob", cronjob_name)["spec"]
+            cronjob = cluster.get_json(namespace, "cronjob", cronjob_name)["spec"]
             assert (cronjob["schedule"], cronjob["concurrencyPolicy"]) == ("*/15 * * * *", "Forbid")
             (container,) = cronjob["jobTemplate"]["spec"]["template"]["spec"]["containers"]
             env = {item["name"]: item.get("value") for item in container["env"]}
