@@ -51,15 +51,16 @@ def broker_active(broker: RunningProcess) -> bool | None:
     live broker on a machine loaded by make test's builds is not read as silent (one-shot checks
     such as ``actives() == ["b1"]`` rest on it)."""
     try:
-        with urllib.request.urlopen(broker.url + "/metrics", timeout=3.0) as response:
-            text = response.read().decode()
+        return read_active_gauge(broker, timeout=3.0)
     except OSError:
         return None
-    return reads_active(text)
 
 
-def reads_active(metrics: str) -> bool:
-    """Whether a broker's ``/metrics`` text has its ``broker_active`` gauge at 1."""
+def read_active_gauge(broker: RunningProcess, timeout: float) -> bool:
+    """Whether the broker's ``/metrics`` has its ``broker_active`` gauge at 1; ``OSError`` (a
+    refusal, a reset, a timeout) when it does not answer."""
+    with urllib.request.urlopen(broker.url + "/metrics", timeout=timeout) as response:
+        metrics = response.read().decode()
     match = re.search(r"^broker_active (\S+)$", metrics, re.MULTILINE)
     return match is not None and float(match.group(1)) == 1.0
 
@@ -107,7 +108,7 @@ class BrokerTrio:
         return [BrokerTarget(name, p.soap_url, i) for i, (name, p) in enumerate(self.brokers.items())]
 
     def actives(self) -> list[str]:
-        """The brokers whose own gauge says active. It blocks for up to a read's timeout a broker:
+        """The brokers whose own gauge says active. It blocks up to a read's timeout per broker:
         an async test calls it in a thread, or the engine's loop beside it stalls."""
         return [name for name, p in self.brokers.items() if broker_active(p)]
 

@@ -37,7 +37,7 @@ from broker_simulators.local_processes import (
 )
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import heartbeat
-from tests.integration.operator.conftest import ProcessShell, broker_active, eventually, reads_active
+from tests.integration.operator.conftest import ProcessShell, broker_active, eventually, read_active_gauge
 
 pytestmark = pytest.mark.integration
 
@@ -138,15 +138,11 @@ def read_gauge_until_refused(admin: RunningProcess, seen: list[bool], within: fl
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(admin.url + "/metrics", timeout=2.0) as response:
-                text = response.read().decode()
-        except (urllib.error.URLError, ConnectionRefusedError) as failed:
+            seen.append(read_active_gauge(admin, timeout=2.0))
+        except OSError as failed:  # urllib wraps the refusal in a URLError's reason
             if isinstance(getattr(failed, "reason", failed), ConnectionRefusedError):
                 return
-            continue  # a timeout or a reset: ask again
-        except OSError:
-            continue
-        seen.append(reads_active(text))
+            # a timeout or a reset: ask again
     raise AssertionError(f"the admin port still answered {within:g}s after SIGTERM (seen {seen[-5:]})")
 
 
