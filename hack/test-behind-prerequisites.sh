@@ -105,7 +105,7 @@ touch "$dir/quiet-tests-done" # in case the main stream had no test that needs a
 second_rc=0
 wait "$second_stream" || second_rc=$?
 second_stream=""
-((second_rc != 5)) || second_rc=0 # pytest's "no tests collected": none is marked second_stream
+((second_rc != 5)) || second_rc=0 # pytest's "no tests collected": nothing marked second_stream or shared was selected
 echo
 echo ">> the second stream (exit status $second_rc):"
 cat "$dir/second-stream.log"
