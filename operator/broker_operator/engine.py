@@ -30,8 +30,8 @@ import asyncio
 import logging
 import random
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from broker_operator import metrics
@@ -52,6 +52,7 @@ from broker_operator.core import (
     status_of,
     step,
 )
+from broker_operator.core.frozen import replace
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
@@ -126,6 +127,51 @@ class ClusterShell(Protocol):
         ...
 
 
+def cluster_phase(cluster: str) -> float:
+    """Where in each period a cluster's periodic heartbeats fall (``ClusterConfig.next_on_phase``):
+    a fraction spread evenly over the clusters' names, the same in every operator process."""
+    return zlib.crc32(cluster.encode()) / 2**32
+
+
+class _Wakeup:
+    """Sleep until a delay has passed or ``set()`` is called, whichever comes first; ``set()``
+    before the sleep makes it return at once, until ``clear()``.
+
+    What ``asyncio.timeout`` around ``Event.wait`` does, without its exceptions: that ends every
+    idle wait in a CancelledError and a TimeoutError, whose tracebacks are reference cycles the
+    cyclic collector has to find, thousands a second with 2,000 clusters (docs/benchmarks.md).
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def sleep(self, delay: float) -> None:
+        if self._set:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(delay, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class ClusterLoop:
     """The heartbeat loop of one BrokerCluster (see the module docstring)."""
 
@@ -147,7 +193,7 @@ class ClusterLoop:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone."""
         self.cluster = cluster
-        self._config = ClusterConfig.of(cluster, targets, settings, preferred_active)
+        self._config = ClusterConfig.of(cluster, targets, settings, preferred_active, cluster_phase(cluster))
         self._shell = shell
         self._heartbeats = heartbeats
         self._clock = clock
@@ -160,10 +206,11 @@ class ClusterLoop:
             last_active=initial.active if initial else None,
             failovers=initial.failovers if initial else 0,
         )
-        self._wakeup = asyncio.Event()
+        self._wakeup = _Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step
+        self._series = metrics.ClusterSeries(cluster)
 
     @property
     def status(self) -> ClusterStatus:
@@ -174,7 +221,9 @@ class ClusterLoop:
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> None:
         """The spec changed: take the new brokers, settings and preferred active at the next step."""
-        self._config = ClusterConfig.of(self.cluster, targets, settings, preferred_active)
+        self._config = ClusterConfig.of(
+            self.cluster, targets, settings, preferred_active, cluster_phase(self.cluster)
+        )
         self._wakeup.set()
 
     def wake(self) -> None:
@@ -223,16 +272,12 @@ class ClusterLoop:
             if status.phase != last_phase:
                 metrics.set_phase(self.cluster, status.phase)
                 last_phase = status.phase
-            metrics.EPOCH.labels(self.cluster).set(status.epoch)
+            self._series.epoch(status.epoch)
             if observations:
                 continue  # fold the outcomes in at once: the next activation may depend on them
             delay = decision.wake_at - self._clock()
             if delay > 0:
-                try:
-                    async with asyncio.timeout(delay):
-                        await self._wakeup.wait()
-                except TimeoutError:
-                    pass
+                await self._wakeup.sleep(delay)
 
     async def _carry_out(self, actions: Sequence[object]) -> list[Observation]:
         # Pointing the Service runs alongside the heartbeats rather than after them
@@ -247,7 +292,9 @@ class ClusterLoop:
             for action in actions
             if isinstance(action, SendHeartbeat | AllocateEpoch | PointActive)
         ]
-        observations = [outcome for outcome in await asyncio.gather(*calls) if outcome is not None]
+        # One call (a renewal, most steps) is awaited as it is: a task for it would only cost.
+        outcomes = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls) if calls else []
+        observations = [outcome for outcome in outcomes if outcome is not None]
         for action in actions:
             if isinstance(action, RecordEvent):
                 await self._event(action)
@@ -296,12 +343,8 @@ class ClusterLoop:
             )
         else:
             outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
-        metrics.HEARTBEAT_LATENCY.observe(time.perf_counter() - started)
-        if isinstance(outcome, HeartbeatAnswered):
-            metrics.HEARTBEATS.labels(self.cluster, outcome.reply.state.lower()).inc()
-        else:
-            metrics.HEARTBEATS.labels(self.cluster, "failed").inc()
-            metrics.HEARTBEAT_FAILURES.labels(self.cluster).inc()
+        kind = outcome.reply.state.lower() if isinstance(outcome, HeartbeatAnswered) else "failed"
+        self._series.heartbeat(kind, time.perf_counter() - started)
         return outcome
 
     async def _allocate(self, action: AllocateEpoch) -> Observation:

@@ -54,6 +54,39 @@ def set_phase(cluster: str, phase: str) -> None:
         PHASE.labels(cluster, candidate.value).set(1.0 if candidate.value == phase else 0.0)
 
 
+class ClusterSeries:
+    """One cluster's series that the engine updates at every heartbeat, each looked up once.
+
+    ``labels()`` takes a lock and builds a key on every call, which at 2,000 clusters was a
+    measurable share of the operator's CPU (docs/benchmarks.md). A series is created at its
+    first update, as ``labels()`` would create it, so /metrics shows the same series.
+    """
+
+    def __init__(self, cluster: str) -> None:
+        self._cluster = cluster
+        self._outcomes: dict[str, Counter] = {}
+        self._failures: Counter | None = None
+        self._epoch: float | None = None
+
+    def heartbeat(self, outcome: str, seconds: float) -> None:
+        """One heartbeat's latency and outcome (one of ``HEARTBEAT_OUTCOMES``)."""
+        HEARTBEAT_LATENCY.observe(seconds)
+        counter = self._outcomes.get(outcome)
+        if counter is None:
+            counter = self._outcomes[outcome] = HEARTBEATS.labels(self._cluster, outcome)
+        counter.inc()
+        if outcome == "failed":
+            if self._failures is None:
+                self._failures = HEARTBEAT_FAILURES.labels(self._cluster)
+            self._failures.inc()
+
+    def epoch(self, epoch: int) -> None:
+        """The cluster's epoch gauge, written when it changed."""
+        if epoch != self._epoch:
+            EPOCH.labels(self._cluster).set(epoch)
+            self._epoch = epoch
+
+
 # The label values the engine uses with the per-cluster metrics (engine.py), so that
 # a deleted cluster's series can be dropped one by one (prometheus_client has no
 # "remove by one label" call).

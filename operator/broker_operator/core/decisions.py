@@ -27,7 +27,7 @@ What it does not do: talk to anything, read a clock, sleep, or decide
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from broker_contracts.soap import UNAVAILABILITY_CODE_MAX_LEN, BrokerState
 from broker_operator.core.actions import (
@@ -38,6 +38,7 @@ from broker_operator.core.actions import (
     RecordEvent,
     SendHeartbeat,
 )
+from broker_operator.core.frozen import replace
 from broker_operator.core.knowledge import (
     BrokerKnowledge,
     ClusterConfig,
@@ -362,7 +363,8 @@ def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
                 broker = replace(known, next_probe_at=now + settings.interval_seconds)
                 plan.heartbeat(broker, active=False, epoch=state.epoch)
             elif settings.standby_probe_seconds > 0:
-                broker = replace(known, next_probe_at=now + settings.standby_probe_seconds)
+                due = config.next_on_phase(now, settings.standby_probe_seconds, known.name)
+                broker = replace(known, next_probe_at=due)
                 plan.heartbeat(broker, active=False, epoch=state.epoch)
         brokers.append(broker)
     # Brokers gone from the spec are forgotten once they are known not active.

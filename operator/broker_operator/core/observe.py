@@ -19,8 +19,6 @@ Pure code: no I/O, no clock reads.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from broker_contracts.soap import BrokerState
 from broker_operator.core.actions import (
     ActivePointed,
@@ -32,6 +30,7 @@ from broker_operator.core.actions import (
     Observation,
     ProcessGone,
 )
+from broker_operator.core.frozen import replace
 from broker_operator.core.knowledge import (
     LEASE_EXPIRED,
     STALE,
@@ -235,7 +234,7 @@ def complete_move(
         state,
         active=winner,
         active_epoch=epoch,
-        next_active_heartbeat_at=now + settings.interval_seconds,
+        next_active_heartbeat_at=config.next_on_phase(now, settings.interval_seconds),
         move=None,
         # A broker is active again: status goes back to showing each broker's latest answer.
         brokers=tuple(replace(b, activation_code=None, activation_message=None) for b in state.brokers),

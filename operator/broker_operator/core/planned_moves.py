@@ -8,8 +8,7 @@ Pure, like the rest of the core: state and config in, state out (with the move, 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from broker_operator.core.frozen import replace
 from broker_operator.core.knowledge import (
     BrokerKnowledge,
     ClusterConfig,

@@ -23,6 +23,8 @@ the ``Conflict`` phase: the validator and the controller write those.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,8 +41,27 @@ class Phase(StrEnum):
 
 
 def format_time(wall: float) -> str:
-    """RFC 3339 UTC text for a ``time.time()`` value, as Kubernetes writes date-times."""
-    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """RFC 3339 UTC text for a ``time.time()`` value, as Kubernetes writes date-times.
+
+    The same text as ``datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")``
+    (microseconds rounded half to even, as ``fromtimestamp`` rounds them), with the date
+    and time of day formatted once per second: the engine renders each broker's last
+    heartbeat at every step, and ``strftime`` was a few percent of the operator's CPU.
+    """
+    fraction, whole = math.modf(wall)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        whole += 1
+    elif micros < 0:
+        micros += 1_000_000
+        whole -= 1
+    return f"{_whole_second(int(whole))}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=64)
+def _whole_second(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ class World:
         stored_epoch: int = 0,
         last_active: str | None = None,
         processes: tuple[str, ...] = (),
+        phase: float | None = None,
     ) -> World:
         targets = [
             BrokerTarget(
@@ -137,7 +138,7 @@ class World:
             )
             for name in names
         ]
-        config = ClusterConfig.of("sim", targets, settings, preferred)
+        config = ClusterConfig.of("sim", targets, settings, preferred, phase)
         now = 1000.0
         state = initial_state(config, now=now, wall_now=1.7e9, epoch=stored_epoch, last_active=last_active)
         # Processes may run before the spec names them (pods without IPs yet).
@@ -214,7 +215,9 @@ class World:
                 fresh = SimBroker(name, config.settings.lease_seconds, epoch=previous.term.epoch)
                 self.brokers[name] = self.by_url[url] = fresh
             targets.append(BrokerTarget(name, url, NAMES_POOL.index(name)))
-        self.config = ClusterConfig.of(config.cluster, targets, config.settings, config.preferred_active)
+        self.config = ClusterConfig.of(
+            config.cluster, targets, config.settings, config.preferred_active, config.phase
+        )
 
     def pod_facts(self) -> dict[str, PodFacts]:
         if not self.pod_mode:

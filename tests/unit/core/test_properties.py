@@ -78,6 +78,8 @@ class FailoverMachine(RuleBasedStateMachine):
         stored_epoch=st.integers(0, 3),
         restart_with_active=st.booleans(),
         remembered_epoch=st.sampled_from([0, 0, 7, 94]),
+        # As the operator runs it (engine.cluster_phase), or without a phase.
+        phase=st.none() | st.floats(0.0, 1.0, exclude_max=True),
     )
     def start(
         self,
@@ -88,6 +90,7 @@ class FailoverMachine(RuleBasedStateMachine):
         stored_epoch: int,
         restart_with_active: bool,
         remembered_epoch: int,
+        phase: float | None,
     ) -> None:
         names = NAMES[:count]
         last_active = names[-1] if names and restart_with_active and stored_epoch > 0 else None
@@ -98,6 +101,7 @@ class FailoverMachine(RuleBasedStateMachine):
             stored_epoch=stored_epoch,
             last_active=last_active,
             processes=tuple(NAMES),
+            phase=phase,
         )
         if last_active:
             # A previous operator left this broker active with the stored epoch.

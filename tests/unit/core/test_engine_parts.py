@@ -1,0 +1,87 @@
+"""The engine's loop parts that replaced costlier ones: its wake-up, its metric series, and the
+operator process's collector settings (docs/benchmarks.md, "Operator scale")."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import REGISTRY
+
+from broker_operator import metrics
+from broker_operator.engine import _Wakeup
+from broker_operator.garbage_collection import THRESHOLDS, tune_collector
+
+
+async def test_a_wakeup_sleeps_its_delay_when_nobody_wakes_it() -> None:
+    wakeup = _Wakeup()
+    started = time.monotonic()
+    await wakeup.sleep(0.05)
+    assert time.monotonic() - started >= 0.045
+
+
+async def test_set_ends_a_sleep_at_once_and_a_set_before_the_sleep_skips_it() -> None:
+    wakeup = _Wakeup()
+    started = time.monotonic()
+    asyncio.get_running_loop().call_later(0.02, wakeup.set)
+    await asyncio.wait_for(wakeup.sleep(30.0), timeout=5.0)
+    assert time.monotonic() - started < 5.0
+    await asyncio.wait_for(wakeup.sleep(30.0), timeout=1.0)  # still set: returns at once
+    wakeup.clear()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(wakeup.sleep(30.0), timeout=0.05)  # cleared: sleeps again
+
+
+async def test_a_cancelled_sleep_leaves_no_timer_behind() -> None:
+    wakeup = _Wakeup()
+    task = asyncio.create_task(wakeup.sleep(30.0))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    wakeup.set()  # no waiter left to resolve; must not raise
+    timers = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+    assert not any(not handle.cancelled() and handle.when() > time.monotonic() + 20 for handle in timers)
+
+
+def sample(name: str, labels: dict[str, str]) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_cluster_series_count_as_labels_would_and_create_series_only_when_used() -> None:
+    cluster = "series-test"
+    series = metrics.ClusterSeries(cluster)
+    try:
+        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "active"}) is None
+        series.heartbeat("active", 0.002)
+        series.heartbeat("active", 0.002)
+        series.heartbeat("failed", 1.0)
+        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "active"}) == 2
+        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "failed"}) == 1
+        assert sample("broker_failover_heartbeat_failures_total", {"cluster": cluster}) == 1
+        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "inactive"}) is None
+        series.epoch(4)
+        assert sample("broker_failover_epoch", {"cluster": cluster}) == 4
+        series.epoch(5)
+        assert sample("broker_failover_epoch", {"cluster": cluster}) == 5
+    finally:
+        metrics.forget_cluster(cluster)
+    assert sample("broker_failover_epoch", {"cluster": cluster}) is None
+
+
+@pytest.fixture
+def default_thresholds() -> Iterator[None]:
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+@pytest.mark.usefixtures("default_thresholds")
+def test_the_operator_collects_young_objects_in_larger_batches() -> None:
+    gc.set_threshold(700, 10, 10)
+    tune_collector()
+    assert gc.get_threshold() == THRESHOLDS
+    assert THRESHOLDS[0] > 700  # the point: see broker_operator/garbage_collection.py
