@@ -53,6 +53,10 @@ def configure_kopf(settings: kopf.OperatorSettings, peering: ControllerSettings 
     also this replica's peering priority and lifetime (``configure_peering``)."""
     if peering is not None:
         configure_peering(settings, peering)
+        if peering.shard is not None:
+            # kopf removes its finalizer from objects none of its handlers wants: with one name for
+            # every shard, each shard would remove the others' (a patch fight on every cluster).
+            settings.persistence.finalizer = peering.shard.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=names.KOPF_ANNOTATION_PREFIX
     )
@@ -129,6 +133,16 @@ def _register_startup(registry: kopf.OperatorRegistry) -> None:
             logger.warning("peering %r: no early announcement: %s", context.settings.peering, error)
 
 
+def _drives_cluster(*, namespace: str | None, name: str, memo: Any, **_: Any) -> bool:
+    """A BrokerCluster handler's filter: this process drives the cluster (its shard, sharding.py)."""
+    return context_from(memo).settings.drives(namespace or "", name)
+
+
+def _drives_child_of(*, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> bool:
+    """A child watch's filter: this process drives the cluster the child is labelled with."""
+    return context_from(memo).settings.drives(namespace or "", str(labels.get(names.LABEL_CLUSTER, "")))
+
+
 def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
     """Register every handler of the controller into ``registry``; children are re-checked every
     ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
@@ -164,15 +178,23 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
             logger=cast(logging.Logger, logger),
         )
 
-    kopf.on.create(*RESOURCE, id="reconcile-on-create", registry=registry)(reconcile)
-    kopf.on.resume(*RESOURCE, id="reconcile-on-resume", registry=registry)(reconcile)
-    kopf.on.update(*RESOURCE, id="reconcile-on-update", registry=registry)(reconcile)
+    kopf.on.create(*RESOURCE, id="reconcile-on-create", when=_drives_cluster, registry=registry)(reconcile)
+    kopf.on.resume(*RESOURCE, id="reconcile-on-resume", when=_drives_cluster, registry=registry)(reconcile)
+    kopf.on.update(*RESOURCE, id="reconcile-on-update", when=_drives_cluster, registry=registry)(reconcile)
 
-    @kopf.timer(*RESOURCE, id="reconcile-periodically", registry=registry, interval=reconcile_seconds)
+    @kopf.timer(
+        *RESOURCE,
+        id="reconcile-periodically",
+        when=_drives_cluster,
+        registry=registry,
+        interval=reconcile_seconds,
+    )
     async def reconcile_periodically(**kwargs: Any) -> None:
         await reconcile(**kwargs)
 
-    @kopf.on.update(*RESOURCE, id="retarget-on-spec-change", field="spec", registry=registry)
+    @kopf.on.update(
+        *RESOURCE, id="retarget-on-spec-change", field="spec", when=_drives_cluster, registry=registry
+    )
     async def retarget_on_spec_change(*, body: kopf.Body, memo: Any, **_: Any) -> None:
         context = context_from(memo)
         meta = body["metadata"]
@@ -180,7 +202,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         if observations.retarget is not None:
             observations.retarget()
 
-    @kopf.on.delete(*RESOURCE, id="forget-cluster", optional=True, registry=registry)
+    @kopf.on.delete(*RESOURCE, id="forget-cluster", optional=True, when=_drives_cluster, registry=registry)
     async def forget_cluster(*, body: kopf.Body, memo: Any, **_: Any) -> None:
         # optional=True: no finalizer. Children go by garbage collection (owner references);
         # this only drops what the operator remembers about the cluster, best effort.
@@ -191,7 +213,9 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         # (daemon.run_cluster_heartbeats); this covers a cluster whose daemon had ended.
         metrics.forget_cluster(meta["name"])
 
-    @kopf.daemon(*RESOURCE, id="heartbeats", registry=registry, cancellation_timeout=10.0)
+    @kopf.daemon(
+        *RESOURCE, id="heartbeats", when=_drives_cluster, registry=registry, cancellation_timeout=10.0
+    )
     async def heartbeats(
         *,
         body: kopf.Body,
@@ -218,6 +242,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         "v1",
         "pods",
         labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        when=_drives_child_of,
         registry=registry,
     )
     async def observe_broker_pod(
@@ -248,6 +273,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         "persistentvolumeclaims",
         id="observe-journal-claims",
         labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        when=_drives_child_of,
         registry=registry,
     )
     async def observe_journal_claim(
@@ -310,6 +336,7 @@ def _register_child_deletion(registry: kopf.OperatorRegistry, kind: str, plural:
         plural,
         id=f"forget-deleted-{plural}",
         labels={names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_CLUSTER: kopf.PRESENT},
+        when=_drives_child_of,
         registry=registry,
     )
     async def forget_deleted_child(
@@ -330,6 +357,7 @@ def _register_active_slice_watch(registry: kopf.OperatorRegistry) -> None:
         "endpointslices",
         id="repoint-deleted-active-slices",
         labels={names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER, names.LABEL_CLUSTER: kopf.PRESENT},
+        when=_drives_child_of,
         registry=registry,
     )
     async def repoint_deleted_slice(

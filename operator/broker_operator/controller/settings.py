@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker_operator.controller.sharding import Shard
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -48,6 +50,12 @@ class ControllerSettings:
     # outside the cluster has no pod a policy could name).
     pod_namespace: str | None = None
     pod_labels: tuple[tuple[str, str], ...] = ()
+    # This process drives only the BrokerClusters of its shard (sharding.py); None: all of them.
+    shard: Shard | None = None
+
+    def drives(self, namespace: str, name: str) -> bool:
+        """Whether this operator process drives the BrokerCluster ``namespace/name``."""
+        return self.shard is None or self.shard.drives(namespace, name)
 
 
 def parse_pod_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -121,11 +129,20 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         default=env("OPERATOR_POD_LABELS", ""),
         help="the operator pods' labels as k=v,k=v, which NetworkPolicies admit (env OPERATOR_POD_LABELS)",
     )
+    parser.add_argument(
+        "--shard",
+        default=env("OPERATOR_SHARD", ""),
+        help="INDEX/COUNT: drive only the BrokerClusters of this shard (env OPERATOR_SHARD); default: all",
+    )
     args = parser.parse_args(argv)
     try:
         pod_labels = parse_pod_labels(args.pod_labels)
     except ValueError as error:
         parser.error(str(error))
+    try:
+        shard = Shard.parse(args.shard) if args.shard.strip() else None
+    except ValueError as error:
+        parser.error(f"--shard / OPERATOR_SHARD: {error}")
     namespaces = args.namespace or [ns for ns in env("OPERATOR_NAMESPACES", "").split(",") if ns.strip()]
     if args.metrics_port < 0 or args.metrics_port > 65535:
         parser.error(f"--metrics-port ({args.metrics_port}) must be 0..65535 (0 = no metrics server)")
@@ -150,6 +167,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         token_recheck_seconds=args.token_recheck_seconds,
         pod_namespace=args.pod_namespace,
         pod_labels=pod_labels,
+        shard=shard,
     )
 
 

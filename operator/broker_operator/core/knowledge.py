@@ -144,8 +144,8 @@ class BrokerKnowledge:
     def possibly_active(self, now: float) -> bool:
         if self.dead:
             return False
-        bounds = (self.possibly_active_until, self.earlier_address_active_until)
-        return any(bound is not None and bound > now for bound in bounds)
+        until, earlier = self.possibly_active_until, self.earlier_address_active_until
+        return (until is not None and until > now) or (earlier is not None and earlier > now)
 
     def earlier_address_possibly_active(self, now: float) -> bool:
         bound = self.earlier_address_active_until
@@ -220,7 +220,10 @@ class EngineState:
     drain_blocked_reported: bool = False
 
     def broker(self, name: str) -> BrokerKnowledge | None:
-        return next((b for b in self.brokers if b.name == name), None)
+        for broker in self.brokers:  # a loop, not next() over a generator: called often per step
+            if broker.name == name:
+                return broker
+        return None
 
     def with_broker(self, name: str, **changes: Any) -> EngineState:
         return replace(

@@ -109,7 +109,12 @@ async def running_operator(
     settings.scanning.disabled = True  # kmock serves the resources it was told about; nothing to discover
     context = ControllerContext(
         settings=ControllerSettings(
-            namespaces=(NAMESPACE,), operator_id="unit-test", daemon_poll_seconds=0.5, **settings_given
+            **{
+                "namespaces": (NAMESPACE,),
+                "operator_id": "unit-test",
+                "daemon_poll_seconds": 0.5,
+                **settings_given,
+            }
         ),
         api=kube_api,
     )
