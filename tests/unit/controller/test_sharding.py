@@ -91,7 +91,8 @@ async def operator_in_a_thread(
 
     thread = threading.Thread(target=thread_main, name=f"operator {settings}", daemon=True)
     thread.start()
-    await asyncio.get_running_loop().run_in_executor(None, ready.wait, 60)
+    started = await asyncio.get_running_loop().run_in_executor(None, ready.wait, 60)
+    assert started, "the operator in its thread did not start within 60 s"
     try:
         yield
     finally:
@@ -136,7 +137,7 @@ async def test_two_shards_never_both_drive_one_cluster(
                 body["spec"]["company"] = str(2000 + n)  # a pair of its own: no Conflict
                 response = await kmock.post(CLUSTERS_URL, json=body)
                 assert response.status < 300, await response.text()
-            for _ in range(300):  # bounded: 30 s
+            for _ in range(600):  # bounded: 60 s
                 if all(heard[name] for name in clusters):
                     break
                 await asyncio.sleep(0.1)
