@@ -50,17 +50,20 @@ def test_chart_lints_and_renders_the_crd_from_crds_folder(sealed_cluster: Sealed
     assert crd == source
 
 
-def render_pod_specs(*values: str) -> dict[str, dict[str, Any]]:
-    """``helm template`` (the built helm; no cluster needed): every pod spec the chart renders, by
-    where it comes from, including the executor pod template Spark reads from a ConfigMap."""
+def render(*values: str) -> list[dict[str, Any]]:
+    """``helm template`` with the built helm (no cluster needed): the rendered documents."""
     helm = built_tools_dir() / "helm"
     rendered = subprocess.run(
         [str(helm), "template", "bf", str(CHART), *values], capture_output=True, text=True, check=True
     ).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def render_pod_specs(*values: str) -> dict[str, dict[str, Any]]:
+    """``helm template`` (the built helm; no cluster needed): every pod spec the chart renders, by
+    where it comes from, including the executor pod template Spark reads from a ConfigMap."""
     specs: dict[str, dict[str, Any]] = {}
-    for doc in yaml.safe_load_all(rendered):
-        if not doc:
-            continue
+    for doc in render(*values):
         where = f"{doc['kind']}/{doc['metadata']['name']}"
         if doc["kind"] == "Deployment":
             specs[where] = doc["spec"]["template"]["spec"]
@@ -104,6 +107,41 @@ def test_every_pod_the_chart_renders_is_non_root_with_a_read_only_root() -> None
     # The validator's pods write into the store the brokers write: the same group owns it.
     validator = [where for where in specs if "validator" in where]
     assert [specs[where]["securityContext"]["fsGroup"] for where in validator] == [10001, 10001]
+
+
+def test_shards_render_a_deployment_peering_and_budget_each() -> None:
+    docs = render(
+        "--set", "operator.shards=3", "--set", "operator.replicas=2", "--set", "operator.peering=bfp",
+    )  # fmt: skip
+    deployments = [doc for doc in docs if doc["kind"] == "Deployment"]
+    shards = {}
+    for deployment in deployments:
+        env = {
+            e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        # The pods carry what the selector selects, and no other shard's Deployment selects them.
+        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        shards[deployment["metadata"]["name"]] = (env["OPERATOR_SHARD"], env["OPERATOR_PEERING"], selector)
+    assert {name: shard[:2] for name, shard in shards.items()} == {
+        f"bf-broker-failover-shard-{i}": (f"{i}/3", f"bfp-shard-{i}") for i in range(3)
+    }
+    assert len({tuple(sorted(selector.items())) for _, _, selector in shards.values()}) == 3
+    peerings = sorted(doc["metadata"]["name"] for doc in docs if doc["kind"] == "ClusterKopfPeering")
+    assert peerings == ["bfp-shard-0", "bfp-shard-1", "bfp-shard-2"]
+    budgets = {
+        doc["metadata"]["name"]: doc["spec"]["selector"]["matchLabels"]
+        for doc in docs
+        if doc["kind"] == "PodDisruptionBudget"
+    }
+    assert budgets == {
+        name.replace("-shard-", "-shard-"): selector for name, (_, _, selector) in shards.items()
+    }
+    # One shard (the default) renders one Deployment with neither the shard label nor the variable.
+    (single,) = [doc for doc in render() if doc["kind"] == "Deployment"]
+    env = {e["name"] for e in single["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert single["metadata"]["name"] == "bf-broker-failover" and "OPERATOR_SHARD" not in env
+    assert "broker.failover.dev/shard" not in single["spec"]["selector"]["matchLabels"]
 
 
 @pytest.mark.parametrize(

@@ -39,3 +39,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{- /*
+The kopf peering name of one operator shard: operator.peering, with "-shard-<i>" when there is more
+than one shard (kopf peering elects one handler among replicas; each shard needs its own).
+Called with (list $ shardIndex).
+*/ -}}
+{{- define "broker-failover.peering" -}}
+{{- $root := index . 0 -}}
+{{- $shard := index . 1 -}}
+{{- if and $root.Values.operator.peering (gt (int $root.Values.operator.shards) 1) -}}
+{{ $root.Values.operator.peering }}-shard-{{ $shard }}
+{{- else -}}
+{{ $root.Values.operator.peering }}
+{{- end -}}
+{{- end }}
