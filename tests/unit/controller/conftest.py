@@ -41,8 +41,12 @@ class NamingEmulator(kmock.KubernetesEmulator):
     """A ``KubernetesEmulator`` that names objects created with ``generateName``, as the API server does."""
 
     _serial: Any = attrs.field(factory=itertools.count, init=False)
+    # Every write request (method, path) in arrival order, for the tests that count API writes.
+    writes: list[tuple[str, str]] = attrs.field(factory=list, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.method in {"POST", "PUT", "PATCH", "DELETE"}:
+            self.writes.append((request.method, str(request.url.path)))
         data = request.data
         if request.method == "POST" and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
