@@ -35,7 +35,7 @@ REPLY = (
     "<state>{state}</state><epoch>{epoch}</epoch></HeartbeatResponse></soap:Body></soap:Envelope>"
 )
 CLUSTER_NAMES = [f"idle-{n}" for n in range(3)]
-WINDOW_SECONDS = 12.0  # six periodic reconciles and at least one standby probe (10 s) of each cluster
+WINDOW_SECONDS = 12.0  # six periodic reconciles, four renewals, a standby probe (10 s) of each cluster
 
 
 async def healthy_brokers() -> tuple[aiohttp.web.AppRunner, int]:
@@ -71,7 +71,10 @@ async def test_healthy_clusters_cost_no_api_writes(
                     {"name": b, "url": f"http://127.0.0.1:{port}/{name}/{b}/soap", "priority": p}
                     for p, b in enumerate(["a", "b"])
                 ]
-                body = cluster_body(name, endpoints=endpoints)
+                # Slow heartbeats with a generous timeout: a loaded machine must not turn a late answer
+                # into a status change (and a write) this test would count.
+                heartbeat = {"intervalSeconds": 3, "timeoutSeconds": 3, "leaseSeconds": 15}
+                body = cluster_body(name, endpoints=endpoints, heartbeat=heartbeat)
                 body["spec"]["company"] = str(3000 + n)
                 response = await kmock.post(CLUSTERS_URL, json=body)
                 assert response.status < 300, await response.text()
