@@ -52,28 +52,6 @@ class KubeApi:
         )
         return cast(BrokerClusterBody, body)
 
-    async def remove_cluster_finalizers(
-        self, namespace: str, name: str, finalizers: Mapping[int, str]
-    ) -> None:
-        """Remove these finalizers (by index) from a BrokerCluster in one JSON patch, each only if
-        it is still at its index (a ``test`` op), so a list changed meanwhile fails the whole patch."""
-        operations: list[dict[str, Any]] = []
-        for index in sorted(finalizers, reverse=True):  # from the end: earlier indices stay valid
-            path = f"/metadata/finalizers/{index}"
-            operations += [
-                {"op": "test", "path": path, "value": finalizers[index]},
-                {"op": "remove", "path": path},
-            ]
-        await asyncio.to_thread(
-            self._custom.patch_namespaced_custom_object,
-            names.GROUP,
-            names.VERSION,
-            namespace,
-            names.PLURAL,
-            name,
-            operations,
-        )
-
     async def patch_cluster_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch the status subresource; ``metadata.resourceVersion`` in ``patch`` is a precondition."""
         await asyncio.to_thread(

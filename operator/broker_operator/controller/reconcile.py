@@ -29,7 +29,6 @@ from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
-from broker_operator.controller.sharding import stale_finalizers
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
 from broker_operator.core.spec_fields import DRAIN_EVICT
 
@@ -81,26 +80,6 @@ def _set_condition(
     patch["conditions"] = conditions
 
 
-async def _remove_stale_finalizers(
-    context: ControllerContext,
-    ref: ClusterRef,
-    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
-) -> None:
-    """Drop the finalizers an operator of another shard layout left (sharding.py): once this one
-    drives the cluster, nobody would remove them, and the cluster would stay Terminating."""
-    stale = stale_finalizers(ref.body["metadata"].get("finalizers") or [], context.settings.shard)
-    if not stale:
-        return
-    try:
-        await context.api.remove_cluster_finalizers(ref.namespace, ref.name, stale)
-    except ApiException as error:  # the list changed meanwhile (the patch's test): the next pass retries
-        logger.warning(
-            "could not remove finalizers %s of another shard layout: %s", sorted(stale.values()), error.reason
-        )
-        return
-    logger.info("removed finalizers of another shard layout: %s", ", ".join(stale.values()))
-
-
 async def reconcile_cluster(
     *,
     context: ControllerContext,
@@ -112,7 +91,6 @@ async def reconcile_cluster(
 ) -> ClusterSpec | None:
     """One reconciliation pass; puts what changed into ``status_patch``; returns the spec if valid."""
     observations = context.observations_for(ref.namespace, ref.name)
-    await _remove_stale_finalizers(context, ref, logger)
     owner = conflict_owner(ref, claims)
     account, company = pair_of(spec)
     if owner is not None:

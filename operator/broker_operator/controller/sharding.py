@@ -11,10 +11,11 @@ What is not sharded: the index of (account, company) claims. Every shard indexes
 BrokerCluster of its namespaces, so each decides ``Conflict`` from the same claims, whichever
 shard the rival cluster belongs to (controller/conflicts.py).
 
-Changing the layout (unsharded to N shards, or N to M): each shard's finalizer names its layout,
-so clusters keep the finalizer of the layout they had. A shard removes, from the clusters it
-drives, the finalizers of every other layout (``stale_finalizers``), so that a cluster deleted
-later is not left Terminating on a finalizer nobody removes.
+Changing the layout (one process to N shards, or N to M): each shard's finalizer names its
+layout, so clusters keep the finalizer of the layout they had, and nobody of the new layout removes
+it: a cluster deleted later would stay Terminating. Remove the old layout's finalizers by hand
+after the change (docs/operator.md, "Shards"). Doing it in the operator raced kopf's own
+index-based finalizer patches in tests, so it is not automatic.
 
 Not a fence: two processes configured with different N (a rollout from 2 shards to 3) may drive
 one cluster for a while. The epochs and leases keep that safe, as with two replicas of one
@@ -25,12 +26,11 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker_operator.controller.names import GROUP
 
-__all__ = ["UNSHARDED_FINALIZER", "Shard", "stale_finalizers"]
+__all__ = ["Shard"]
 
 _SYNTAX = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
@@ -64,19 +64,3 @@ class Shard:
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
-
-
-# kopf's own finalizer, which an unsharded operator uses (kopf's default).
-UNSHARDED_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
-_SHARD_FINALIZER = re.compile(rf"{re.escape(GROUP)}/shard-\d+-of-\d+")
-
-
-def stale_finalizers(finalizers: Sequence[str], shard: Shard | None) -> dict[int, str]:
-    """The finalizers, by their index, that an operator of another shard layout put on a cluster
-    which ``shard`` drives now; nobody of the current layout would ever remove them."""
-    own = UNSHARDED_FINALIZER if shard is None else shard.finalizer
-    return {
-        index: finalizer
-        for index, finalizer in enumerate(finalizers)
-        if finalizer != own and (finalizer == UNSHARDED_FINALIZER or _SHARD_FINALIZER.fullmatch(finalizer))
-    }

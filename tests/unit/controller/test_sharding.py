@@ -24,14 +24,11 @@ from hypothesis import strategies as st
 
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.settings import parse_settings
-from broker_operator.controller.sharding import UNSHARDED_FINALIZER, Shard, stale_finalizers
+from broker_operator.controller.sharding import Shard
 from broker_simulators.local_processes import free_port
 from tests.unit.controller.conftest import (
-    CLUSTERS,
     NAMESPACE,
     cluster_body,
-    eventually,
-    objects_of,
     running_operator,
 )
 from tests.unit.controller.test_metrics_forgotten import CLUSTERS_URL
@@ -147,29 +144,3 @@ async def test_two_shards_never_both_drive_one_cluster(
             }
     finally:
         await runner.cleanup()
-
-
-def test_stale_finalizers_are_those_of_other_shard_layouts() -> None:
-    ours, theirs, other = Shard(0, 2).finalizer, Shard(1, 3).finalizer, "example.com/keep-me"
-    listed = [UNSHARDED_FINALIZER, ours, other, theirs]
-    assert stale_finalizers(listed, Shard(0, 2)) == {0: UNSHARDED_FINALIZER, 3: theirs}
-    assert stale_finalizers(listed, None) == {1: ours, 3: theirs}  # back to one operator
-    assert stale_finalizers([ours, other], Shard(0, 2)) == {}
-
-
-async def test_a_shard_removes_the_finalizers_an_earlier_layout_left(
-    kmock: kmock.KubernetesEmulator, kube_api: KubeApi
-) -> None:
-    shard = Shard(0, 2)
-    name = next(f"layout-{n}" for n in range(100) if shard.drives(NAMESPACE, f"layout-{n}"))
-    left = [UNSHARDED_FINALIZER, Shard(2, 3).finalizer, "example.com/keep-me"]
-    body = cluster_body(name, endpoints=[{"name": "a", "url": "http://127.0.0.1:9/soap", "priority": 0}])
-    body["metadata"]["finalizers"] = left
-    async with running_operator(kmock, kube_api, shard=shard):
-        response = await kmock.post(CLUSTERS_URL, json=body)
-        assert response.status < 300, await response.text()
-
-        def finalizers() -> list[str]:
-            return list(objects_of(kmock, CLUSTERS).get(name, {}).get("metadata", {}).get("finalizers", []))
-
-        await eventually(lambda: sorted(finalizers()) == sorted(["example.com/keep-me", shard.finalizer]))
