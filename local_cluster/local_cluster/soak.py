@@ -109,11 +109,19 @@ def _active_broker(relay: Relay) -> str:
     both run until kopf's peering pauses one (the epochs keep them from granting one epoch twice),
     and meanwhile the status can name no active for a moment: wait for one, bounded, and say so."""
     started = time.monotonic()
-    wait_until("an active broker in the status", lambda: bool(relay.status().get("active")), 60, 0.1)
+    named: list[str] = []  # the active of the read that named one: a second read may not
+
+    def names_one() -> bool:
+        active = relay.status().get("active")
+        if active:
+            named.append(str(active))
+        return bool(active)
+
+    wait_until("an active broker in the status", names_one, 60, 0.1)
     waited = time.monotonic() - started
     if waited > 1:
         print(f"  (the status named no active broker for {waited:.1f}s before this fault)", flush=True)
-    return str(relay.status()["active"])
+    return named[-1]
 
 
 def inject(relay: Relay, fault: str) -> str:

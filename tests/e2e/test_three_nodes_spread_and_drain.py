@@ -176,8 +176,8 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
     try:
         # Wait (the default): the budget refuses the eviction for as long as the drain tries.
         blocked = cluster.kubectl(
-            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets", "--timeout=20s",
-            timeout=60, check=False,
+            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
+            "--delete-emptydir-data", "--timeout=20s", timeout=60, check=False,
         )  # fmt: skip
         assert blocked.returncode != 0, blocked.stdout
         assert "disruption budget" in blocked.stdout + blocked.stderr, blocked.stderr
@@ -195,8 +195,8 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         # The disruption controller's own figure, not only the spec: it is what the eviction API reads.
         wait_for("the budget letting the active go", lambda: _disruptions_allowed(relay) == 1)
         evicted = cluster.kubectl(
-            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets", "--timeout=120s",
-            timeout=150, check=False,
+            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
+            "--delete-emptydir-data", "--timeout=120s", timeout=150, check=False,
         )  # fmt: skip
         assert evicted.returncode == 0, f"{evicted.stdout}\n{evicted.stderr}"
         assert "DrainEvictsActive" in _events(relay)
