@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp.web
@@ -29,6 +29,7 @@ from broker_operator.controller.context import MEMO_KEY, ControllerContext
 from broker_operator.controller.handlers import configure_kopf, register_handlers
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.settings import ControllerSettings
+from broker_simulators.local_processes import free_port
 
 NAMESPACE = "erp"
 CLUSTERS = f"{names.GROUP}/{names.VERSION}/{names.PLURAL}"
@@ -185,3 +186,18 @@ async def eventually(check: Callable[[], bool], *, attempts: int = 200, step: fl
             return
         await asyncio.sleep(step)
     assert check(), "condition never held"
+
+
+BrokerHandler = Callable[[aiohttp.web.Request], Awaitable[aiohttp.web.Response]]
+
+
+async def serve_brokers(heartbeat: BrokerHandler) -> tuple[aiohttp.web.AppRunner, int]:
+    """A loopback server answering ``POST /{cluster}/{broker}/soap`` (endpoints-mode broker URLs) with
+    ``heartbeat``; the caller cleans the runner up."""
+    app = aiohttp.web.Application()
+    app.router.add_post("/{cluster}/{broker}/soap", heartbeat)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port

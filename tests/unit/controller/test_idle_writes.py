@@ -16,13 +16,13 @@ import aiohttp.web
 import kmock
 
 from broker_operator.controller.kube import KubeApi
-from broker_simulators.local_processes import free_port
 from tests.unit.controller.conftest import (
     CLUSTERS,
     RECONCILE_SECONDS,
     cluster_body,
     objects_of,
     running_operator,
+    serve_brokers,
 )
 from tests.unit.controller.test_metrics_forgotten import CLUSTERS_URL
 
@@ -51,13 +51,7 @@ async def healthy_brokers() -> tuple[aiohttp.web.AppRunner, int]:
         reply = REPLY.format(state="Active" if active else "Inactive", epoch=stored)
         return aiohttp.web.Response(text=reply, content_type="text/xml")
 
-    app = aiohttp.web.Application()
-    app.router.add_post("/{cluster}/{broker}/soap", heartbeat)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    port = free_port("127.0.0.1")
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, port
+    return await serve_brokers(heartbeat)
 
 
 async def test_healthy_clusters_cost_no_api_writes(

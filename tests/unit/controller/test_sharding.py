@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.settings import parse_settings
 from broker_operator.controller.sharding import Shard
-from broker_simulators.local_processes import free_port
 from tests.unit.controller.conftest import (
     NAMESPACE,
     cluster_body,
     running_operator,
+    serve_brokers,
 )
 from tests.unit.controller.test_metrics_forgotten import CLUSTERS_URL
 
@@ -111,12 +111,7 @@ async def test_two_shards_never_both_drive_one_cluster(
             heard[request.match_info["cluster"]].add(found.group(1).decode())
         return aiohttp.web.Response(status=503, text="not a broker")  # a failed heartbeat is enough
 
-    app = aiohttp.web.Application()
-    app.router.add_post("/{cluster}/{broker}/soap", heartbeat)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    port = free_port("127.0.0.1")
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve_brokers(heartbeat)
     clusters = [f"shard-test-{n}" for n in range(8)]
     owners = {name: next(i for i in range(2) if Shard(i, 2).drives(NAMESPACE, name)) for name in clusters}
     assert set(owners.values()) == {0, 1}, owners  # both shards have clusters to drive
