@@ -148,8 +148,8 @@ class _Wakeup:
 
     def set(self) -> None:
         self._set = True
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _resolve(self._waiter)
 
     def clear(self) -> None:
         self._set = False
@@ -193,7 +193,8 @@ class ClusterLoop:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone."""
         self.cluster = cluster
-        self._config = ClusterConfig.of(cluster, targets, settings, preferred_active, cluster_phase(cluster))
+        self._phase = cluster_phase(cluster)
+        self._config = self._config_of(targets, settings, preferred_active)
         self._shell = shell
         self._heartbeats = heartbeats
         self._clock = clock
@@ -221,10 +222,15 @@ class ClusterLoop:
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> None:
         """The spec changed: take the new brokers, settings and preferred active at the next step."""
-        self._config = ClusterConfig.of(
+        self._config = self._config_of(targets, settings, preferred_active)
+        self._wakeup.set()
+
+    def _config_of(
+        self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
+    ) -> ClusterConfig:
+        return ClusterConfig.of(
             self.cluster, targets, settings, preferred_active, cluster_phase(self.cluster)
         )
-        self._wakeup.set()
 
     def wake(self) -> None:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
@@ -292,8 +298,10 @@ class ClusterLoop:
             for action in actions
             if isinstance(action, SendHeartbeat | AllocateEpoch | PointActive)
         ]
-        # One call (a renewal, most steps) is awaited as it is: a task for it would only cost.
-        outcomes = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls) if calls else []
+        if len(calls) == 1:
+            outcomes = [await calls[0]]  # a renewal, most steps: a task for it would only cost
+        else:
+            outcomes = await asyncio.gather(*calls)
         observations = [outcome for outcome in outcomes if outcome is not None]
         for action in actions:
             if isinstance(action, RecordEvent):

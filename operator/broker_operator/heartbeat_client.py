@@ -91,6 +91,13 @@ class _ReplyShim:
     encoding: str | None = None
 
 
+@functools.lru_cache(maxsize=_REPLY_CACHE_SIZE)  # pods come and go with new addresses
+def _parsed_url(url: str) -> URL:
+    # Parsed once per broker: aiohttp parses a str URL on every request, and at 2,000
+    # clusters that was 5% of the operator's CPU (docs/benchmarks.md).
+    return URL(url)
+
+
 @functools.lru_cache(maxsize=64)
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
     # The engine passes its timeout with every heartbeat; one object per value, not per call.
@@ -130,7 +137,6 @@ class HeartbeatClient:
         self._operation = self._binding.get("Heartbeat")
         self._session: aiohttp.ClientSession | None = None
         self._replies: dict[tuple[bytes, str], HeartbeatReply] = {}
-        self._urls: dict[str, URL] = {}
 
     @property
     def token(self) -> str:
@@ -174,16 +180,6 @@ class HeartbeatClient:
                 AUTH_HEADER: f"{AUTH_SCHEME} {token}",
             }
         return headers
-
-    def _url(self, url: str) -> URL:
-        # Parsed once per broker: aiohttp parses a str URL on every request, and at 2,000
-        # clusters that was 5% of the operator's CPU (docs/benchmarks.md).
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) >= _REPLY_CACHE_SIZE:
-                self._urls.clear()  # pods come and go with new addresses
-            parsed = self._urls[url] = URL(url)
-        return parsed
 
     def watch_token(self, url: str) -> str:
         """The token to open a broker's ``/watch`` with (``broker_watch``): the one the broker at
@@ -257,7 +253,7 @@ class HeartbeatClient:
     ) -> HeartbeatReply:
         try:
             async with self._session_now().post(
-                self._url(target.url), data=body, headers=self._headers(token), timeout=limit
+                _parsed_url(target.url), data=body, headers=self._headers(token), timeout=limit
             ) as response:
                 content = await response.content.read(_MAX_REPLY_BYTES + 1)
                 status = response.status
