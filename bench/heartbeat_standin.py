@@ -1,0 +1,114 @@
+"""bench/bench_operator.py's heartbeat stand-in: one process serving many brokers' ``Heartbeat``.
+
+Each broker is a loopback address (``address``: 127.<group>.x.y) with a listener on one port;
+the stand-in keeps each address's active flag and epoch, refuses stale epochs as a broker does,
+and with ``refuse_activations`` stores each activation's epoch and then refuses it with
+``BACKEND_UNREACHABLE``, as a broker whose backend and cloud are unreachable. Benchmark
+scaffolding, not a broker: the engine's integration tests use real brokers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+__all__ = ["TOKEN", "StandinProtocol", "address", "serve_standin"]
+
+TOKEN = "bench-operator-token"
+_ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
+_EPOCH = re.compile(rb"<(?:\w+:)?epoch>(\d+)</")
+_LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
+_AUTH = f"Bearer {TOKEN}".encode()
+_REPLY = (
+    '<?xml version="1.0" encoding="utf-8"?>'
+    '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'
+    '<HeartbeatResponse xmlns="http://broker.failover.dev/soap/v1">'
+    "<state>{state}</state>{code}<epoch>{epoch}</epoch></HeartbeatResponse></soap:Body></soap:Envelope>"
+)
+
+
+_UNREACHABLE = (
+    "<unavailabilityCode>BACKEND_UNREACHABLE</unavailabilityCode>"
+    "<unavailabilityMessage>POST http://127.0.0.1:1/resend failed: connection refused</unavailabilityMessage>"
+)
+
+
+def address(group: int, index: int) -> str:
+    return f"127.{group}.{index // 250 + 1}.{index % 250 + 1}"
+
+
+class StandinProtocol(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection of the heartbeat stand-in.
+
+    Deliberately minimal (no chunked bodies, no error pages): aiohttp's server
+    costs more CPU per request than the operator's client, and on a 2-core
+    machine two aiohttp stand-ins serving 2,000 brokers starved the very process
+    being measured. This is benchmark scaffolding, not product code.
+    """
+
+    def __init__(self, state: dict[str, tuple[bool, int]], refuse_activations: bool = False) -> None:
+        self.state = state
+        self.refuse_activations = refuse_activations
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.host = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.host = str(transport.get_extra_info("sockname")[0])
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            length_match = _LENGTH.search(head)
+            length = int(length_match.group(1)) if length_match else 0
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            assert self.transport is not None
+            self.transport.write(self.answer(head, body))
+
+    def answer(self, head: bytes, body: bytes) -> bytes:
+        active_match, epoch_match = _ACTIVE.search(body), _EPOCH.search(body)
+        if _AUTH not in head or not active_match or not epoch_match:
+            return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+        active, epoch = active_match.group(1) in (b"true", b"1"), int(epoch_match.group(1))
+        _, stored = self.state.get(self.host, (False, 0))
+        if active and epoch < stored:
+            code = "<unavailabilityCode>STALE_EPOCH</unavailabilityCode>"
+            text = _REPLY.format(state="Unavailable", code=code, epoch=stored)
+        elif active and self.refuse_activations:
+            # A broker stores the epoch first, then its activation fails on the unreachable backend.
+            self.state[self.host] = (False, max(epoch, stored))
+            text = _REPLY.format(state="Unavailable", code=_UNREACHABLE, epoch=max(epoch, stored))
+        else:
+            self.state[self.host] = (active, max(epoch, stored))
+            text = _REPLY.format(state="Active" if active else "Inactive", code="", epoch=max(epoch, stored))
+        payload = text.encode()
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
+
+
+def serve_standin(group: int, count: int, refuse_activations: bool, port: int) -> None:
+    state: dict[str, tuple[bool, int]] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for index in range(count):
+            await loop.create_server(
+                lambda: StandinProtocol(state, refuse_activations), address(group, index), port, backlog=512
+            )
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
