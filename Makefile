@@ -90,7 +90,7 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-failover-k8s bench-drain bench-operator bench-validator ## Run every benchmark.
+bench: bench-broker bench-failover bench-failover-k8s bench-drain bench-operator bench-operator-k8s bench-validator ## Run every benchmark.
 
 .PHONY: bench-smoke
 bench-smoke: venv $(TEST_PREREQS) ## Every benchmark in small (one round, a few hundred messages, a small store), as make test runs them: tests/bench.
@@ -119,6 +119,10 @@ soak: venv tools host-packages images ## Chaos soak on the sealed cluster: 200 f
 .PHONY: bench-operator
 bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one operator process.
 	$(BIN)/python bench/bench_operator.py
+
+.PHONY: bench-operator-k8s
+bench-operator-k8s: venv tools ## The real operator against a real API server holding 2,000 BrokerClusters: its API writes, reads and the watch events while steady.
+	$(BIN)/python bench/bench_operator_k8s.py
 
 .PHONY: bench-validator
 bench-validator: venv ## Validator throughput: Spark local[2] vs DuckDB on a 10M-record store, full and incremental.

@@ -1,0 +1,405 @@
+"""The real operator against a real API server holding N BrokerClusters: what it asks of Kubernetes
+while nothing changes.
+
+``bench/bench_operator.py`` runs the failover engines alone and counts what would be API writes.
+This one runs the whole product path, on loopback only:
+
+- a control plane (``local_cluster.control_plane``: etcd, kube-apiserver with an audit log,
+  kube-controller-manager) and the BrokerCluster CRD;
+- the two heartbeat stand-in processes of ``bench_operator.py`` serving 2*N brokers (127.1.x.y,
+  127.2.x.y; benchmark scaffolding, see ``heartbeat_standin.py``);
+- the operator as users run it (``python -m broker_operator``: kopf, every handler, the reconcile
+  timer every 10 s, metrics), logged in as a ServiceAccount so that the audit log tells its
+  requests from everyone else's (bound to ``cluster-admin`` here: RBAC is not what is measured);
+- N endpoints-mode BrokerClusters (two endpoints each, the design's heartbeat defaults), one
+  Secret with the stand-ins' token shared by all, the backend's token generated per cluster as
+  a user's cluster gets it.
+
+It waits until every cluster has ``status.active``, lets the operator settle (``--settle``), then
+counts over ``--window`` seconds:
+- the operator's requests in the API server's audit log, by verb (writes: create, update,
+  patch, delete), and over the whole run, to show what reaching steady cost;
+- watch events the API server sent, by resource (``apiserver_watch_events_total``; every
+  watcher's, the controller-manager's too);
+- from the operator's ``/metrics``: heartbeats to actives per cluster per second, failed
+  heartbeats and failovers in the window (0 when steady), and its CPU from ``/proc``.
+
+Prints the figures, ``operator_k8s_idle_watch_events_per_s`` and last the headline
+``operator_k8s_idle_writes_per_s`` (goal 0). ``--plot`` (``.cache/bench/operator-k8s.png``)
+draws the operator's requests per second over the whole run (creation, activation, steady).
+Every process it starts is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_operator import start, stop  # noqa: E402  # the root is on the path now
+from bench.heartbeat_standin import TOKEN, address  # noqa: E402
+from broker_simulators.local_processes import free_port  # noqa: E402
+from local_cluster.cluster import built_tools_dir  # noqa: E402
+from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane  # noqa: E402
+from local_cluster.pki import write_kubeconfig  # noqa: E402
+from local_cluster.processes import ManagedProcess  # noqa: E402
+
+NAMESPACE = "bench"
+ACCOUNT = "system:serviceaccount:bench:broker-operator"
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+
+
+@dataclass
+class Kube:
+    """kubectl as the cluster's admin."""
+
+    plane: ControlPlane
+
+    def run(self, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+        env = {**os.environ, "KUBECONFIG": str(self.plane.admin_kubeconfig)}
+        done = subprocess.run(
+            ["kubectl", *args],
+            check=False,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])} failed: {done.stderr.strip()[-2000:]}")
+        return done.stdout
+
+
+def cluster_manifest(index: int, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "broker.failover.dev/v1alpha1",
+        "kind": "BrokerCluster",
+        "metadata": {"name": f"c{index}", "namespace": NAMESPACE},
+        "spec": {
+            "account": "bench",
+            "company": str(index),
+            "endpoints": [
+                {"name": "a", "url": f"http://{address(1, index)}:{port}/soap", "priority": 0},
+                {"name": "b", "url": f"http://{address(2, index)}:{port}/soap", "priority": 1},
+            ],
+            "auth": {"tokenSecretRef": {"name": "standin-token"}},
+        },
+    }
+
+
+def prepare(kube: Kube, plane: ControlPlane, workdir: Path) -> Path:
+    """CRD, namespace, the operator's ServiceAccount and token, the shared Secret; its kubeconfig."""
+    kube.run("apply", "-f", str(CRD))
+    kube.run("wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s")
+    kube.run("create", "namespace", NAMESPACE)
+    kube.run("create", "serviceaccount", "broker-operator", "-n", NAMESPACE)
+    kube.run(
+        "create",
+        "clusterrolebinding",
+        "bench-broker-operator",
+        "--clusterrole=cluster-admin",
+        f"--serviceaccount={NAMESPACE}:broker-operator",
+    )
+    kube.run("create", "secret", "generic", "standin-token", "-n", NAMESPACE, f"--from-literal=token={TOKEN}")
+    token = kube.run("create", "token", "broker-operator", "-n", NAMESPACE, "--duration=24h").strip()
+    return write_kubeconfig(
+        workdir / "operator.kubeconfig",
+        server=plane.server,
+        ca_cert=plane.pki.ca_cert,
+        user="broker-operator",
+        token=token,
+    )
+
+
+def create_clusters(kube: Kube, count: int, port: int, batch: int = 250) -> None:
+    for first in range(0, count, batch):
+        items = [cluster_manifest(i, port) for i in range(first, min(count, first + batch))]
+        kube.run("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        print(f"  created {first + len(items)}/{count} BrokerClusters", flush=True)
+
+
+def count_active(kube: Kube) -> int:
+    listed = json.loads(kube.run("get", "brokerclusters", "-n", NAMESPACE, "-o", "json"))
+    return sum(1 for item in listed["items"] if (item.get("status") or {}).get("active"))
+
+
+def wait_all_active(kube: Kube, count: int, timeout: float) -> float:
+    began = time.monotonic()
+    reported = -1
+    while True:
+        try:
+            active = count_active(kube)
+        except RuntimeError as error:  # a LIST timed out while the API server was swamped
+            print(f"  ({error}; trying again)", flush=True)
+            active = reported
+        waited = time.monotonic() - began
+        if active != reported:
+            print(f"  {active}/{count} clusters active after {waited:.0f} s", flush=True)
+            reported = active
+        if active == count:
+            return waited
+        if waited > timeout:
+            raise RuntimeError(f"only {active} of {count} clusters became active within {timeout:.0f} s")
+        time.sleep(5)
+
+
+def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                yield sample.labels, sample.value
+
+
+def watch_events(kube: Kube) -> Counter[str]:
+    totals: Counter[str] = Counter()
+    for labels, value in samples(kube.run("get", "--raw", "/metrics"), "apiserver_watch_events_total"):
+        totals[labels.get("resource") or labels.get("kind") or "?"] += int(value)
+    return totals
+
+
+@dataclass(frozen=True)
+class OperatorSample:
+    at: float
+    cpu_seconds: float
+    heartbeats: Counter[str]  # by outcome, all clusters
+    failures: float
+    failovers: float
+
+
+def operator_sample(pid: int, metrics_url: str) -> OperatorSample:
+    with urllib.request.urlopen(metrics_url, timeout=30) as response:  # loopback, the operator's own
+        text = response.read().decode()
+    heartbeats: Counter[str] = Counter()
+    for labels, value in samples(text, "broker_failover_heartbeats_total"):
+        heartbeats[labels["outcome"]] += int(value)
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return OperatorSample(
+        at=time.monotonic(),
+        cpu_seconds=(int(stat[11]) + int(stat[12])) / ticks,  # utime + stime
+        heartbeats=heartbeats,
+        failures=sum(v for _, v in samples(text, "broker_failover_heartbeat_failures_total")),
+        failovers=sum(v for _, v in samples(text, "broker_failover_failovers_total")),
+    )
+
+
+def operator_requests(audit_log: Path) -> list[tuple[float, str, str]]:
+    """(time, verb, resource) of every request the operator's ServiceAccount made, as audited."""
+    requests = []
+    with audit_log.open(encoding="utf-8") as lines:
+        for line in lines:
+            entry = json.loads(line)
+            if entry.get("stage") != "ResponseComplete" or entry["user"]["username"] != ACCOUNT:
+                continue
+            at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            ref = entry.get("objectRef") or {}
+            resource = ref.get("resource", "?") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+            requests.append((at, entry["verb"], resource))
+    return requests
+
+
+def plot(requests: list[tuple[float, str, str]], marks: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    start_at = min(marks.values())
+    seconds = int(max([at for at, _, _ in requests] + list(marks.values())) - start_at) + 2
+    figure, axis = plt.subplots(figsize=(10, 3.6))
+    for index, (label, verbs) in enumerate(
+        (("writes", WRITES), ("reads and watches", ("get", "list", "watch")))
+    ):
+        per_second = [0] * seconds
+        for at, verb, _ in requests:
+            if verb in verbs and at >= start_at:
+                per_second[int(at - start_at)] += 1
+        axis.step(range(seconds), per_second, where="post", label=f"operator {label}/s", color=f"C{index}")
+    for index, (label, at) in enumerate(marks.items()):
+        axis.axvline(at - start_at, color="grey", linestyle=":" if index % 2 else "--", linewidth=1)
+        axis.annotate(
+            label,
+            (at - start_at, 0.97),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            rotation=90,
+            va="top",
+        )
+    axis.set_yscale("symlog", linthresh=1)
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("seconds since the operator started")
+    axis.set_ylabel("API requests per second")
+    axis.set_title("The operator's API requests (audit log) while its clusters come up, then while steady")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def in_window(requests: list[tuple[float, str, str]], since: float, until: float) -> Counter[str]:
+    return Counter(f"{verb} {resource}" for at, verb, resource in requests if since <= at < until)
+
+
+def counts(requests: Counter[str], verbs: tuple[str, ...]) -> str:
+    return (
+        ", ".join(f"{what} {n}" for what, n in requests.most_common() if what.split()[0] in verbs) or "none"
+    )
+
+
+def describe(counts: Counter[str], seconds: float) -> str:
+    if not counts:
+        return "none"
+    return ", ".join(f"{what} {count / seconds:.2f}/s" for what, count in counts.most_common())
+
+
+@dataclass(frozen=True)
+class Window:
+    """What was sampled around the steady window; ``marks`` are wall-clock times for the audit log."""
+
+    marks: dict[str, float]
+    took: float  # seconds from the operator's start until every cluster was active
+    watch_events: Counter[str]
+    before: OperatorSample
+    after: OperatorSample
+
+
+def start_standins(clusters: int, port: int) -> list[subprocess.Popen[bytes]]:
+    standins = [start(["--standin", str(group), str(clusters), "--port", str(port)]) for group in (1, 2)]
+    for standin in standins:
+        assert standin.stdout is not None
+        if standin.stdout.readline().strip() != b"ready":
+            raise RuntimeError("a heartbeat stand-in did not start")
+    return standins
+
+
+def start_operator(workdir: Path, kubeconfig: Path, metrics_port: int) -> ManagedProcess:
+    """``python -m broker_operator`` as the chart runs it, one namespace, metrics on loopback."""
+    argv = [sys.executable, "-m", "broker_operator", "--namespace", NAMESPACE, "--operator-id", "bench"]
+    return ManagedProcess(
+        "broker-operator",
+        [*argv, "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
+        log_path=workdir / "operator.log",
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,
+    )
+
+
+def measure(args: argparse.Namespace, kube: Kube, operator: ManagedProcess, metrics_port: int) -> Window:
+    marks = {"operator started": time.time()}
+    print(f"operator started (log {operator.log_path}); waiting for every cluster's active", flush=True)
+    took = wait_all_active(kube, args.clusters, args.active_timeout)
+    marks["all active"] = time.time()
+    print(f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True)
+    time.sleep(args.settle)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    events_before, before = watch_events(kube), operator_sample(operator.popen.pid, metrics_url)
+    marks["window"] = time.time()
+    time.sleep(args.window)
+    events_after, after = watch_events(kube), operator_sample(operator.popen.pid, metrics_url)
+    marks["window end"] = time.time()
+    if operator.popen.poll() is not None:
+        raise RuntimeError(f"the operator exited ({operator.popen.returncode}); see {operator.log_path}")
+    return Window(marks, took, events_after - events_before, before, after)
+
+
+def report(args: argparse.Namespace, window: Window, requests: list[tuple[float, str, str]]) -> None:
+    marks, before, after = window.marks, window.before, window.after
+    wall = after.at - before.at
+    steady = in_window(requests, marks["window"], marks["window end"])
+    writes = Counter({what: n for what, n in steady.items() if what.split()[0] in WRITES})
+    ramp = in_window(requests, marks["operator started"], marks["all active"])
+    ramp_writes = sum(n for what, n in ramp.items() if what.split()[0] in WRITES)
+    active_beats = after.heartbeats["active"] - before.heartbeats["active"]
+    print(f"N={args.clusters} clusters, steady window {wall:.0f} s after {args.settle:g} s of settling:")
+    print(
+        f"  heartbeats to actives {active_beats / wall / args.clusters:.2f}/s per cluster,"
+        f" failed {after.failures - before.failures:.0f},"
+        f" failovers {after.failovers - before.failovers:.0f},"
+        f" operator cpu {(after.cpu_seconds - before.cpu_seconds) / wall:.2f} cores"
+    )
+    print(f"  operator writes: {describe(writes, wall)}")
+    print(f"  operator reads and watches: {describe(steady - writes, wall)}")
+    print(f"  watch events sent (all watchers): {describe(window.watch_events, wall)}")
+    per_cluster = ramp_writes / args.clusters
+    print(
+        f"  to reach steady: {ramp_writes} operator writes ({per_cluster:.1f} per cluster)"
+        f" in {window.took:.0f} s"
+    )
+    whole = in_window(requests, marks["operator started"], marks["window end"])
+    print(f"  whole run, operator writes: {counts(whole, WRITES)}")
+    plot(requests, marks, args.plot)
+    print(f"  plot: {args.plot}")
+    print(f"operator_k8s_idle_watch_events_per_s={sum(window.watch_events.values()) / wall:.1f}")
+    print(f"operator_k8s_idle_writes_per_s={sum(writes.values()) / wall:.1f}")
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    tools = built_tools_dir()
+    print(f"control plane (etcd, kube-apiserver, kube-controller-manager) in {workdir}", flush=True)
+    plane = start_control_plane(ControlPlaneSettings(tools_dir=tools, workdir=workdir / "plane"))
+    operator: ManagedProcess | None = None
+    standins: list[subprocess.Popen[bytes]] = []
+    try:
+        kube = Kube(plane)
+        kubeconfig = prepare(kube, plane, workdir)
+        standins = start_standins(args.clusters, args.port)
+        create_clusters(kube, args.clusters, args.port)
+        metrics_port = free_port("127.0.0.1")
+        operator = start_operator(workdir, kubeconfig, metrics_port)
+        window = measure(args, kube, operator, metrics_port)
+        time.sleep(2)  # the audit log's buffered last lines
+        report(args, window, operator_requests(plane.audit_log))
+        return 0
+    finally:
+        if operator is not None:
+            operator.stop()
+        for standin in standins:
+            stop(standin)
+        plane.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clusters", type=int, default=2000)
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds after every cluster is active")
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--active-timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--port", type=int, default=18090, help="the stand-ins' port on each 127.1/127.2 address"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=ROOT / ".cache" / "bench" / "operator-k8s.png",
+        help="PNG of the operator's requests per second over the run",
+    )
+    parser.add_argument("--workdir", type=Path, help="kept afterwards (default: a temporary directory)")
+    args = parser.parse_args()
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        return run(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="bench-operator-k8s-") as workdir:
+        return run(args, Path(workdir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``make bench-operator-k8s`` in small: the real operator against a real API server holding 20
+endpoints-mode BrokerClusters, a short steady window, its requests read from the audit log.
+
+Needs the Go tools (``make tools``) for etcd and the API server; without them it fails saying
+so, never skips. No root, no cluster network: everything listens on loopback.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from broker_simulators.local_processes import free_port
+from local_cluster.cluster import built_tools_dir
+from tests.bench.support import assert_succeeded, counts, headline, run_bench
+
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("tools")]
+
+CLUSTERS = 20
+
+
+def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> None:
+    built_tools_dir()  # fails with "run `make tools`" before a control plane is tried
+    work = tmp_path_factory.mktemp("bench-operator-k8s")
+    run = run_bench(
+        "bench_operator_k8s.py",
+        *("--clusters", str(CLUSTERS), "--settle", "3", "--window", "5"),
+        *("--plot", str(work / "requests.png"), "--workdir", str(work / "run")),
+        *("--port", str(free_port("127.1.1.1"))),
+        timeout=300,
+    )
+    assert_succeeded(run)
+    assert re.search(rf"^  {CLUSTERS}/{CLUSTERS} clusters active after \d+ s$", run.stdout, re.MULTILINE), (
+        run.explain()
+    )
+    # Read from the audit log, so attributed to the operator's ServiceAccount: each cluster's
+    # generated backend token, created once (the operator remembers what it created per generation).
+    created = counts(run, r"^  whole run, operator writes: .*\bcreate secrets (?P<secrets>\d+)")
+    assert created == {"secrets": CLUSTERS}, run.explain()
+    assert headline(run, "operator_k8s_idle_writes_per_s") >= 0
+    assert re.search(r"^operator_k8s_idle_watch_events_per_s=\d+\.\d$", run.stdout, re.MULTILINE), (
+        run.explain()
+    )
+    assert (work / "requests.png").stat().st_size > 0
