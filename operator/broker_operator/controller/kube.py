@@ -169,9 +169,9 @@ class KubeApi:
     async def list_cluster_pods(self, namespace: str, cluster: str) -> list[PodBody]:
         selector = f"{names.LABEL_CLUSTER}={cluster},{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
         result = await asyncio.to_thread(
-            self._core.list_namespaced_pod, namespace, label_selector=selector, _preload_content=False
+            _raw_json, self._core.list_namespaced_pod, namespace, label_selector=selector
         )
-        items = _json(result).get("items") or []
+        items = result.get("items") or []
         return [
             cast(PodBody, pod)
             for pod in items
@@ -196,7 +196,7 @@ class KubeApi:
     async def pod_exists(self, namespace: str, pod: str) -> bool:
         """Whether the API server (not a watch that may lag behind it) still has pod ``pod``."""
         try:
-            await asyncio.to_thread(self._core.read_namespaced_pod, pod, namespace, _preload_content=False)
+            await asyncio.to_thread(_raw_json, self._core.read_namespaced_pod, pod, namespace)
         except ApiException as error:
             if error.status == HTTP_NOT_FOUND:
                 return False
@@ -241,14 +241,11 @@ class KubeApi:
 
     async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            result = await asyncio.to_thread(
-                self._core.read_namespaced_service, name, namespace, _preload_content=False
-            )
+            return await asyncio.to_thread(_raw_json, self._core.read_namespaced_service, name, namespace)
         except ApiException as error:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
-        return _json(result)
 
     async def remove_service_selector(self, namespace: str, name: str, resource_version: str) -> None:
         """Drop the Service's selector (a merge patch, conditional on ``resource_version``)."""
@@ -270,14 +267,13 @@ class KubeApi:
 
     async def read_endpoint_slice(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            result = await asyncio.to_thread(
-                self._discovery.read_namespaced_endpoint_slice, name, namespace, _preload_content=False
+            return await asyncio.to_thread(
+                _raw_json, self._discovery.read_namespaced_endpoint_slice, name, namespace
             )
         except ApiException as error:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
-        return _json(result)
 
     async def replace_endpoint_slice(
         self, namespace: str, name: str, body: Mapping[str, Any]
@@ -286,21 +282,20 @@ class KubeApi:
         it changed or went meanwhile."""
         try:
             replace: Callable[..., object] = self._discovery.replace_namespaced_endpoint_slice
-            result = await asyncio.to_thread(replace, name, namespace, dict(body), _preload_content=False)
+            return await asyncio.to_thread(_raw_json, replace, name, namespace, dict(body))
         except ApiException as error:
             if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
                 return None
             raise
-        return _json(result)
 
     async def list_endpoint_slices(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         result = await asyncio.to_thread(
+            _raw_json,
             self._discovery.list_namespaced_endpoint_slice,
             namespace,
             label_selector=label_selector,
-            _preload_content=False,
         )
-        return list(_json(result).get("items") or [])
+        return list(result.get("items") or [])
 
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         try:
@@ -312,14 +307,11 @@ class KubeApi:
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""
         try:
-            result = await asyncio.to_thread(
-                self._core.read_namespaced_secret, name, namespace, _preload_content=False
-            )
+            secret = await asyncio.to_thread(_raw_json, self._core.read_namespaced_secret, name, namespace)
         except ApiException as error:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
-        secret = _json(result)
         if key in (secret.get("data") or {}):
             return base64.b64decode(secret["data"][key]).decode()
         # stringData is write-only on a real API server; simpler API servers may echo it back.
@@ -327,6 +319,10 @@ class KubeApi:
         return str(value) if value is not None else None
 
 
-def _json(response: Any) -> dict[str, Any]:
-    """Decode a raw (``_preload_content=False``) response: plain dicts, not client model objects."""
+def _raw_json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``call`` raw (``_preload_content=False``) and its body decoded: plain dicts, not the client's
+    model objects. Run in the worker thread, so the body is read there and never on the event loop,
+    and reading it to the end returns the connection to the pool (an unread raw response holds it
+    until the response is collected)."""
+    response = call(*args, _preload_content=False, **kwargs)
     return cast(dict[str, Any], json.loads(response.data))
