@@ -32,6 +32,8 @@ from broker_operator.garbage_collection import freeze_long_lived_objects, tune_c
 # threads that may call it at once (asyncio's worker threads, kopf's executor), and each connection
 # it cannot keep is a new TLS handshake: at 2,000 clusters that was a fifth of the operator's CPU.
 API_CONNECTIONS = 32
+# Threads for the engines' API calls (ControllerContext.engine_api), beside asyncio's for the reconciles.
+ENGINE_API_THREADS = 4
 
 
 def load_api_client() -> kubernetes.client.ApiClient:
@@ -71,7 +73,10 @@ def run_operator(settings: ControllerSettings, api_client: kubernetes.client.Api
         import broker_operator.metrics  # noqa: F401  (registers the engine's metrics)
 
         prometheus_client.start_http_server(settings.metrics_port, settings.metrics_host)
-    context = ControllerContext(settings=settings, api=KubeApi(api_client))
+    api = KubeApi(api_client)
+    context = ControllerContext(
+        settings=settings, api=api, engine_api=api.lane(ENGINE_API_THREADS, "kube-engine")
+    )
     kopf.run(
         registry=registry,
         settings=kopf_settings,

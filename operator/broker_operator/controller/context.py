@@ -23,11 +23,18 @@ MEMO_KEY = "broker_failover_controller"
 @dataclass
 class ControllerContext:
     settings: ControllerSettings
-    api: KubeApi
+    api: KubeApi  # the reconciles' calls
+    # What failover and renewals wait on (token reads, epochs, status, labels, the -active slice),
+    # on threads of its own (KubeApi.lane); None: the same as ``api``.
+    engine_api: KubeApi = None  # type: ignore[assignment]  # set in __post_init__
     observations: dict[tuple[str, str], ClusterObservations] = field(default_factory=dict)
     # Nodes being drained (cordoned, or marked for deletion), from the node watch; every cluster's
     # observations hold this same set.
     draining_nodes: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.engine_api is None:
+            self.engine_api = self.api
 
     def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
         key = (namespace, cluster)

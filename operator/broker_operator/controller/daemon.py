@@ -104,7 +104,9 @@ async def _ready_to_run(
                 waiting_for = f"a valid spec ({error})"
             else:
                 token_ref = parsed.token_ref(ref.name)
-                token = await context.api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+                token = await context.engine_api.read_secret_value(
+                    ref.namespace, token_ref.name, token_ref.key
+                )
                 observations = context.observations_for(ref.namespace, ref.name)
                 addressed = {target.name for target in targets_for(parsed, observations.pods)}
                 # Endpoints have no pod to be Ready; an address is all the operator can know.
@@ -139,7 +141,7 @@ async def read_token(
         token_ref = parse_spec(ref.name, spec).token_ref(ref.name)
     except SpecError:
         token_ref = parsed.token_ref(ref.name)
-    return await context.api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+    return await context.engine_api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
 
 
 async def run_cluster_heartbeats(
@@ -204,7 +206,7 @@ async def _run_engine(
     ref = ref_of()
     observations = context.observations_for(ref.namespace, ref.name)
     shell = KubernetesClusterShell(
-        context.api,
+        context.engine_api,
         ref.body,
         observations,
         expected_brokers(ref.name, parsed),
