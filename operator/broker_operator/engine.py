@@ -44,6 +44,7 @@ from broker_operator.core import (
     EpochRefused,
     HeartbeatAnswered,
     HeartbeatFailed,
+    MoveKind,
     Observation,
     PointActive,
     RecordEvent,
@@ -274,7 +275,8 @@ class ClusterLoop:
             self._state = decision.state
             observations = await self._carry_out(decision.actions)
             status = status_of(self._state, self._config)
-            await self._record_if_changed(status)
+            if not self._confirming_recorded_active():
+                await self._record_if_changed(status)
             if status.phase != last_phase:
                 metrics.set_phase(self.cluster, status.phase)
                 last_phase = status.phase
@@ -376,6 +378,24 @@ class ClusterLoop:
             await self._shell.record_event(event.reason, event.message, event.warning)
         except Exception:  # events are for people; losing one must not stop failover
             logger.exception("%s: recording event %s failed", self.cluster, event.reason)
+
+    def _confirming_recorded_active(self) -> bool:
+        """The first round after a (re)start, while the active that status names is asked again.
+
+        Status stays as the previous engine wrote it until that round ends, rather than showing
+        Pending with no active for the second it takes. Each of those writes was one per cluster
+        at every operator restart (and its way back, another), and at 1,000 clusters the renewals'
+        token reads queued behind them past every lease (docs/benchmarks.md). Status is what
+        people read; the epoch and the brokers' leases are the fence, and neither waits for it.
+        """
+        move = self._state.move
+        return (
+            move is not None
+            and move.kind is MoveKind.STARTUP
+            and move.rounds <= 1
+            and self._recorded is not None
+            and self._recorded.active is not None
+        )
 
     async def _record_if_changed(self, status: ClusterStatus) -> None:
         if status == self._recorded:

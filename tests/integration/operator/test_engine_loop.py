@@ -180,3 +180,6 @@ async def test_restarted_engine_resumes_the_same_active_without_an_event(cluster
     assert loop2.status.active == "b0" and loop2.status.epoch == 1
     assert await asyncio.to_thread(cluster.actives) == ["b0"]
     assert not {"Activated", "Failover"} & set(shell2.reasons())
+    # The recorded status is left as it was while b0 is asked again: never Pending with no
+    # active in between (a write per cluster at every operator restart, and one back).
+    assert all(status.active == "b0" for status in shell2.statuses), shell2.statuses
