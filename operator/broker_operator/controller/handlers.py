@@ -188,6 +188,9 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         when=_drives_cluster,
         registry=registry,
         interval=reconcile_seconds,
+        # The create or resume handler reconciles at once; a timer firing then too doubled the
+        # requests of an operator restart (two 409 creates and two 404 deletes per cluster).
+        initial_delay=reconcile_seconds,
     )
     async def reconcile_periodically(**kwargs: Any) -> None:
         await reconcile(**kwargs)
