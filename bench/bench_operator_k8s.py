@@ -15,14 +15,20 @@ This one runs the whole product path, on loopback only:
   Secret with the stand-ins' token shared by all, the backend's token generated per cluster as
   a user's cluster gets it.
 
-It waits until every cluster has ``status.active``, lets the operator settle (``--settle``), then
-counts over ``--window`` seconds:
+The clusters are created ``--batch`` at a time (250) once the operator runs, each batch when the
+ones before it are active (``--batch 0``: all before the operator starts). Once every cluster has
+``status.active``, it lets the operator settle (``--settle``), then counts over ``--window`` seconds:
 - the operator's requests in the API server's audit log, by verb (writes: create, update,
   patch, delete), and over the whole run, to show what reaching steady cost;
 - watch events the API server sent, by resource (``apiserver_watch_events_total``; every
   watcher's, the controller-manager's too);
 - from the operator's ``/metrics``: heartbeats to actives per cluster per second, failed
   heartbeats and failovers in the window (0 when steady), and its CPU from ``/proc``.
+
+Then (unless ``--no-restart``) it restarts the operator as a rollout does (SIGTERM, a new process)
+and reads the new process's ``/metrics`` every second: for each cluster, how long from the
+SIGTERM until its active answered a heartbeat of the new process, against the 5 s lease the
+clusters keep (a real broker not renewed within its lease fences itself; the stand-ins do not).
 
 Prints the figures, ``operator_k8s_idle_watch_events_per_s`` and last the headline
 ``operator_k8s_idle_writes_per_s`` (goal 0). ``--plot`` (``.cache/bench/operator-k8s.png``)
@@ -33,8 +39,10 @@ Every process it starts is stopped at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,13 +51,13 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.api_audit import WRITES, Request, counts, describe, in_window, operator_requests, plot  # noqa: E402
 from bench.bench_operator import start, stop  # noqa: E402  # the root is on the path now
 from bench.heartbeat_standin import TOKEN, address  # noqa: E402
 from broker_simulators.local_processes import free_port  # noqa: E402
@@ -59,9 +67,8 @@ from local_cluster.pki import write_kubeconfig  # noqa: E402
 from local_cluster.processes import ManagedProcess  # noqa: E402
 
 NAMESPACE = "bench"
-ACCOUNT = "system:serviceaccount:bench:broker-operator"
-WRITES = ("create", "update", "patch", "delete", "deletecollection")
 CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+LEASE_SECONDS = 5.0  # the design's default heartbeat.leaseSeconds, which the clusters here keep
 
 
 @dataclass
@@ -127,16 +134,32 @@ def prepare(kube: Kube, plane: ControlPlane, workdir: Path) -> Path:
     )
 
 
-def create_clusters(kube: Kube, count: int, port: int, batch: int = 250) -> None:
-    for first in range(0, count, batch):
-        items = [cluster_manifest(i, port) for i in range(first, min(count, first + batch))]
-        kube.run("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-        print(f"  created {first + len(items)}/{count} BrokerClusters", flush=True)
+def create_clusters(kube: Kube, first: int, end: int, port: int) -> None:
+    items = [cluster_manifest(i, port) for i in range(first, end)]
+    kube.run("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    print(f"  created BrokerClusters c{first}..c{end - 1}", flush=True)
+
+
+def bring_up(args: argparse.Namespace, kube: Kube) -> float:
+    """Create the clusters the operator does not have yet, ``--batch`` at a time, each batch once
+    the ones before it are active; the seconds until every cluster is active."""
+    began = time.monotonic()
+    created = 0 if args.batch else args.clusters  # --batch 0: all were created before the operator
+    while True:
+        if created < args.clusters:
+            end = min(args.clusters, created + args.batch)
+            create_clusters(kube, created, end, args.port)
+            created = end
+        wait_all_active(kube, created, args.active_timeout)
+        if created == args.clusters:
+            return time.monotonic() - began
 
 
 def count_active(kube: Kube) -> int:
-    listed = json.loads(kube.run("get", "brokerclusters", "-n", NAMESPACE, "-o", "json"))
-    return sum(1 for item in listed["items"] if (item.get("status") or {}).get("active"))
+    # The API server's Table (the CRD's printer columns), not the objects: a JSON list of every
+    # cluster every few seconds cost the API server more than the operator's own requests.
+    rows = kube.run("get", "brokerclusters", "-n", NAMESPACE, "--no-headers").splitlines()
+    return sum(1 for row in rows if len(row.split()) > 4 and row.split()[4] != "<none>")  # Active
 
 
 def wait_all_active(kube: Kube, count: int, timeout: float) -> float:
@@ -156,7 +179,7 @@ def wait_all_active(kube: Kube, count: int, timeout: float) -> float:
             return waited
         if waited > timeout:
             raise RuntimeError(f"only {active} of {count} clusters became active within {timeout:.0f} s")
-        time.sleep(5)
+        time.sleep(min(10.0, 1.0 + waited / 5))  # a list of N clusters is not free for the API server
 
 
 def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
@@ -201,76 +224,6 @@ def operator_sample(pid: int, metrics_url: str) -> OperatorSample:
     )
 
 
-def operator_requests(audit_log: Path) -> list[tuple[float, str, str]]:
-    """(time, verb, resource) of every request the operator's ServiceAccount made, as audited."""
-    requests = []
-    with audit_log.open(encoding="utf-8") as lines:
-        for line in lines:
-            entry = json.loads(line)
-            if entry.get("stage") != "ResponseComplete" or entry["user"]["username"] != ACCOUNT:
-                continue
-            at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-            ref = entry.get("objectRef") or {}
-            resource = ref.get("resource", "?") + ("/" + ref["subresource"] if ref.get("subresource") else "")
-            requests.append((at, entry["verb"], resource))
-    return requests
-
-
-def plot(requests: list[tuple[float, str, str]], marks: dict[str, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    start_at = min(marks.values())
-    seconds = int(max([at for at, _, _ in requests] + list(marks.values())) - start_at) + 2
-    figure, axis = plt.subplots(figsize=(10, 3.6))
-    for index, (label, verbs) in enumerate(
-        (("writes", WRITES), ("reads and watches", ("get", "list", "watch")))
-    ):
-        per_second = [0] * seconds
-        for at, verb, _ in requests:
-            if verb in verbs and at >= start_at:
-                per_second[int(at - start_at)] += 1
-        axis.step(range(seconds), per_second, where="post", label=f"operator {label}/s", color=f"C{index}")
-    for index, (label, at) in enumerate(marks.items()):
-        axis.axvline(at - start_at, color="grey", linestyle=":" if index % 2 else "--", linewidth=1)
-        axis.annotate(
-            label,
-            (at - start_at, 0.97),
-            xycoords=("data", "axes fraction"),
-            fontsize=8,
-            rotation=90,
-            va="top",
-        )
-    axis.set_yscale("symlog", linthresh=1)
-    axis.set_ylim(bottom=0)
-    axis.set_xlabel("seconds since the operator started")
-    axis.set_ylabel("API requests per second")
-    axis.set_title("The operator's API requests (audit log) while its clusters come up, then while steady")
-    axis.grid(alpha=0.3)
-    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-
-
-def in_window(requests: list[tuple[float, str, str]], since: float, until: float) -> Counter[str]:
-    return Counter(f"{verb} {resource}" for at, verb, resource in requests if since <= at < until)
-
-
-def counts(requests: Counter[str], verbs: tuple[str, ...]) -> str:
-    return (
-        ", ".join(f"{what} {n}" for what, n in requests.most_common() if what.split()[0] in verbs) or "none"
-    )
-
-
-def describe(counts: Counter[str], seconds: float) -> str:
-    if not counts:
-        return "none"
-    return ", ".join(f"{what} {count / seconds:.2f}/s" for what, count in counts.most_common())
-
-
 @dataclass(frozen=True)
 class Window:
     """What was sampled around the steady window; ``marks`` are wall-clock times for the audit log."""
@@ -291,13 +244,13 @@ def start_standins(clusters: int, port: int) -> list[subprocess.Popen[bytes]]:
     return standins
 
 
-def start_operator(workdir: Path, kubeconfig: Path, metrics_port: int) -> ManagedProcess:
+def start_operator(log: Path, kubeconfig: Path, metrics_port: int) -> ManagedProcess:
     """``python -m broker_operator`` as the chart runs it, one namespace, metrics on loopback."""
     argv = [sys.executable, "-m", "broker_operator", "--namespace", NAMESPACE, "--operator-id", "bench"]
     return ManagedProcess(
         "broker-operator",
         [*argv, "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
-        log_path=workdir / "operator.log",
+        log_path=log,
         env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
         cwd=ROOT,
     )
@@ -306,7 +259,7 @@ def start_operator(workdir: Path, kubeconfig: Path, metrics_port: int) -> Manage
 def measure(args: argparse.Namespace, kube: Kube, operator: ManagedProcess, metrics_port: int) -> Window:
     marks = {"operator started": time.time()}
     print(f"operator started (log {operator.log_path}); waiting for every cluster's active", flush=True)
-    took = wait_all_active(kube, args.clusters, args.active_timeout)
+    took = bring_up(args, kube)
     marks["all active"] = time.time()
     print(f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True)
     time.sleep(args.settle)
@@ -321,7 +274,24 @@ def measure(args: argparse.Namespace, kube: Kube, operator: ManagedProcess, metr
     return Window(marks, took, events_after - events_before, before, after)
 
 
-def report(args: argparse.Namespace, window: Window, requests: list[tuple[float, str, str]]) -> None:
+def report_restart(
+    args: argparse.Namespace,
+    renewed: list[float],
+    requests: list[Request],
+    marks: dict[str, float],
+) -> None:
+    late = sum(1 for seconds in renewed if seconds > LEASE_SECONDS)
+    writes = in_window(requests, marks["restart"], marks["all renewed"])
+    print(
+        f"  operator restart (SIGTERM, a new process): every active renewed within {renewed[-1]:.1f} s"
+        f" (p50 {renewed[len(renewed) // 2]:.1f} s, p99 {renewed[int(0.99 * (len(renewed) - 1))]:.1f} s);"
+        f" {late} of {args.clusters} later than the {LEASE_SECONDS:g} s lease"
+        " (a real broker would have fenced itself and been activated again)"
+    )
+    print(f"  operator writes until then: {counts(writes, WRITES)}")
+
+
+def report(args: argparse.Namespace, window: Window, requests: list[Request], renewed: list[float]) -> None:
     marks, before, after = window.marks, window.before, window.after
     wall = after.at - before.at
     steady = in_window(requests, marks["window"], marks["window end"])
@@ -346,10 +316,49 @@ def report(args: argparse.Namespace, window: Window, requests: list[tuple[float,
     )
     whole = in_window(requests, marks["operator started"], marks["window end"])
     print(f"  whole run, operator writes: {counts(whole, WRITES)}")
+    if renewed:
+        report_restart(args, renewed, requests, marks)
     plot(requests, marks, args.plot)
     print(f"  plot: {args.plot}")
     print(f"operator_k8s_idle_watch_events_per_s={sum(window.watch_events.values()) / wall:.1f}")
     print(f"operator_k8s_idle_writes_per_s={sum(writes.values()) / wall:.1f}")
+
+
+ACTIVE_HEARTBEATS = re.compile(
+    r'^broker_failover_heartbeats_total\{cluster="([^"]+)",outcome="active"\}', re.M
+)
+
+
+def restart(
+    operator: ManagedProcess, log: Path, kubeconfig: Path, metrics_port: int, marks: dict[str, float]
+) -> ManagedProcess:
+    """Stop the operator with SIGTERM, as a rollout does, and start a new one."""
+    marks["restart"] = time.time()
+    operator.stop(grace_seconds=30)
+    fresh = start_operator(log, kubeconfig, metrics_port)
+    print(
+        f"operator restarted ({time.time() - marks['restart']:.1f} s to stop the old one);"
+        " waiting for renewals"
+    )
+    return fresh
+
+
+def wait_renewed(args: argparse.Namespace, metrics_port: int, marks: dict[str, float]) -> list[float]:
+    """For each cluster, the seconds from the restart's SIGTERM until the new process's first heartbeat
+    that its active answered, read from the new process's /metrics."""
+    renewed: dict[str, float] = {}
+    while len(renewed) < args.clusters and time.time() - marks["restart"] < args.active_timeout:
+        time.sleep(1.0)  # each read renders every cluster's series: not free for the operator
+        with contextlib.suppress(OSError):  # not listening yet
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as response:  # loopback, the operator's own
+                text = response.read().decode()
+            for cluster in ACTIVE_HEARTBEATS.findall(text):
+                renewed.setdefault(cluster, time.time() - marks["restart"])
+    marks["all renewed"] = time.time()
+    if len(renewed) < args.clusters:
+        raise RuntimeError(f"after the restart only {len(renewed)} of {args.clusters} actives were renewed")
+    return sorted(renewed.values())
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
@@ -362,12 +371,19 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         kube = Kube(plane)
         kubeconfig = prepare(kube, plane, workdir)
         standins = start_standins(args.clusters, args.port)
-        create_clusters(kube, args.clusters, args.port)
+        if not args.batch:
+            create_clusters(kube, 0, args.clusters, args.port)
         metrics_port = free_port("127.0.0.1")
-        operator = start_operator(workdir, kubeconfig, metrics_port)
+        operator = start_operator(workdir / "operator.log", kubeconfig, metrics_port)
         window = measure(args, kube, operator, metrics_port)
+        renewed: list[float] = []
+        if args.restart:
+            metrics_port = free_port("127.0.0.1")
+            log = workdir / "operator-restarted.log"
+            operator = restart(operator, log, kubeconfig, metrics_port, window.marks)
+            renewed = wait_renewed(args, metrics_port, window.marks)
         time.sleep(2)  # the audit log's buffered last lines
-        report(args, window, operator_requests(plane.audit_log))
+        report(args, window, operator_requests(plane.audit_log), renewed)
         return 0
     finally:
         if operator is not None:
@@ -380,9 +396,22 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clusters", type=int, default=2000)
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=250,
+        help="clusters created at a time once the operator runs, each batch once the ones before it"
+        " are active (0: all of them before the operator starts, so that it starts with N at once)",
+    )
     parser.add_argument("--settle", type=float, default=30.0, help="seconds after every cluster is active")
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--active-timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--no-restart",
+        dest="restart",
+        action="store_false",
+        help="skip the operator restart after the window (how long until every active is renewed)",
+    )
     parser.add_argument(
         "--port", type=int, default=18090, help="the stand-ins' port on each 127.1/127.2 address"
     )

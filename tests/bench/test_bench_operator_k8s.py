@@ -1,5 +1,6 @@
 """``make bench-operator-k8s`` in small: the real operator against a real API server holding 20
-endpoints-mode BrokerClusters, a short steady window, its requests read from the audit log.
+endpoints-mode BrokerClusters, a short steady window, its requests read from the audit log, then
+an operator restart.
 
 Needs the Go tools (``make tools``) for etcd and the API server; without them it fails saying
 so, never skips. No root, no cluster network: everything listens on loopback.
@@ -38,6 +39,10 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     # generated backend token, created once (the operator remembers what it created per generation).
     created = counts(run, r"^  whole run, operator writes: .*\bcreate secrets (?P<secrets>\d+)")
     assert created == {"secrets": CLUSTERS}, run.explain()
+    # After the window the operator is restarted and every cluster's active renewed by the new
+    # process (how soon is a timing, read and not judged; the bench fails if any is never renewed).
+    restart = r"^  operator restart \(SIGTERM, a new process\): every active .* (?P<late>\d+) of (?P<n>\d+) "
+    assert counts(run, restart)["n"] == CLUSTERS, run.explain()
     assert headline(run, "operator_k8s_idle_writes_per_s") >= 0
     assert re.search(r"^operator_k8s_idle_watch_events_per_s=\d+\.\d$", run.stdout, re.MULTILINE), (
         run.explain()
