@@ -16,12 +16,13 @@ import base64
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import kubernetes
 import pytest
 
 from broker_operator.controller.kube import KubeApi
+from tests.loopback_http import serving
 
 HOLD_LIMIT_SECONDS = 10.0
 
@@ -51,15 +52,8 @@ def slow_server() -> Iterator[str]:
     _SlowBody.headers_sent = threading.Event()
     _SlowBody.loop_ran = threading.Event()
     _SlowBody.held_until_loop_ran = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowBody)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(_SlowBody) as url:
+        yield url
 
 
 def test_a_secret_body_is_read_while_the_event_loop_runs(slow_server: str) -> None:

@@ -8,9 +8,8 @@ in tests/e2e/test_kubectl_plugin.py.
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
@@ -19,6 +18,7 @@ from broker_contracts.soap import FaultCode, HeldMessage
 from broker_operator.kubectl_plugin.admin import BrokerAdmin, BrokerAdminError
 from broker_service import soap_codec
 from broker_service.soap_codec import SoapFaultError
+from tests.loopback_http import serving
 
 
 class CannedBroker(BaseHTTPRequestHandler):
@@ -46,14 +46,8 @@ class CannedBroker(BaseHTTPRequestHandler):
 @pytest.fixture
 def broker_url() -> Iterator[str]:
     CannedBroker.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), CannedBroker)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/soap"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(CannedBroker) as url:
+        yield f"{url}/soap"
 
 
 def answer(reply: bytes, status: int = 200) -> None:
