@@ -3,16 +3,22 @@
 Each broker is a loopback address (``address``: 127.<group>.x.y) with a listener on one port;
 the stand-in keeps each address's active flag and epoch, refuses stale epochs as a broker does,
 and with ``refuse_activations`` stores each activation's epoch and then refuses it with
-``BACKEND_UNREACHABLE``, as a broker whose backend and cloud are unreachable. Benchmark
-scaffolding, not a broker: the engine's integration tests use real brokers.
+``BACKEND_UNREACHABLE``, as a broker whose backend and cloud are unreachable. Per address it
+also keeps the longest time between two accepted ``active=true`` heartbeats (``Renewals``), and
+prints them as one JSON line on SIGUSR1: from outside the operator's process, how long a broker
+went without its lease renewed. Benchmark scaffolding, not a broker: the engine's integration
+tests use real brokers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import signal
+import time
 
-__all__ = ["TOKEN", "StandinProtocol", "address", "serve_standin"]
+__all__ = ["TOKEN", "Renewals", "StandinProtocol", "address", "serve_standin"]
 
 TOKEN = "bench-operator-token"
 _ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
@@ -37,6 +43,27 @@ def address(group: int, index: int) -> str:
     return f"127.{group}.{index // 250 + 1}.{index % 250 + 1}"
 
 
+class Renewals:
+    """Per broker address, the longest time between two accepted ``active=true`` heartbeats since
+    the last report: how long a real broker would have gone without its lease renewed."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+        self.longest: dict[str, float] = {}
+
+    def renewed(self, host: str) -> None:
+        now = time.monotonic()
+        previous = self.last.get(host)
+        self.last[host] = now
+        if previous is not None and now - previous > self.longest.get(host, 0.0):
+            self.longest[host] = now - previous
+
+    def report(self) -> None:
+        """One JSON line on stdout (the bench reads it on SIGUSR1), then start over."""
+        print(json.dumps({"longest_gaps": sorted(self.longest.values())}), flush=True)
+        self.longest.clear()
+
+
 class StandinProtocol(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection of the heartbeat stand-in.
 
@@ -46,8 +73,14 @@ class StandinProtocol(asyncio.Protocol):
     being measured. This is benchmark scaffolding, not product code.
     """
 
-    def __init__(self, state: dict[str, tuple[bool, int]], refuse_activations: bool = False) -> None:
+    def __init__(
+        self,
+        state: dict[str, tuple[bool, int]],
+        refuse_activations: bool = False,
+        renewals: Renewals | None = None,
+    ) -> None:
         self.state = state
+        self.renewals = renewals if renewals is not None else Renewals()
         self.refuse_activations = refuse_activations
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
@@ -90,6 +123,8 @@ class StandinProtocol(asyncio.Protocol):
         else:
             self.state[self.host] = (active, max(epoch, stored))
             text = _REPLY.format(state="Active" if active else "Inactive", code="", epoch=max(epoch, stored))
+            if active:
+                self.renewals.renewed(self.host)
         payload = text.encode()
         return (
             b"HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: "
@@ -101,12 +136,17 @@ class StandinProtocol(asyncio.Protocol):
 
 def serve_standin(group: int, count: int, refuse_activations: bool, port: int) -> None:
     state: dict[str, tuple[bool, int]] = {}
+    renewals = Renewals()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, renewals.report)
         for index in range(count):
             await loop.create_server(
-                lambda: StandinProtocol(state, refuse_activations), address(group, index), port, backlog=512
+                lambda: StandinProtocol(state, refuse_activations, renewals),
+                address(group, index),
+                port,
+                backlog=512,
             )
         print("ready", flush=True)
         await asyncio.Event().wait()

@@ -40,8 +40,9 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     created = counts(run, r"^  whole run, operator writes: .*\bcreate secrets (?P<secrets>\d+)")
     assert created == {"secrets": CLUSTERS}, run.explain()
     # After the window the operator is restarted and every cluster's active renewed by the new
-    # process (how soon is a timing, read and not judged; the bench fails if any is never renewed).
-    restart = r"^  operator restart \(SIGTERM, a new process\): every active .* (?P<late>\d+) of (?P<n>\d+) "
+    # process: the stand-ins report one longest gap per active broker (how long is a timing, read
+    # and not judged; the bench fails if any is never renewed).
+    restart = r"^  operator restart \(SIGTERM, a new process\): .* (?P<late>\d+) of (?P<n>\d+) over the "
     assert counts(run, restart)["n"] == CLUSTERS, run.explain()
     assert headline(run, "operator_k8s_idle_writes_per_s") >= 0
     assert re.search(r"^operator_k8s_idle_watch_events_per_s=\d+\.\d$", run.stdout, re.MULTILINE), (
