@@ -229,9 +229,7 @@ class ClusterLoop:
     def _config_of(
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> ClusterConfig:
-        return ClusterConfig.of(
-            self.cluster, targets, settings, preferred_active, cluster_phase(self.cluster)
-        )
+        return ClusterConfig.of(self.cluster, targets, settings, preferred_active, self._phase)
 
     def wake(self) -> None:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
