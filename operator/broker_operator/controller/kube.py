@@ -58,8 +58,7 @@ class KubeApi:
         return KubeApi(self._client, ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name))
 
     async def _thread(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:
-            return await asyncio.to_thread(call, *args, **kwargs)
+        # run_in_executor(None, ...) is asyncio's default executor, the one asyncio.to_thread uses.
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, functools.partial(call, *args, **kwargs)
         )
