@@ -62,7 +62,7 @@ from bench.api_audit import WRITES, Request, counts, describe, in_window, operat
 from bench.bench_operator import start, stop  # noqa: E402  # the root is on the path now
 from bench.heartbeat_standin import TOKEN, address  # noqa: E402
 from broker_simulators.local_processes import free_port  # noqa: E402
-from local_cluster.cluster import built_tools_dir  # noqa: E402
+from local_cluster.cluster import ClusterAccess, KubectlError, LocalClusterSettings, built_tools_dir  # noqa: E402
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane  # noqa: E402
 from local_cluster.pki import write_kubeconfig  # noqa: E402
 from local_cluster.processes import ManagedProcess  # noqa: E402
@@ -72,26 +72,20 @@ CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 LEASE_SECONDS = 5.0  # the design's default heartbeat.leaseSeconds, which the clusters here keep
 
 
-@dataclass
-class Kube:
-    """kubectl as the cluster's admin."""
+class Kube(ClusterAccess):
+    """kubectl as the admin of the control plane this benchmark started (``ClusterAccess``'s)."""
 
-    plane: ControlPlane
+    def __init__(self, plane: ControlPlane, tools_dir: Path) -> None:
+        self.settings = LocalClusterSettings(tools_dir=tools_dir, workdir=plane.settings.workdir)
+        self._kubeconfig = plane.admin_kubeconfig
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self._kubeconfig
 
     def run(self, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
-        env = {**os.environ, "KUBECONFIG": str(self.plane.admin_kubeconfig)}
-        done = subprocess.run(
-            ["kubectl", *args],
-            check=False,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args[:3])} failed: {done.stderr.strip()[-2000:]}")
-        return done.stdout
+        """kubectl's stdout; ``KubectlError`` if it failed."""
+        return self.kubectl(*args, input=stdin, timeout=timeout).stdout
 
 
 def cluster_manifest(index: int, port: int) -> dict[str, Any]:
@@ -169,7 +163,7 @@ def wait_all_active(kube: Kube, count: int, timeout: float) -> float:
     while True:
         try:
             active = count_active(kube)
-        except RuntimeError as error:  # a LIST timed out while the API server was swamped
+        except KubectlError as error:  # a LIST timed out while the API server was swamped
             print(f"  ({error}; trying again)", flush=True)
             active = reported
         waited = time.monotonic() - began
@@ -208,9 +202,14 @@ class OperatorSample:
     failovers: float
 
 
-def operator_sample(pid: int, metrics_url: str) -> OperatorSample:
-    with urllib.request.urlopen(metrics_url, timeout=30) as response:  # loopback, the operator's own
-        text = response.read().decode()
+def operator_metrics(port: int) -> str:
+    """The operator's own /metrics page, on loopback."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        return str(response.read().decode())
+
+
+def operator_sample(pid: int, metrics_port: int) -> OperatorSample:
+    text = operator_metrics(metrics_port)
     heartbeats: Counter[str] = Counter()
     for labels, value in samples(text, "broker_failover_heartbeats_total"):
         heartbeats[labels["outcome"]] += int(value)
@@ -264,11 +263,10 @@ def measure(args: argparse.Namespace, kube: Kube, operator: ManagedProcess, metr
     marks["all active"] = time.time()
     print(f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True)
     time.sleep(args.settle)
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    events_before, before = watch_events(kube), operator_sample(operator.popen.pid, metrics_url)
+    events_before, before = watch_events(kube), operator_sample(operator.popen.pid, metrics_port)
     marks["window"] = time.time()
     time.sleep(args.window)
-    events_after, after = watch_events(kube), operator_sample(operator.popen.pid, metrics_url)
+    events_after, after = watch_events(kube), operator_sample(operator.popen.pid, metrics_port)
     marks["window end"] = time.time()
     if operator.popen.poll() is not None:
         raise RuntimeError(f"the operator exited ({operator.popen.returncode}); see {operator.log_path}")
@@ -369,10 +367,7 @@ def wait_renewed(args: argparse.Namespace, metrics_port: int, marks: dict[str, f
     while len(renewed) < args.clusters and time.time() - marks["restart"] < args.active_timeout:
         time.sleep(1.0)  # each read renders every cluster's series: not free for the operator
         with contextlib.suppress(OSError):  # not listening yet
-            url = f"http://127.0.0.1:{metrics_port}/metrics"
-            with urllib.request.urlopen(url, timeout=30) as response:  # loopback, the operator's own
-                text = response.read().decode()
-            for cluster in ACTIVE_HEARTBEATS.findall(text):
+            for cluster in ACTIVE_HEARTBEATS.findall(operator_metrics(metrics_port)):
                 renewed.setdefault(cluster, time.time() - marks["restart"])
     marks["all renewed"] = time.time()
     if len(renewed) < args.clusters:
@@ -387,7 +382,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     operator: ManagedProcess | None = None
     standins: list[subprocess.Popen[bytes]] = []
     try:
-        kube = Kube(plane)
+        kube = Kube(plane, tools)
         kubeconfig = prepare(kube, plane, workdir)
         standins = start_standins(args.clusters, args.port)
         if not args.batch:
