@@ -17,7 +17,8 @@ How the loop keeps the core's promises:
   given up on too soon must be fenced for a whole lease before the walk goes on;
 - status is written only when the engine-owned fields change (heartbeat times
   alone do not count, nor does the epoch: ``allocate_epoch`` is its only writer),
-  events as the core emits them.
+  by a ``StatusWriter`` beside the loop, so that no status write sits between a failover's
+  steps; events as the core emits them.
 
 What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
@@ -57,6 +58,7 @@ from broker_operator.core.frozen import replace
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
+from broker_operator.status_writer import StatusWriter
 
 __all__ = [
     "BrokerStatus",
@@ -199,7 +201,7 @@ class ClusterLoop:
         self._shell = shell
         self._heartbeats = heartbeats
         self._clock = clock
-        self._recorded = initial
+        self._status = StatusWriter(cluster, shell.record_status, initial)
         self._state = initial_state(
             self._config,
             now=clock(),
@@ -254,6 +256,7 @@ class ClusterLoop:
         try:
             await self._run(watches)
         finally:
+            self._status.cancel()
             if watches is not None:
                 await watches.close()
 
@@ -274,7 +277,7 @@ class ClusterLoop:
             observations = await self._carry_out(decision.actions)
             status = status_of(self._state, self._config)
             if not self._confirming_recorded_active():
-                await self._record_if_changed(status)
+                self._status.submit(status)  # written beside the next steps, not before them
             if status.phase != last_phase:
                 metrics.set_phase(self.cluster, status.phase)
                 last_phase = status.phase
@@ -391,16 +394,6 @@ class ClusterLoop:
             move is not None
             and move.kind is MoveKind.STARTUP
             and move.rounds <= 1
-            and self._recorded is not None
-            and self._recorded.active is not None
+            and self._status.recorded is not None
+            and self._status.recorded.active is not None
         )
-
-    async def _record_if_changed(self, status: ClusterStatus) -> None:
-        if status == self._recorded:
-            return
-        try:
-            await self._shell.record_status(status)
-        except Exception:  # retried at the next step, which comes within an interval
-            logger.exception("%s: recording status failed", self.cluster)
-            return
-        self._recorded = status

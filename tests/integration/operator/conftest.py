@@ -74,12 +74,17 @@ class ProcessShell(LocalShell):
         self.pods = pods
         self.events: list[tuple[str, str]] = []
         self.statuses: list[ClusterStatus] = []
+        self.status_gate: asyncio.Event | None = None  # when set here, status writes wait for it
+        self.held: list[ClusterStatus] = []  # the status writes that began while a gate was set
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
         self.events.append((reason, message))
         await super().record_event(reason, message, warning)
 
     async def record_status(self, status: ClusterStatus) -> None:
+        if self.status_gate is not None:
+            self.held.append(status)
+            await self.status_gate.wait()
         self.statuses.append(status)
         await super().record_status(status)
 

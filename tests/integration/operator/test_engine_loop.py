@@ -78,6 +78,28 @@ async def test_kill9_with_pod_facts_fails_over_at_once(cluster: BrokerTrio) -> N
     )
 
 
+async def test_a_held_status_write_does_not_hold_the_failover(cluster: BrokerTrio) -> None:
+    """Status is written beside the failover's steps, not between them: with every status write
+    held back from the kill -9 of b0 on, b1 still becomes active, and once released the writes
+    catch up with the newest status rather than one per step (issue 23)."""
+    loop, shell = await cluster.start_loop(pods=True)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(
+        lambda: bool(shell.statuses) and shell.statuses[-1].phase == "Healthy", 10, "Healthy recorded"
+    )
+    shell.status_gate = asyncio.Event()  # every status write waits for it from here on
+    cluster.brokers["b0"].kill(signal.SIGKILL)
+    loop.wake()
+    await eventually(lambda: cluster.actives() == ["b1"], 10, "b1 active while status writes are held")
+    # One write began (the failover's first status) and waits; the later ones wait behind it.
+    assert [status.active for status in shell.held] == [None], shell.held
+    assert shell.statuses[-1].active == "b0", "a status write went through while held"
+    shell.status_gate.set()
+    await eventually(lambda: shell.statuses[-1].active == "b1", 10, "b1 recorded once released")
+    # What was handed over meanwhile folded into the newest status: one write, not one per step.
+    assert [status.active for status in shell.held[:2]] == [None, "b1"], shell.held
+
+
 async def test_kill9_without_pod_facts_waits_for_the_lease(cluster: BrokerTrio) -> None:
     loop, shell = await cluster.start_loop(pods=False)
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")

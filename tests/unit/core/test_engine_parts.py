@@ -1,5 +1,6 @@
-"""The engine's loop parts that replaced costlier ones: its wake-up, its metric series, and the
-operator process's collector settings (docs/benchmarks.md, "Operator scale")."""
+"""The engine's loop parts that replaced costlier ones: its wake-up, its metric series, the
+operator process's collector settings (docs/benchmarks.md, "Operator scale"), and the status
+writer that keeps status writes off a failover's path."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from broker_operator import metrics
+from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import _Wakeup
 from broker_operator.garbage_collection import THRESHOLDS, tune_collector
+from broker_operator.status_writer import StatusWriter
 
 
 async def test_a_wakeup_sleeps_its_delay_when_nobody_wakes_it() -> None:
@@ -85,3 +88,45 @@ def test_the_operator_collects_young_objects_in_larger_batches() -> None:
     tune_collector()
     assert gc.get_threshold() == THRESHOLDS
     assert THRESHOLDS[0] > 700  # the point: see broker_operator/garbage_collection.py
+
+
+def _status(phase: str, active: str | None = "b0") -> ClusterStatus:
+    return ClusterStatus(phase=phase, active=active, epoch=1)
+
+
+async def test_the_status_writer_skips_what_was_recorded_and_writes_in_order() -> None:
+    written: list[str] = []
+
+    async def write(status: ClusterStatus) -> None:
+        await asyncio.sleep(0)
+        written.append(status.phase)
+
+    writer = StatusWriter("c", write, _status("Healthy"))
+    writer.submit(_status("Healthy"))  # what the previous engine recorded: no write
+    await writer.flush()
+    assert written == []
+    writer.submit(_status("FailingOver", None))
+    await asyncio.sleep(0)  # its write begins
+    writer.submit(_status("Pending", None))  # while it runs: folded into the newest
+    writer.submit(_status("Degraded", "b1"))
+    await writer.flush()
+    assert written == ["FailingOver", "Degraded"]
+    assert writer.recorded == _status("Degraded", "b1")
+
+
+async def test_a_failed_status_write_is_written_again_when_handed_over_again() -> None:
+    failures = [RuntimeError("API server away")]
+    written: list[str] = []
+
+    async def write(status: ClusterStatus) -> None:
+        if failures:
+            raise failures.pop()
+        written.append(status.phase)
+
+    writer = StatusWriter("c", write, None)
+    writer.submit(_status("Healthy"))
+    await writer.flush()
+    assert written == [] and writer.recorded is None
+    writer.submit(_status("Healthy"))  # the loop's next step hands the same status over
+    await writer.flush()
+    assert written == ["Healthy"] and writer.recorded == _status("Healthy")
