@@ -113,6 +113,7 @@ class BrokerWatches:
             if outcome is _Quiet.UNSUPPORTED:
                 return
             if not isinstance(outcome, _Quiet):
+                logger.info("%s: %s", name, outcome.reason)
                 self._signal(outcome)
             if self._clock() - opened >= STEADY_SECONDS:
                 backoff = BACKOFF_FIRST_SECONDS
@@ -147,6 +148,7 @@ class BrokerWatches:
                 logger.info("%s serves no %s (HTTP %s): not watched", name, WATCH_PATH, status)
                 return _Quiet.UNSUPPORTED
             self._held.add(name)
+            logger.info("%s: watching its process at %s", name, url)
             try:
                 while True:
                     async with asyncio.timeout(READ_TIMEOUT_SECONDS):
