@@ -5,7 +5,8 @@ kube-proxy each), the chart's operator and the simulators on ``node-1``, three b
 the operator's default anti-affinity, their journals on the ``shared-path`` class (one directory
 every node reaches, as network storage would be, so an evicted broker starts again on another
 node), failback Manual; the backend sends to ``http://orders-active.<ns>.svc:8080``, fed 200 msg/s
-(4 streams x 5 messages per 100 ms).
+(4 streams x 5 messages per 100 ms), with connects given up after 30 ms and fast failures
+retried every 20 ms (``FAST_RETRYING_CLIENT``, as in bench-failover-k8s).
 
 Each drain cordons the active's node and evicts its broker pods (``--pod-selector``: the operator
 and the simulators stay). The ``<name>-active`` PodDisruptionBudget refuses the active's eviction
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.local_path_storage import SHARED_CLASS
-from local_cluster.relay import CLUSTER_NAME, Feeder, Relay, deploy_relay, wait_until
+from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Relay, deploy_relay, wait_until
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace,
             streams=STREAMS,
             messages_per_stream=10,
+            client=FAST_RETRYING_CLIENT,
             helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
             spec={
                 "replicas": 3,

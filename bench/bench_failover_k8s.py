@@ -5,7 +5,9 @@ kube-proxy in nftables mode, CoreDNS; a network namespace per pod), the chart's 
 pod, the example's two broker pods (failback switched to Manual, so each round ends where its
 failover put the active; the heartbeat settings from the options, by default sub-second: interval
 0.2 s, timeout 0.1 s, 2 misses, lease 2 s), and the backend and cloud simulators as pods (the
-backend's request timeout 0.25 s by default: a request hung on a partitioned pod waits that long).
+backend's request timeout 0.25 s by default: a request hung on a partitioned pod waits that long;
+its connects given up after 30 ms and fast failures retried every 20 ms, ``FAST_RETRYING_CLIENT``,
+so that the client's own backoff is not counted as the failover's).
 The backend sends to ``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
 200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``).
 
@@ -61,7 +63,7 @@ from kubernetes import client, watch
 
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.kubelet_log import pod_starts
-from local_cluster.relay import CLUSTER_NAME, Feeder, Relay, deploy_relay, wait_until
+from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Relay, deploy_relay, wait_until
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 STREAMS = 4
@@ -408,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             streams=STREAMS,
             messages_per_stream=10,
             request_timeout_seconds=options.backend_timeout,
+            client=FAST_RETRYING_CLIENT,
             spec={"heartbeat": heartbeat, "failback": "Manual"},
         )
         brokers = {
@@ -425,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(plan)} rounds under {STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
             f"http://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
             f"timeout {options.timeout:g} s, {options.threshold} misses, lease {options.lease:g} s; "
-            f"backend request timeout {options.backend_timeout:g} s)",
+            f"backend request timeout {options.backend_timeout:g} s, connect timeout "
+            f"{FAST_RETRYING_CLIENT.connect_timeout_seconds:g} s, fast failures retried every "
+            f"{FAST_RETRYING_CLIENT.backoff_max_seconds:g} s)",
             flush=True,
         )
         for index, kind in enumerate(plan, start=1):

@@ -120,7 +120,7 @@ class BrokerWatches:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
-    async def _hold(self, name: str, url: str) -> Observation | _Quiet:
+    async def _hold(self, name: str, url: str) -> ConnectionLost | ProcessGone | _Quiet:
         """One stream, held to its end: what to tell the engine, if anything."""
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -162,16 +162,18 @@ class BrokerWatches:
             writer.close()
         return await self._after_end(name, url)
 
-    async def _after_end(self, name: str, url: str) -> Observation:
+    async def _after_end(self, name: str, url: str) -> ConnectionLost | ProcessGone:
         """The stream ended with a FIN: is anything still listening at that address and port?
 
         Asked up to ``PROBES`` times, ``PROBE_GAP_SECONDS`` apart: a process being killed closes
         its sockets one by one, so the first probe may still reach its listener a moment before
-        it closes too. Each refusal is a proof in itself (nothing listens then), dated before it.
+        it closes too, or be reset as the listener closes under it. Each refusal is a proof in
+        itself (nothing listens then), dated before it.
         """
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
         assert host is not None and port is not None, url
+        last = ""
         for probe in range(PROBES):
             if probe:
                 await asyncio.sleep(PROBE_GAP_SECONDS)
@@ -182,10 +184,16 @@ class BrokerWatches:
             except ConnectionRefusedError:
                 reason = f"its watch stream ended and {host}:{port} refuses connections: the process is gone"
                 return ProcessGone(name, url, at, reason)
+            except ConnectionResetError as error:
+                # The listener closing under a half-made connection (the kernel resets what its
+                # queue held): the process is going, so ask again; only a refusal is proof.
+                last = f"watch ended; connecting to {host}:{port} was reset: {error!r}"
+                continue
             except (OSError, TimeoutError) as error:
                 failed = f"watch ended; reconnecting to {host}:{port} failed: {error!r}"
                 return ConnectionLost(name, url, failed)
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-        return ConnectionLost(name, url, f"watch ended; {host}:{port} still accepts connections")
+            last = f"watch ended; {host}:{port} still accepts connections"
+        return ConnectionLost(name, url, last)

@@ -28,8 +28,8 @@ resend it only after its 1 s initial retransmission timeout. So each lane has a 
 (one connection, as it has one bundle in flight) and replaces it after a
 timeout, without touching the other lanes' connections. Fast failures (a
 refused connection, a 5xx, ``BROKER_INACTIVE``) are retried after an
-exponential backoff from 20 ms, capped at 250 ms, so that a broker in trouble
-is not hammered; what the lanes waited shows in ``/sim/status``.
+exponential backoff from 20 ms, capped at 250 ms (``--backoff-max-seconds``), so that a
+broker in trouble is not hammered; what the lanes waited shows in ``/sim/status``.
 
 Inbound (cloud to backend): ``POST /relay/inbound`` takes deliveries through
 the shared :class:`~broker_simulators.target_rules.Receiver` (in order, dedup,
@@ -77,7 +77,6 @@ from broker_simulators.target_rules import (
 logger = logging.getLogger("backend-simulator")
 
 _BACKOFF_FIRST_SECONDS = 0.02
-_BACKOFF_MAX_SECONDS = 0.25
 
 _NS = {"t": soap.NAMESPACE, "s": soap.SOAP_ENV_NAMESPACE}
 _RESULTS = "/s:Envelope/s:Body/t:SendMessagesResponse/t:result"
@@ -109,6 +108,7 @@ class BackendSettings:
     lanes: int = 4
     request_timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 0.1
+    backoff_max_seconds: float = 0.25  # the cap of the doubling wait after a fast failure
     record_dir: Path | None = None
     autostart: bool = False
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
@@ -274,7 +274,7 @@ class BackendSimulator:
         self.backoff_seconds += delay
         self.backoff_max_seconds = max(self.backoff_max_seconds, delay)
         await asyncio.sleep(delay)
-        return min(_BACKOFF_MAX_SECONDS, delay * 2)
+        return min(self.settings.backoff_max_seconds, delay * 2)
 
     def _count_fault(self, name: str) -> None:
         self.faults[name] = self.faults.get(name, 0) + 1
@@ -282,7 +282,7 @@ class BackendSimulator:
     async def _lane(self, lane_sources: list[StreamSource]) -> None:
         session = self._lane_session()
         start = 0
-        backoff = _BACKOFF_FIRST_SECONDS
+        backoff = min(_BACKOFF_FIRST_SECONDS, self.settings.backoff_max_seconds)
         try:
             while True:
                 picked = self._bundle_for(lane_sources, start)
@@ -324,7 +324,7 @@ class BackendSimulator:
                 ):
                     backoff = await self._back_off(backoff)
                     continue
-                backoff = _BACKOFF_FIRST_SECONDS
+                backoff = min(_BACKOFF_FIRST_SECONDS, self.settings.backoff_max_seconds)
         finally:
             await session.close()
 
@@ -578,6 +578,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         default=0.1,
         help="give up a TCP connect after this long and retry at once (a lost SYN is resent only after 1 s)",
     )
+    parser.add_argument(
+        "--backoff-max-seconds",
+        type=float,
+        default=0.25,
+        help="a fast failure (refused, 5xx, BROKER_INACTIVE) is retried after 20 ms, doubling up to this",
+    )
     parser.add_argument("--record-dir", type=Path, default=None)
     parser.add_argument("--autostart", action="store_true")
     parser.add_argument("--poison", type=parse_poison, action="append", default=[], help="stream:seq:times")
@@ -614,6 +620,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         lanes=args.lanes,
         request_timeout_seconds=args.request_timeout_seconds,
         connect_timeout_seconds=args.connect_timeout_seconds,
+        backoff_max_seconds=args.backoff_max_seconds,
         record_dir=args.record_dir,
         autostart=args.autostart,
         poison=args.poison,

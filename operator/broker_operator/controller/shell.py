@@ -21,6 +21,7 @@ It makes no decision of its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -62,6 +63,7 @@ class KubernetesClusterShell:
         self._manages_pods = manages_pods
         self._service_converted = False
         self._slice = active_service.KnownSlice()  # the last write's result: the next one's precondition
+        self._tidying: asyncio.Task[None] | None = None
 
     def set_broker_names(self, broker_names: Mapping[str, object]) -> None:
         """The brokers the engine knows of changed (spec update): report facts for exactly these."""
@@ -99,15 +101,25 @@ class KubernetesClusterShell:
                 epoch,
                 (time.monotonic() - began) * 1000,
             )
-        # Off the critical path: a controller with a lagging informer may have written one since.
-        if await active_service.delete_controller_slices(self._api, self._namespace, self._cluster):
-            logger.warning(
-                "%s/%s: deleted an EndpointSlice controller's slice of the -active Service",
-                self._namespace,
-                self._cluster,
-            )
+        # A controller with a lagging informer may have written a slice of its own since: looked
+        # for beside the next steps, not before them (a blank's step precedes the activation).
+        if self._tidying is None or self._tidying.done():
+            self._tidying = asyncio.create_task(self._delete_controller_slices())
         if active is not None:
             await self._move_active_label(active)
+
+    async def _delete_controller_slices(self) -> None:
+        try:
+            if await active_service.delete_controller_slices(self._api, self._namespace, self._cluster):
+                logger.warning(
+                    "%s/%s: deleted an EndpointSlice controller's slice of the -active Service",
+                    self._namespace,
+                    self._cluster,
+                )
+        except Exception:  # looked for again at the next write of the Service
+            logger.exception(
+                "%s/%s: looking for controllers' EndpointSlices failed", self._namespace, self._cluster
+            )
 
     def _endpoint(self, active: str | None, url: str | None) -> builders.ActiveEndpoint | None:
         """The address the engine activated ``active`` at (its URL), with the pod's identity."""

@@ -209,6 +209,44 @@ def test_a_reset_is_no_proof_even_where_the_port_then_refuses(processes: Process
     assert broker.alive
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): a connect there is refused."""
+    with socket.socket() as sock:
+        sock.bind((loopback_host(), 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(("resets", "proven"), [(1, True), (3, False)])
+def test_a_probe_reset_as_the_listener_closes_is_asked_again(
+    resets: int, proven: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dying broker's kernel resets a connection its closing listener had queued: the probe's
+    connect then fails with ECONNRESET, not a refusal (seen in bench-failover-k8s, where the
+    proof was then missed and the failover waited for the kubelet). It is asked again; a later
+    refusal is the proof, and resets alone stay no proof. The reset is injected at the probe's
+    connect (a mock at the kernel's boundary: the race cannot be produced on demand); the
+    refusals are a real closed port's."""
+    real_connect = asyncio.open_connection
+    injected = [resets]
+
+    async def connect(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if injected[0] > 0:
+            injected[0] -= 1
+            raise ConnectionResetError(104, f"Connect call failed ('{host}', {port})")
+        return await real_connect(host, port)
+
+    monkeypatch.setattr("broker_operator.broker_watch.asyncio.open_connection", connect)
+    url = f"http://{loopback_host()}:{_closed_port()}/soap"
+
+    async def probe() -> Observation:
+        watches = BrokerWatches(HeartbeatClient(DEFAULT_TOKEN, "watch-test", timeout=2.0), lambda _: None)
+        return await watches._after_end("b0", url)
+
+    outcome = asyncio.run(probe())
+    assert isinstance(outcome, ProcessGone if proven else ConnectionLost), outcome
+    assert injected == [0]
+
+
 def test_the_engine_fails_over_on_the_proof_without_waiting_for_the_lease(
     processes: ProcessSet, tmp_path: Path
 ) -> None:

@@ -78,7 +78,9 @@ async def running() -> AsyncIterator[list[web.AppRunner]]:
         await runner.cleanup()
 
 
-async def send_everything(service: ActiveService, runners: list[web.AppRunner]) -> BackendSimulator:
+async def send_everything(
+    service: ActiveService, runners: list[web.AppRunner], backoff_max_seconds: float = 0.25
+) -> BackendSimulator:
     app = web.Application()
     app.router.add_post("/soap", service.soap)
     runner, service.url = await serve(app)
@@ -92,6 +94,7 @@ async def send_everything(service: ActiveService, runners: list[web.AppRunner]) 
             per_stream_in_bundle=5,
             lanes=1,
             request_timeout_seconds=0.3,
+            backoff_max_seconds=backoff_max_seconds,
             token="backend-secret",
         )
     )
@@ -136,6 +139,18 @@ async def test_fast_failures_back_off_doubling_up_to_a_quarter_second(running: l
     assert status["backoffMaxSeconds"] == 0.25
     assert status["backoffSeconds"] == pytest.approx(0.02 + 0.04 + 0.08 + 0.16 + 0.25 + 0.25)
     assert status["accepted"] == 10
+
+
+async def test_a_lower_backoff_cap_retries_at_that_pace(running: list[web.AppRunner]) -> None:
+    """``--backoff-max-seconds`` (the failover benchmarks' client retries every 20 ms)."""
+    service = ActiveService(inactive=4)
+    simulator = await send_everything(service, running, backoff_max_seconds=0.02)
+
+    status = simulator.status()
+    assert status["backoffs"] == 4
+    assert status["backoffMaxSeconds"] == 0.02
+    assert status["backoffSeconds"] == pytest.approx(4 * 0.02)
+    assert parse_args(["--backoff-max-seconds", "0.05"]).backoff_max_seconds == 0.05
 
 
 def test_the_credential_comes_from_a_file_or_the_environment_and_is_required_to_send(tmp_path: Path) -> None:
