@@ -171,6 +171,16 @@ class SealedCluster(ClusterAccess):
         subprocess.run(self.node_command(["kill", "-9", "--", f"-{pid}"]), check=True, timeout=30)
         return pid
 
+    def signal_controller_manager(self, signal_name: str) -> None:
+        """``kill -STOP`` (or ``-CONT``, ...) kube-controller-manager: with it stopped, nothing but
+        the operator writes the ``-active`` Service's endpoints (issue 23)."""
+        pid = self.refresh_state().get("controllerManager")
+        if pid is None:
+            raise SealedClusterError("the cluster's state names no kube-controller-manager")
+        subprocess.run(
+            self.node_command(["kill", f"-{signal_name}", "--", f"-{pid}"]), check=True, timeout=30
+        )
+
     def wait_apiserver_ready(self, killed_pid: int | None = None, timeout: float = 120) -> float:
         """Wait until the API server (another one than ``killed_pid``) answers ``/readyz`` through
         the loopback port; the seconds waited. Fails with the supervisor's log if it gave up."""
@@ -451,8 +461,10 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
 
         def write_state(apiserver: ManagedProcess) -> None:
             # Pids here are the cluster's PID namespace's; the machine's are in PIDS_FILE.
+            managers = [p.pid for p in node.control_plane.processes if p.name == "kube-controller-manager"]
             state = {
                 "apiserver": apiserver.pid,
+                "controllerManager": managers[0] if managers else None,
                 "apiserverRestarts": restarts,
                 "kubeconfig": str(host_kubeconfig),
                 "nodeKubeconfig": str(node.kubeconfig),

@@ -13,6 +13,7 @@ Two halves:
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -178,12 +179,55 @@ def test_the_service_selects_nothing_and_its_slice_follows_a_kill_9(relay: Relay
     assert ours is not None and slice_epoch(ours) == after["epoch"] > before["epoch"]
     assert ours["metadata"]["annotations"][names.ANNOTATION_ACTIVE] == after["active"]
     assert [s["metadata"]["name"] for s in _slices(relay)] == [SERVICE]
+    # Noticed at once, from the operator's watch connection to the broker's process, not from the
+    # kubelet's report about a second later (docs/failover-engine.md, "Proofs of death").
+    assert after["lastFailover"]["reason"] == "PROCESS_GONE", after["lastFailover"]
 
 
 def test_a_slice_deleted_by_hand_is_written_again(relay: Relay) -> None:
     wait_for("the slice naming the active", lambda: _pointed_at_active(relay), timeout=60)
     relay.cluster.kubectl("-n", relay.namespace, "delete", "endpointslice", SERVICE)
     wait_for("the slice written again", lambda: _pointed_at_active(relay), timeout=30)
+
+
+def test_a_stale_slice_written_by_hand_is_corrected(relay: Relay) -> None:
+    wait_for("the slice naming the active", lambda: _pointed_at_active(relay), timeout=60)
+    status = relay.status()
+    standby = next(b["name"] for b in status["brokers"] if b["name"] != status["active"])
+    wrong = relay.pod(standby)["status"]["podIP"]
+    patch = [{"op": "replace", "path": "/endpoints/0/addresses", "value": [wrong]}]
+    relay.cluster.kubectl(
+        "-n",
+        relay.namespace,
+        "patch",
+        "endpointslice",
+        SERVICE,
+        "--type=json",
+        f"--patch={json.dumps(patch)}",
+    )
+    assert relay.status().get("active") == status["active"]  # nothing moved: only the slice is wrong
+    wait_for("the slice corrected", lambda: _pointed_at_active(relay), timeout=30)
+
+
+def test_with_the_controller_manager_stopped_a_failover_still_moves_the_service(relay: Relay) -> None:
+    """The Service's endpoints are the operator's to write: no controller of kube-controller-manager
+    (EndpointSlice, ReplicaSet, garbage collector) takes part in a failover."""
+    wait_for("the slice naming the active", lambda: _pointed_at_active(relay), timeout=60)
+    before = relay.status()
+    relay.cluster.signal_controller_manager("STOP")
+    try:
+        relay.kill_9(str(before["active"]))
+        after = wait_for(
+            "a failover",
+            lambda: (s := relay.status()).get("active") not in (None, before["active"]) and s,
+            timeout=90,
+        )
+        wait_for("the slice naming the new active", lambda: _pointed_at_active(relay), timeout=30)
+        relay.backend("/sim/produce", {"count": 5})  # new messages, sent after the failover
+        relay.wait_all_confirmed(timeout=60)
+    finally:
+        relay.cluster.signal_controller_manager("CONT")
+    assert after["epoch"] > before["epoch"]
 
 
 class SlicePoller:

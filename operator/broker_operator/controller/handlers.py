@@ -358,18 +358,26 @@ def _register_active_slice_watch(registry: kopf.OperatorRegistry) -> None:
         "discovery.k8s.io",
         "v1",
         "endpointslices",
-        id="repoint-deleted-active-slices",
+        id="repoint-changed-active-slices",
         labels={names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER, names.LABEL_CLUSTER: kopf.PRESENT},
         when=_drives_child_of,
         registry=registry,
     )
-    async def repoint_deleted_slice(
+    async def repoint_changed_slice(
         *, event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
     ) -> None:
-        # The engine remembers where it pointed the Service; without its slice, the Service would
-        # have no endpoint until the next move of the active.
-        if event.get("type") != "DELETED":
-            return
+        # The engine remembers where it pointed the Service; without its slice, or with one written
+        # by hand, the Service would have no endpoint or a wrong one until the next move of the
+        # active. The engine's own writes come back here too: it knows their version, and a write
+        # it has not heard back from yet only costs a read that finds nothing to change.
+        kind = event.get("type")
         observations = context_from(memo).observations.get((namespace or "", labels[names.LABEL_CLUSTER]))
-        if observations is not None and observations.repoint is not None:
+        if (
+            observations is None
+            or observations.repoint is None
+            or kind not in ("DELETED", "ADDED", "MODIFIED")
+        ):
+            return  # None: kopf's initial listing; the engine checks the slice when it starts
+        version = event["object"].get("metadata", {}).get("resourceVersion")
+        if kind == "DELETED" or version != observations.slice_version:
             observations.repoint()

@@ -156,8 +156,12 @@ class ClusterObservations:
     wake: Callable[[], None] | None = None
     # Set by the daemon: push new targets to a running engine when an IP appears or changes.
     retarget: Callable[[], None] | None = None
-    # Set by the daemon: the -active Service's EndpointSlice was deleted; write it again now.
+    # Set by the daemon: the -active Service's EndpointSlice was deleted or written by someone
+    # else; write it again now.
     repoint: Callable[[], None] | None = None
+    # The resourceVersion of the engine's own last write of that slice: a watch event of any
+    # other version is someone else's write (or one the engine has not heard back from yet).
+    slice_version: str | None = None
     # The latest body of every journal claim of the cluster, by name (the retention policy's input).
     claims: dict[str, ClaimBody] = field(default_factory=dict)
     # Children the reconciler created or found, so that it does not re-create them every pass.

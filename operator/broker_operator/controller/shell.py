@@ -92,7 +92,9 @@ class KubernetesClusterShell:
             self._service_converted = True
         endpoint = self._endpoint(active, url)
         began = time.monotonic()
-        if await active_service.point_active_service(self._api, self._body, endpoint, epoch, self._slice):
+        wrote = await active_service.point_active_service(self._api, self._body, endpoint, epoch, self._slice)
+        self._observations.slice_version = (self._slice.body or {}).get("metadata", {}).get("resourceVersion")
+        if wrote:
             logger.info(
                 "%s/%s: the -active Service points at %s (epoch %d), written in %.0f ms",
                 self._namespace,
