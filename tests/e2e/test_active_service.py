@@ -213,6 +213,8 @@ def test_with_the_controller_manager_stopped_a_failover_still_moves_the_service(
     """The Service's endpoints are the operator's to write: no controller of kube-controller-manager
     (EndpointSlice, ReplicaSet, garbage collector) takes part in a failover."""
     wait_for("the slice naming the active", lambda: _pointed_at_active(relay), timeout=60)
+    relay.backend("/sim/start", {})
+    wait_for("traffic", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, timeout=60)
     before = relay.status()
     relay.cluster.signal_controller_manager("STOP")
     try:
@@ -223,8 +225,9 @@ def test_with_the_controller_manager_stopped_a_failover_still_moves_the_service(
             timeout=90,
         )
         wait_for("the slice naming the new active", lambda: _pointed_at_active(relay), timeout=30)
-        relay.backend("/sim/produce", {"count": 5})  # new messages, sent after the failover
-        relay.wait_all_confirmed(timeout=60)
+        # Messages produced after the failover are confirmed too: they went through the Service.
+        relay.backend("/sim/produce", {"count": 5})
+        relay.wait_all_confirmed(timeout=120)
     finally:
         relay.cluster.signal_controller_manager("CONT")
     assert after["epoch"] > before["epoch"]
