@@ -160,6 +160,19 @@ def _pointed_at_active(relay: Relay) -> bool:
     return relay.active_service_addresses() == [relay.pod(str(status["active"]))["status"]["podIP"]]
 
 
+def _kill_the_active_until_the_slice_follows(relay: Relay, before: dict[str, Any]) -> dict[str, Any]:
+    """kill -9 of the active ``before`` names; the status once another broker is active, after the
+    slice names it too."""
+    relay.kill_9(str(before["active"]))
+    after: dict[str, Any] = wait_for(
+        "a failover",
+        lambda: (s := relay.status()).get("active") not in (None, before["active"]) and s,
+        timeout=90,
+    )
+    wait_for("the slice naming the new active", lambda: _pointed_at_active(relay), timeout=30)
+    return after
+
+
 def test_the_service_selects_nothing_and_its_slice_follows_a_kill_9(relay: Relay) -> None:
     service = relay.get("service", SERVICE)
     assert "selector" not in service["spec"], service["spec"]
@@ -168,13 +181,7 @@ def test_the_service_selects_nothing_and_its_slice_follows_a_kill_9(relay: Relay
     (only,) = _slices(relay)  # ours alone: the EndpointSlice controller writes none
     assert only["metadata"]["labels"][names.LABEL_SLICE_MANAGED_BY] == names.SLICE_MANAGER
     assert slice_epoch(only) == before["epoch"]
-    relay.kill_9(str(before["active"]))
-    after = wait_for(
-        "a failover",
-        lambda: (s := relay.status()).get("active") not in (None, before["active"]) and s,
-        timeout=90,
-    )
-    wait_for("the slice naming the new active", lambda: _pointed_at_active(relay), timeout=30)
+    after = _kill_the_active_until_the_slice_follows(relay, before)
     ours = _ours(relay)
     assert ours is not None and slice_epoch(ours) == after["epoch"] > before["epoch"]
     assert ours["metadata"]["annotations"][names.ANNOTATION_ACTIVE] == after["active"]
@@ -218,13 +225,7 @@ def test_with_the_controller_manager_stopped_a_failover_still_moves_the_service(
     before = relay.status()
     relay.cluster.signal_controller_manager("STOP")
     try:
-        relay.kill_9(str(before["active"]))
-        after = wait_for(
-            "a failover",
-            lambda: (s := relay.status()).get("active") not in (None, before["active"]) and s,
-            timeout=90,
-        )
-        wait_for("the slice naming the new active", lambda: _pointed_at_active(relay), timeout=30)
+        after = _kill_the_active_until_the_slice_follows(relay, before)
         # Messages produced after the failover are confirmed too: they went through the Service.
         relay.backend("/sim/produce", {"count": 5})
         relay.wait_all_confirmed(timeout=120)
