@@ -180,6 +180,23 @@ class ClusterNodes:
         is killed is a node crash, which the cluster outlives as a real one does."""
         return next((p.name for p in self.processes if p.exited()), None)
 
+    def restart_node(self, name: str, tools_dir: Path) -> None:
+        """A crashed node boots again (``SealedNode.crash`` killed every process it had): its
+        containerd on the state it left, its kubelet, then its kube-proxy. The kubelet finds its
+        pods' sandboxes dead and makes them again, as after a reboot."""
+        node = next((n for n in self.nodes if n.name == name), None)
+        if node is None:
+            raise KubeletNodeError(f"no node {name}: {[n.name for n in self.nodes]}")
+        node.containerd = start_containerd(
+            node.directory / "containerd",
+            cri=True,
+            run_dir=node.containerd_socket.parent,
+            subnet=node.network.pod_cidr,
+            prefix=node.prefix(),
+        )
+        node.kubelet = _start_kubelet(tools_dir, self.control_plane, node)
+        node.kube_proxy = _start_node_kube_proxy(self.control_plane, node)
+
     def stop(self) -> None:
         """Kubelets and kube-proxies first (a kubelet would restart what is killed), then every pod,
         shim and containerd, the control plane, and the cgroups, which are the machine's."""
@@ -330,14 +347,7 @@ def _start_node_services(cluster: ClusterNodes, tools_dir: Path, deadline: float
                 raise KubeletNodeError(f"node {node.name} did not become Ready:\n{log}")
             time.sleep(0.2)
     for node in cluster.nodes:
-        node.kube_proxy = start_kube_proxy(
-            plane,
-            node.name,
-            directory=node.directory,
-            cluster_cidr=netns.CLUSTER_POD_CIDR,
-            healthz=f"{node.network.address}:{KUBE_PROXY_HEALTHZ_PORT}",
-            prefix=tuple(node.prefix()),
-        )
+        node.kube_proxy = _start_node_kube_proxy(plane, node)
     for node in cluster.nodes:
         assert node.kube_proxy is not None
         wait_for_healthz(f"{node.network.address}:{KUBE_PROXY_HEALTHZ_PORT}", deadline, node.kube_proxy)
@@ -346,6 +356,17 @@ def _start_node_services(cluster: ClusterNodes, tools_dir: Path, deadline: float
         plane.admin_kubeconfig,
         {node.name: node.directory / "local-path" for node in cluster.nodes},
         cluster.workdir / "shared-path",
+    )
+
+
+def _start_node_kube_proxy(plane: ControlPlane, node: ClusterNode) -> ManagedProcess:
+    return start_kube_proxy(
+        plane,
+        node.name,
+        directory=node.directory,
+        cluster_cidr=netns.CLUSTER_POD_CIDR,
+        healthz=f"{node.network.address}:{KUBE_PROXY_HEALTHZ_PORT}",
+        prefix=tuple(node.prefix()),
     )
 
 

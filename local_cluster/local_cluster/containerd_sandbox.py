@@ -369,6 +369,7 @@ def start_containerd(
     (workdir / "logs").mkdir(exist_ok=True)
     config = write_config(workdir, cri, run_dir, subnet)
     socket_path = (run_dir or workdir) / "containerd.sock"
+    socket_path.unlink(missing_ok=True)  # left by a containerd that was killed (a node crash)
     containerd = subprocess.Popen(
         [*prefix, "containerd", "--config", str(config)],
         stdout=(workdir / "containerd.log").open("ab"),

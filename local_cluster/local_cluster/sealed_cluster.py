@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import faulthandler
 import json
 import os
@@ -80,6 +81,10 @@ HOST_KUBECONFIG = "admin.kubeconfig.host"
 # Written by the side that started the supervisor: the pids of ``unshare`` (its process group is
 # the supervisor's) and of the supervisor as the machine sees them (inside it is PID 1).
 PIDS_FILE = "sealed-pids.json"
+# A file per node to boot again after a crash, read by the supervisor (its content: the tools
+# directory); a failure leaves the other file, with the error.
+RESTART_NODE_REQUEST = "restart-node-"
+RESTART_NODE_FAILED = "restart-node-failed-"
 
 
 @dataclasses.dataclass
@@ -170,6 +175,46 @@ class SealedCluster(ClusterAccess):
         # Its own process group (ManagedProcess), named by its pid in the cluster's PID namespace.
         subprocess.run(self.node_command(["kill", "-9", "--", f"-{pid}"]), check=True, timeout=30)
         return pid
+
+    def restart_node(self, name: str, timeout: float = 180) -> None:
+        """Boot a node again after ``SealedNode.crash``: its containerd, kubelet and kube-proxy,
+        started by the supervisor as at first; returns once the restarted kubelet has reported the
+        Node Ready (a heartbeat after the request: until the controller-manager's grace period
+        runs out, the API server still shows the crashed node Ready)."""
+        workdir = self.settings.workdir
+        asked = time.time()
+        (workdir / f"{RESTART_NODE_FAILED}{name}").unlink(missing_ok=True)
+        staged = workdir / f".{RESTART_NODE_REQUEST}{name}"
+        staged.write_text(str(self.settings.tools_dir))
+        staged.replace(workdir / f"{RESTART_NODE_REQUEST}{name}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            failed = workdir / f"{RESTART_NODE_FAILED}{name}"
+            if failed.exists():
+                raise SealedClusterError(f"restarting {name} failed: {failed.read_text()}")
+            if not (workdir / f"{RESTART_NODE_REQUEST}{name}").exists() and self.node_ready(
+                name, since=asked
+            ):
+                return
+            time.sleep(0.5)
+        raise SealedClusterError(f"{name} not Ready {timeout:.0f}s after its restart was asked for")
+
+    def node_ready(self, name: str, since: float | None = None) -> bool:
+        """Whether the API server shows Node ``name`` with condition Ready True (and, with
+        ``since``, a wall-clock time, whether its kubelet has renewed the node's Lease after it)."""
+        found = self.kubectl("get", "node", name, "-o", "json", check=False)
+        node = json.loads(found.stdout) if found.returncode == 0 else {}
+        conditions = (node.get("status") or {}).get("conditions") or []
+        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return False
+        if since is None:
+            return True
+        lease = self.get_json("kube-node-lease", "lease", name) or {}
+        renewed = (lease.get("spec") or {}).get("renewTime")
+        return (
+            renewed is not None
+            and datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00")).timestamp() > since
+        )
 
     def signal_controller_manager(self, signal_name: str) -> None:
         """``kill -STOP`` (or ``-CONT``, ...) kube-controller-manager: with it stopped, nothing but
@@ -488,6 +533,8 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
         print(f"local cluster ready in {node.ready_seconds:.1f}s", file=sys.stderr, flush=True)
         keeper.start()
         while not stop_requested.wait(0.5):
+            if isinstance(node, ClusterNodes) and _restart_requested_nodes(settings.workdir, node):
+                write_state(keeper.process)  # the restarted node's new pids
             if exited := node.exited():
                 print(f"{exited} exited; see {settings.workdir / 'logs'}", file=sys.stderr, flush=True)
                 break
@@ -501,6 +548,21 @@ def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
         node.stop()
         (settings.workdir / STATE_FILE).unlink(missing_ok=True)
     return 0
+
+
+def _restart_requested_nodes(workdir: Path, nodes: ClusterNodes) -> bool:
+    """Boot again each node a ``SealedCluster.restart_node`` asked for (a request file each);
+    whether any was."""
+    requests = sorted(workdir.glob(f"{RESTART_NODE_REQUEST}*"))
+    for request in requests:
+        name = request.name.removeprefix(RESTART_NODE_REQUEST)
+        try:
+            nodes.restart_node(name, Path(str(request.read_text()).strip()))
+            print(f"restarted node {name}", file=sys.stderr, flush=True)
+        except Exception as error:  # reported to the requester through the file it waits on
+            (workdir / f"{RESTART_NODE_FAILED}{name}").write_text(f"{type(error).__name__}: {error}")
+        request.unlink()
+    return bool(requests)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -68,6 +71,28 @@ class SealedNode:
     def heal(self) -> None:
         if self.namespace_path is not None:
             netns.heal_network(str(self.network_namespace))
+
+    def crash(self) -> list[int]:
+        """A node crash: every process of the node (kubelet, containerd, shims, kube-proxy, the
+        pods' containers) frozen at once in its cgroup, killed, and thawed to die; the machine's
+        pids killed. Nothing shuts down cleanly. ``SealedCluster.restart_node`` boots it again."""
+        if self.namespace_path is None:
+            raise SealedClusterError("the single node's crash would be the cluster's: use several nodes")
+        state = CgroupRoot.hierarchy("freezer") / self.cgroup.lstrip("/") / "freezer.state"
+        state.write_text("FROZEN")
+        try:
+            deadline = time.monotonic() + 10
+            while state.read_text().strip() != "FROZEN":  # FREEZING while a task is still running
+                if time.monotonic() > deadline:
+                    raise SealedClusterError(f"{self.name} did not freeze within 10 s")
+                time.sleep(0.01)
+            pids = self.cgroup_pids()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            state.write_text("THAWED")  # frozen tasks take their SIGKILL once thawed
+        return pids
 
     def host_pids(self) -> dict[str, int]:
         """The machine's pids of the node's containerd, kubelet and kube-proxy (``os.kill`` them)."""

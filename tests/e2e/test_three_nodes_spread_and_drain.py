@@ -31,6 +31,15 @@ and after the heal the old active answers again, as a standby. The simulators' r
 ordering validator over the brokers' message logs (overlapping active terms are split brain) find
 nothing lost, twice, out of order or done by a fenced epoch.
 
+**Node crash**, under traffic, in the same layout: every process of the active's node (kubelet,
+containerd, shims, kube-proxy, the broker) frozen and killed at once (``SealedNode.crash``). The
+operator fails over on its own (its watch connection to the broker's process, or its heartbeats
+and the lease) while the API server still shows the Node Ready and the pod Running: it waits
+neither for the controller-manager's grace period nor for the pod's deletion. The node then boots
+again (``SealedCluster.restart_node``: containerd over the state it left, the kubelet, kube-proxy),
+its kubelet makes the broker's sandbox and container again, and the broker rejoins as a standby;
+the same checks as for the partition find nothing lost, twice or out of order.
+
 The drain is limited to the brokers' and the operator's pods (``--pod-selector``): the simulators
 are bare pods of this test, with no controller to re-create them, which a real drain would refuse
 without ``--force``.
@@ -270,46 +279,46 @@ def _broker_state(relay: Relay, name: str) -> str | None:
     return next((b["state"] for b in relay.status().get("brokers") or [] if b["name"] == name), None)
 
 
-def test_a_partition_of_the_actives_node_moves_the_active_and_it_rejoins_as_standby(
-    partitionable: Relay, tmp_path: Path
-) -> None:
-    relay, cluster = partitionable, partitionable.cluster
+def _brokers_apart_from_the_traffic(relay: Relay) -> dict[str, str]:
+    """Each broker's node (node-2 and node-3), checked to be apart from the operator and the
+    simulators (node-1); traffic started, with the first messages confirmed."""
     brokers = _nodes_of(relay, f"broker.failover.dev/cluster={CLUSTER_NAME}")
     assert sorted(brokers.values()) == ["node-2", "node-3"], brokers
     assert set(_nodes_of(relay, "app.kubernetes.io/component=operator").values()) == {QUIET_NODE}
     assert {_node_of(relay, "backend"), _node_of(relay, "cloud")} == {QUIET_NODE}
     relay.backend("/sim/start", {})
-    feeder = Feeder(relay).start()  # 200 msg/s more, for as long as the partition lasts
     wait_for(
         "the first messages confirmed",
         lambda: int(relay.backend("/sim/status")["confirmed"]) >= STREAMS * MESSAGES,
         timeout=120,
     )
-    old_active = relay.status()["active"]
-    node = cluster.node(brokers[old_active])
-    node.partition()
+    return brokers
+
+
+def _active_moved_and_traffic_flows(relay: Relay, old_active: str, node: str) -> str:
+    """The new active (on another node than ``node``), once traffic is confirmed through it."""
+    after = wait_for(
+        f"the active moved off {node}",
+        lambda: (status := relay.status()).get("active") not in (None, old_active) and status,
+        timeout=60,
+    )
+    confirmed = int(relay.backend("/sim/status")["confirmed"])
     try:
-        after = wait_for(
-            f"the active moved off the partitioned {node.name}",
-            lambda: (status := relay.status()).get("active") not in (None, old_active) and status,
+        wait_for(
+            "traffic confirmed again with the old active's node down",
+            lambda: int(relay.backend("/sim/status")["confirmed"]) > confirmed,
             timeout=60,
         )
-        new_active = after["active"]
-        assert brokers[new_active] != node.name
-        # Traffic flows again through the new active while the old one's node is still cut off.
-        confirmed = int(relay.backend("/sim/status")["confirmed"])
-        try:
-            wait_for(
-                "traffic confirmed again during the partition",
-                lambda: int(relay.backend("/sim/status")["confirmed"]) > confirmed,
-                timeout=60,
-            )
-        except pytest.fail.Exception as failure:
-            pytest.fail(f"{failure}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
-    finally:
-        feeder.stop.set()
-        node.heal()
-    # The old active fenced itself when its lease ran out; healed, it answers as a standby.
+    except pytest.fail.Exception as failure:
+        pytest.fail(f"{failure}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
+    return str(after["active"])
+
+
+def _rejoined_as_standby_with_nothing_lost(
+    relay: Relay, old_active: str, new_active: str, tmp_path: Path
+) -> None:
+    """The old active answers as a standby, every message is confirmed, and the simulators'
+    records and the ordering validator over the brokers' message logs find no violation."""
     wait_for(
         f"{old_active} back as a standby", lambda: _broker_state(relay, old_active) == "Inactive", timeout=120
     )
@@ -319,11 +328,71 @@ def test_a_partition_of_the_actives_node_moves_the_active_and_it_rejoins_as_stan
     except RelayError as error:
         pytest.fail(f"{error}\nstatus: {relay.status()}\nbackend: {relay.backend('/sim/status')}")
     assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
-    store = cluster.claim_volume_path(relay.namespace, MESSAGE_LOG_CLAIM)
+    store = relay.cluster.claim_volume_path(relay.namespace, MESSAGE_LOG_CLAIM)
     try:
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), timeout=120)
     finally:
         assert validator_violations(store, tmp_path / "report") == {}
+
+
+def test_a_partition_of_the_actives_node_moves_the_active_and_it_rejoins_as_standby(
+    partitionable: Relay, tmp_path: Path
+) -> None:
+    relay, cluster = partitionable, partitionable.cluster
+    brokers = _brokers_apart_from_the_traffic(relay)
+    feeder = Feeder(relay).start()  # 200 msg/s more, for as long as the partition lasts
+    old_active = relay.status()["active"]
+    node = cluster.node(brokers[old_active])
+    node.partition()
+    try:
+        new_active = _active_moved_and_traffic_flows(relay, old_active, node.name)
+        assert brokers[new_active] != node.name
+    finally:
+        feeder.stop.set()
+        node.heal()
+    # The old active fenced itself when its lease ran out; healed, it answers as a standby.
+    _rejoined_as_standby_with_nothing_lost(relay, old_active, new_active, tmp_path)
+
+
+@pytest.fixture
+def crashable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
+    """As ``partitionable``: two brokers on node-2 and node-3, everything else on node-1."""
+    _move_cluster_dns(sealed_cluster_three_nodes, QUIET_NODE)
+    with relay_in_new_namespace(
+        sealed_cluster_three_nodes,
+        "nodecrash",
+        streams=STREAMS,
+        messages_per_stream=MESSAGES,
+        helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
+        spec={"replicas": 2, "failback": "Manual", "affinity": BROKERS_OFF_QUIET_NODE_AND_APART},
+        simulators_node=QUIET_NODE,
+    ) as relay:
+        yield relay
+
+
+def test_a_crash_of_the_actives_node_fails_over_before_the_node_is_not_ready_and_it_rejoins(
+    crashable: Relay, tmp_path: Path
+) -> None:
+    """Node crash: the kubelet, containerd, shims, kube-proxy and containers of the active's node
+    all killed at once. The operator fails over on its own (the watch connection's proof, or the
+    heartbeats and the lease), while the API server still shows the Node Ready and the pod
+    Running; the node then boots again and its broker rejoins as a standby."""
+    relay, cluster = crashable, crashable.cluster
+    brokers = _brokers_apart_from_the_traffic(relay)
+    feeder = Feeder(relay).start()
+    old_active = relay.status()["active"]
+    node = cluster.node(brokers[old_active])
+    assert node.crash(), f"no process under {node.name}'s cgroup"
+    try:
+        new_active = _active_moved_and_traffic_flows(relay, old_active, node.name)
+        # Not waited for: the node lifecycle controller marks a silent node NotReady only after
+        # its grace period (40 s), and nothing deletes the pod.
+        assert cluster.node_ready(node.name), f"{node.name} already NotReady: the failover waited for it"
+        assert relay.pod(old_active)["status"]["phase"] == "Running"
+    finally:
+        feeder.stop.set()
+        cluster.restart_node(node.name)
+    _rejoined_as_standby_with_nothing_lost(relay, old_active, new_active, tmp_path)
 
 
 @pytest.fixture
