@@ -44,7 +44,15 @@ from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Rela
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
-from bench.bench_failover_k8s import Observations, _poll_broker, now_ms, percentile
+from bench.bench_failover_k8s import (
+    Observations,
+    _poll_broker,
+    _poll_kube_proxy,
+    _watch,
+    kube_proxy_sync,
+    now_ms,
+    percentile,
+)
 
 STREAMS = 4
 # 200 msg/s as one message per stream every 20 ms, not five every 100 ms: the gap is measured
@@ -70,6 +78,28 @@ def switchover_gap_ms(obs: Observations, old: str, new: str, since: float) -> fl
     baseline = before[-1] if before else 0.0
     first_new = next((t for t, v in new_series if t > last_old and v > baseline), None)
     return None if first_new is None else first_new - last_old
+
+
+def _hops(relay: Relay, obs: Observations, old: str, new: str, since: float) -> str:
+    """Where the gap went, in ms after the old active's last accepted bundle: the slice seen naming
+    the new pod (this process's watch), kube-proxy's sync on the backend's node after it (its own
+    timestamp), the new active's first accepted bundle."""
+    with obs.lock:
+        old_series = [(t, v) for t, v in obs.accepted.get(old, []) if t >= since]
+    grew = [t for (t, v), (_, before) in zip(old_series[1:], old_series, strict=False) if v > before]
+    new_ip = relay.pod(new)["status"].get("podIP")
+    if not grew or not new_ip:
+        return "hops n/a"
+    last_old = grew[-1]
+    slice_at = obs.first(obs.slices, since, lambda addresses: addresses == (new_ip,))
+    synced = kube_proxy_sync(obs, slice_at) if slice_at is not None else None
+    gap = switchover_gap_ms(obs, old, new, since)
+
+    def shown(at: float | None) -> str:
+        return "?" if at is None else f"{at - last_old:+.0f}"
+
+    accepted = None if gap is None else last_old + gap
+    return f"slice {shown(slice_at)}, kube-proxy {shown(synced)}, accepted {shown(accepted)} ms"
 
 
 def _node_of(relay: Relay, pod: str) -> str:
@@ -109,6 +139,7 @@ def run_drain(relay: Relay, obs: Observations, index: int, total: int) -> tuple[
         new = str(relay.status()["active"])
         time.sleep(1.0)  # the new active's first bundles, for the poll to see
         gap = switchover_gap_ms(obs, old, new, since)
+        hops = _hops(relay, obs, old, new, since)
     finally:
         stop.set()
         cluster.kubectl("uncordon", node, check=False)
@@ -116,7 +147,7 @@ def run_drain(relay: Relay, obs: Observations, index: int, total: int) -> tuple[
     shown = "n/a" if gap is None else f"{gap:.0f} ms"
     print(
         f"[{index}/{total}] drain of {node}: {old} -> {new} ({reason}), drain {seconds:.1f} s, "
-        f"switchover gap {shown}",
+        f"switchover gap {shown} ({hops})",
         flush=True,
     )
     wait_until("every broker Ready again", lambda: _all_ready(relay), 240, 0.5)
@@ -159,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
             },
             simulators_node=QUIET_NODE,
         )
+        # The slice through the API server; kube-proxy's syncs on the simulators' node (its
+        # metrics listen on that node's loopback).
+        _watch(obs, cluster.api_client(), namespace)
+        threading.Thread(
+            target=cluster.node(QUIET_NODE).call_in_network,
+            args=(functools.partial(_poll_kube_proxy, obs), 24 * 3600),
+            daemon=True,
+        ).start()
         Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()
         relay.backend("/sim/start", {})
         wait_until("every broker Ready", lambda: _all_ready(relay), 240, 0.5)

@@ -26,5 +26,8 @@ def test_bench_drain_smoke(tmp_path_factory: pytest.TempPathFactory) -> None:
     # The drain moved the active by a planned switchover (reason NodeDrain), not a failover.
     moved = r"^\[1/1\] drain of node-\d: orders-(?P<old>\d) -> orders-(?P<new>\d) \(NodeDrain\), drain \d"
     assert len(set(counts(run, moved).values())) == 2, run.explain()
+    # Where the gap went: the slice seen and the first accepted bundle, after the old's last.
+    hops = r"switchover gap \d+ ms \(slice (?P<slice>[+-]\d+), kube-proxy ([+-]\d+|\?), accepted \+\d+ ms\)$"
+    assert counts(run, hops), run.explain()
     records = r"^lost (?P<lost>\d+), twice (?P<twice>\d+), out of order (?P<misordered>\d+)$"
     assert counts(run, records) == {"lost": 0, "twice": 0, "misordered": 0}, run.explain()
