@@ -122,6 +122,16 @@ class ClusterNode:
         script = f'for f in {targets}; do echo $$ > "$f" || exit 1; done; exec "$@"'
         return ["sh", "-c", script, self.name, "nsenter", f"--net={self.network.namespace}", "--"]
 
+    def start_containerd(self) -> None:
+        """The node's containerd, with CRI, in its cgroup and network namespace, over its state."""
+        self.containerd = start_containerd(
+            self.directory / "containerd",
+            cri=True,
+            run_dir=self.containerd_socket.parent,
+            subnet=self.network.pod_cidr,
+            prefix=self.prefix(),
+        )
+
     def describe(self) -> dict[str, object]:
         """The node as the state file names it; pids are the cluster's PID namespace's."""
         pids = {
@@ -187,13 +197,7 @@ class ClusterNodes:
         node = next((n for n in self.nodes if n.name == name), None)
         if node is None:
             raise KubeletNodeError(f"no node {name}: {[n.name for n in self.nodes]}")
-        node.containerd = start_containerd(
-            node.directory / "containerd",
-            cri=True,
-            run_dir=node.containerd_socket.parent,
-            subnet=node.network.pod_cidr,
-            prefix=node.prefix(),
-        )
+        node.start_containerd()
         node.kubelet = _start_kubelet(tools_dir, self.control_plane, node)
         node.kube_proxy = _start_node_kube_proxy(self.control_plane, node)
 
@@ -243,13 +247,7 @@ def start_cluster_nodes(
             CgroupRoot(node.cgroup).create()
             node.runtime_cgroups().create()
             node.planted = seeded_images(node.directory / "containerd" / "root")
-            node.containerd = start_containerd(
-                node.directory / "containerd",
-                cri=True,
-                run_dir=node.containerd_socket.parent,
-                subnet=node.network.pod_cidr,
-                prefix=node.prefix(),
-            )
+            node.start_containerd()
             record = node.directory / IMAGES_FILE
             record.write_text(json.dumps(node.planted))
             importers.append(

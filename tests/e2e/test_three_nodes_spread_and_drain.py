@@ -255,10 +255,14 @@ def partitionable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
     CoreDNS too: the cluster runs one replica, and on the partitioned node it would take every
     name lookup down with it (the backend resolves ``orders-active`` again every 10 s), a fault of
     its own that this test is not about."""
-    _move_cluster_dns(sealed_cluster_three_nodes, QUIET_NODE)
+    yield from _brokers_off_the_quiet_node(sealed_cluster_three_nodes, "nodepart")
+
+
+def _brokers_off_the_quiet_node(cluster: SealedCluster, name: str) -> Iterator[Relay]:
+    _move_cluster_dns(cluster, QUIET_NODE)
     with relay_in_new_namespace(
-        sealed_cluster_three_nodes,
-        "nodepart",
+        cluster,
+        name,
         streams=STREAMS,
         messages_per_stream=MESSAGES,
         helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
@@ -357,17 +361,7 @@ def test_a_partition_of_the_actives_node_moves_the_active_and_it_rejoins_as_stan
 @pytest.fixture
 def crashable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
     """As ``partitionable``: two brokers on node-2 and node-3, everything else on node-1."""
-    _move_cluster_dns(sealed_cluster_three_nodes, QUIET_NODE)
-    with relay_in_new_namespace(
-        sealed_cluster_three_nodes,
-        "nodecrash",
-        streams=STREAMS,
-        messages_per_stream=MESSAGES,
-        helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
-        spec={"replicas": 2, "failback": "Manual", "affinity": BROKERS_OFF_QUIET_NODE_AND_APART},
-        simulators_node=QUIET_NODE,
-    ) as relay:
-        yield relay
+    yield from _brokers_off_the_quiet_node(sealed_cluster_three_nodes, "nodecrash")
 
 
 def test_a_crash_of_the_actives_node_fails_over_before_the_node_is_not_ready_and_it_rejoins(
