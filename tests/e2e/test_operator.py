@@ -1036,7 +1036,12 @@ def test_scale_down_and_deletion_keep_or_delete_claims_by_the_retention_policy(
             lambda: claim_names(sealed_cluster, namespace, name) == claims[:2],
             timeout=60,
         )
-        assert "ClaimDeleted" in event_reasons(sealed_cluster, namespace, name)
+        # Waited for: kopf posts events in the background, after the deletion it reports.
+        wait_for(
+            "the ClaimDeleted event",
+            lambda: "ClaimDeleted" in event_reasons(sealed_cluster, namespace, name),
+            timeout=30,
+        )
     else:
         time.sleep(6)  # three reconcile periods of the operator (--reconcile-seconds 2)
         assert claim_names(sealed_cluster, namespace, name) == claims
