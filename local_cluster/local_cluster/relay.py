@@ -208,9 +208,12 @@ class Relay:
         ]
 
     def uninstall(self) -> None:
+        # The BrokerCluster gone first (bounded): its operator removes its finalizer. Uninstalled
+        # before that, it leaves it for good, and a later deletion of the CRD then never ends.
         self.cluster.kubectl(
-            "-n", self.namespace, "delete", "brokercluster", CLUSTER_NAME, "--wait=false", check=False
-        )
+            "-n", self.namespace, "delete", "brokercluster", CLUSTER_NAME, "--timeout=60s",
+            timeout=90, check=False,
+        )  # fmt: skip
         self.cluster.helm("uninstall", self.release, "--namespace", self.namespace, "--wait", check=False)
 
 
