@@ -84,7 +84,7 @@ PIDS_FILE = "sealed-pids.json"
 # A file per node to boot again after a crash, read by the supervisor (its content: the tools
 # directory); a failure leaves the other file, with the error.
 RESTART_NODE_REQUEST = "restart-node-"
-RESTART_NODE_FAILED = "restart-node-failed-"
+RESTART_NODE_FAILED = "failed-restart-node-"  # not matched by the requests' glob
 
 
 @dataclasses.dataclass
