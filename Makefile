@@ -113,7 +113,7 @@ bench-drain: venv tools host-packages images ## kubectl drain of the active's no
 	$(BIN)/python bench/bench_drain.py
 
 .PHONY: soak
-soak: venv tools host-packages images ## Chaos soak on the sealed cluster: 200 faults under traffic, checked by the simulators and the ordering validator.
+soak: venv tools host-packages images ## Chaos soak on a sealed cluster of three nodes: 200 pod, node and API server faults under traffic, checked by the simulators and the ordering validator.
 	$(BIN)/python -m local_cluster.soak --faults 200
 
 .PHONY: bench-operator

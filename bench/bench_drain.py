@@ -40,18 +40,19 @@ from pathlib import Path
 
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.local_path_storage import SHARED_CLASS
+from local_cluster.node_faults import QUIET_NODE, drain
 from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Relay, deploy_relay, wait_until
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
-from bench.bench_failover_k8s import (
+from bench.service_observations import (  # the root is on the path now
     Observations,
-    _poll_broker,
-    _poll_kube_proxy,
-    _watch,
     kube_proxy_sync,
     now_ms,
     percentile,
+    poll_broker,
+    poll_kube_proxy,
+    watch_cluster,
 )
 
 STREAMS = 4
@@ -59,7 +60,6 @@ STREAMS = 4
 # between bundles, so it carries up to one tick of waiting for the next bundle to exist.
 PER_STREAM_PER_TICK = 1
 TICK = 0.02
-QUIET_NODE = "node-1"
 BROKERS = tuple(f"{CLUSTER_NAME}-{index}" for index in range(3))
 BROKER_PODS = "app.kubernetes.io/name=broker"
 MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
@@ -119,20 +119,15 @@ def run_drain(relay: Relay, obs: Observations, index: int, total: int) -> tuple[
         ip = relay.pod(name)["status"]["podIP"]
         threading.Thread(
             target=cluster.call_in_network,
-            args=(functools.partial(_poll_broker, obs, name, ip, stop), 3600),
+            args=(functools.partial(poll_broker, obs, name, ip, stop), 3600),
             daemon=True,
         ).start()
     time.sleep(0.5)  # a few samples before the drain
     since = now_ms()
-    started = time.monotonic()
     try:
-        drain = cluster.kubectl(
-            "drain", node, f"--pod-selector={BROKER_PODS}", "--ignore-daemonsets",
-            "--delete-emptydir-data", "--timeout=150s", timeout=180, check=False,
-        )  # fmt: skip
-        seconds = time.monotonic() - started
-        if drain.returncode != 0:
-            raise RuntimeError(f"kubectl drain {node} failed:\n{drain.stdout}\n{drain.stderr}")
+        drained, seconds = drain(cluster, node, BROKER_PODS)
+        if drained.returncode != 0:
+            raise RuntimeError(f"kubectl drain {node} failed:\n{drained.stdout}\n{drained.stderr}")
         wait_until(
             "the switchover recorded", lambda: relay.status().get("lastFailover", {}).get("from") == old, 30
         )
@@ -192,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         # The slice through the API server; kube-proxy's syncs on the simulators' node (its
         # metrics listen on that node's loopback).
-        _watch(obs, cluster.api_client(), namespace)
+        watch_cluster(obs, cluster.api_client(), namespace)
         threading.Thread(
             target=cluster.node(QUIET_NODE).call_in_network,
-            args=(functools.partial(_poll_kube_proxy, obs), 24 * 3600),
+            args=(functools.partial(poll_kube_proxy, obs), 24 * 3600),
             daemon=True,
         ).start()
         Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()

@@ -45,175 +45,37 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 import signal
 import statistics
 import sys
 import tempfile
-import threading
-import time
-import urllib.request
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from kubernetes import client, watch
 
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.kubelet_log import pod_starts
 from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Relay, deploy_relay, wait_until
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
+sys.path.insert(0, str(REPO_ROOT))  # for the bench package, as bench_broker does
+from bench.service_observations import (  # the root is on the path now
+    Observations,
+    first_accepted_after,
+    kube_proxy_sync,
+    now_ms,
+    percentile,
+    poll_broker,
+    poll_kube_proxy,
+    start_in_cluster,
+    watch_cluster,
+)
+
 STREAMS = 4
 PER_STREAM_PER_TICK = 5
 TICK = 0.1
 HOPS = ("noticed", "endpointslice", "labelled", "decided", "kube-proxy", "accepted")
-KUBE_PROXY_METRICS = "http://127.0.0.1:10249/metrics"
-
-
-def now_ms() -> float:
-    return time.time() * 1000.0
-
-
-@dataclass
-class Observations:
-    """What the watches and the in-cluster poller saw, each with the wall-clock time it was seen."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    not_ready: list[tuple[float, str]] = field(default_factory=list)  # (ms, pod)
-    labelled: list[tuple[float, str]] = field(default_factory=list)
-    active: list[tuple[float, str]] = field(default_factory=list)
-    slices: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
-    syncs: list[tuple[float, float]] = field(default_factory=list)  # (seen ms, kube-proxy sync ms)
-    accepted: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def add(self, series: list[Any], item: Any) -> None:
-        with self.lock:
-            series.append(item)
-
-    def first(self, series: list[tuple[float, Any]], since: float, test: Any) -> float | None:
-        with self.lock:
-            return next((t for t, value in series if t >= since and test(value)), None)
-
-
-def _watch(obs: Observations, api: client.ApiClient, namespace: str) -> None:
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    discovery = client.DiscoveryV1Api(api)
-
-    def pods() -> None:
-        while not obs.stop.is_set():
-            for event in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=5):
-                pod, t = event["object"], now_ms()
-                name = pod.metadata.name
-                statuses = pod.status.container_statuses or []
-                if statuses and not statuses[0].ready:
-                    obs.add(obs.not_ready, (t, name))
-                if (pod.metadata.labels or {}).get("role") == "active":
-                    obs.add(obs.labelled, (t, name))
-
-    def clusters() -> None:
-        while not obs.stop.is_set():
-            stream = watch.Watch().stream(
-                custom.list_namespaced_custom_object,
-                "broker.failover.dev", "v1alpha1", namespace, "brokerclusters",
-                timeout_seconds=5,
-            )  # fmt: skip
-            for event in stream:
-                active = (event["object"].get("status") or {}).get("active")
-                if active:
-                    obs.add(obs.active, (now_ms(), str(active)))
-
-    def slices() -> None:
-        selector = f"kubernetes.io/service-name={CLUSTER_NAME}-active"
-        while not obs.stop.is_set():
-            stream = watch.Watch().stream(
-                discovery.list_namespaced_endpoint_slice,
-                namespace,
-                label_selector=selector,
-                timeout_seconds=5,
-            )
-            for event in stream:
-                endpoints = event["object"].endpoints or []
-                addresses = tuple(a for e in endpoints for a in (e.addresses or []))
-                obs.add(obs.slices, (now_ms(), addresses))
-
-    def resilient(loop: Any) -> Any:
-        def run() -> None:
-            while not obs.stop.is_set():
-                try:
-                    loop()
-                except Exception:  # the API server restarting or going away at the end: watch again
-                    time.sleep(0.2)
-
-        return run
-
-    for target in (pods, clusters, slices):
-        threading.Thread(target=resilient(target), daemon=True, name=target.__name__).start()
-
-
-def _metric(url: str, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return None
-    # kube-proxy labels its series by IP family; the cluster's Services are IPv4.
-    match = re.search(rf'^{name}(?:{{ip_family="IPv4"}})? (\S+)$', text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def _poll_broker(obs: Observations, name: str, ip: str, stop: threading.Event | None = None) -> None:
-    """One broker's accepted counter every 25 ms, until ``obs.stop`` (or ``stop``, for a pod whose
-    address changes) is set. A thread per broker: a poll of a partitioned broker hangs until its
-    timeout, and must not delay what the other broker's series shows."""
-    while not (obs.stop.is_set() or (stop is not None and stop.is_set())):
-        value = _metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
-        if value is not None:
-            obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
-        time.sleep(0.025)
-
-
-def _poll_kube_proxy(obs: Observations) -> None:
-    while not obs.stop.is_set():
-        synced = _metric(KUBE_PROXY_METRICS, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
-        if synced is not None:
-            obs.add(obs.syncs, (now_ms(), synced * 1000.0))
-        time.sleep(0.025)
-
-
-def _start_in_cluster(cluster: SealedCluster, name: str, function: Callable[[], None]) -> None:
-    """``function`` on a daemon thread inside the cluster's network (it ends when obs.stop is set)."""
-    threading.Thread(
-        target=cluster.call_in_network, args=(function, 24 * 3600), daemon=True, name=name
-    ).start()
-
-
-def kube_proxy_sync(obs: Observations, changed: float) -> float | None:
-    """When kube-proxy's rules had the new endpoint: its own sync timestamp, not when we saw it.
-
-    The sync that matters comes after the EndpointSlice changed. It may land before this process
-    saw the change (its poll's delay), so: the first sync stamped after ``changed`` minus 50 ms,
-    waiting up to 2 s for it.
-    """
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        with obs.lock:
-            stamps = sorted({at for _, at in obs.syncs if at >= changed - 50})
-        if stamps:
-            return stamps[0]
-        time.sleep(0.05)
-    return None
-
-
-def first_accepted_after(obs: Observations, name: str, since: float) -> float | None:
-    with obs.lock:
-        series = list(obs.accepted.get(name, []))
-    before = [value for t, value in series if t < since]
-    baseline = before[-1] if before else 0.0
-    return next((t for t, value in series if t >= since and value > baseline), None)
 
 
 @dataclass
@@ -304,11 +166,6 @@ def _backend_retries(before: dict[str, Any], after: dict[str, Any]) -> str:
     waited = float(after["backoffSeconds"]) - float(before["backoffSeconds"])
     retries = int(after["timeoutRetries"]) - int(before["timeoutRetries"])
     return f"faults {faults or 'none'}, backoff {waited * 1000:.0f} ms, timeout retries {retries}"
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
 def plot(rounds: list[Round], path: Path) -> None:
@@ -416,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         brokers = {
             name: relay.pod(name)["status"]["podIP"] for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
         }
-        _watch(obs, cluster.api_client(), namespace)
+        watch_cluster(obs, cluster.api_client(), namespace)
         for name, ip in brokers.items():
-            _start_in_cluster(cluster, f"poll-{name}", functools.partial(_poll_broker, obs, name, ip))
-        _start_in_cluster(cluster, "poll-kube-proxy", functools.partial(_poll_kube_proxy, obs))
+            start_in_cluster(cluster, f"poll-{name}", functools.partial(poll_broker, obs, name, ip))
+        start_in_cluster(cluster, "poll-kube-proxy", functools.partial(poll_kube_proxy, obs))
         Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()  # stops with the pollers
         relay.backend("/sim/start", {})
         wait_until("traffic flowing", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, 60)

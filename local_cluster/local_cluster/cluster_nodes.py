@@ -385,6 +385,12 @@ def _start_kubelet(tools_dir: Path, plane: ControlPlane, node: ClusterNode) -> M
     (root / "state").mkdir(parents=True, exist_ok=True)
     kubelet_root = node.run_dir / "kubelet"
     kubelet_root.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(kubelet_root):
+        # A node booting again after a crash: a reboot would have cleared the previous kubelet's
+        # mounts, its pods' secret and token tmpfs among them. Left under the new bind, they keep
+        # their directories busy, and every pod of the node would hang in termination (its
+        # volumes' teardown fails with EBUSY).
+        subprocess.run(["umount", "--recursive", "--lazy", str(kubelet_root)], check=True, timeout=30)
     subprocess.run(["mount", "--bind", str(root / "state"), str(kubelet_root)], check=True, timeout=30)
     config_file = root / "config.yaml"
     settings = kubelet_config(root, plane.pki, node.containerd_socket, node.cgroup, node.network.address)

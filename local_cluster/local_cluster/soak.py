@@ -23,6 +23,16 @@ kube-proxy and the controller-manager (client-go reflectors) back off before the
 after a restart could take that much longer to recover from (seen: 55 s after six restarts in
 100 s with ``--faults-only``); now the operator writes the slice itself, and only kube-proxy's
 own back-off remains. ``--faults-only`` picks kinds of fault.
+
+On three nodes (``--nodes 3``, the default of ``make soak``; the short form in ``make test`` runs
+one) the node faults of issue 22 join the turn, before the API server's kill: a drain of the
+active's node (the budget holds the eviction until the operator has handed over), a crash of
+every process of that node (it boots again once the active has moved), a partition of its link
+(healed after the failover), and a rolling upgrade (every node drained and uncordoned in turn,
+each waiting until all is recovered). The layout (``node_faults``) keeps the simulators and
+CoreDNS on ``node-1`` and the two brokers on the other two, one each; the two operator replicas go
+where the chart's spread puts them, so a node fault may take the handling operator with the
+active, and the other replica takes over first (kopf peering).
 After each fault the soak waits until it is recovered: the cluster Healthy with an active, both
 broker pods and the operators Ready, the backend's confirmed count moving again, and an operator
 heartbeating brokers again (its ``broker_failover_heartbeats_total`` grew since the fault).
@@ -60,9 +70,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker_validator.report_schema import VIOLATIONS
 from local_cluster.cluster import LocalClusterSettings, built_tools_dir
+from local_cluster.node_faults import (
+    QUIET_NODE,
+    brokers_off_node_and_apart,
+    drain,
+    move_cluster_dns,
+    unready_nodes,
+)
 from local_cluster.relay import (
     CLUSTER_NAME,
     MESSAGE_LOG_CLAIM,
@@ -88,6 +106,12 @@ FAULTS = (
     "kill-operator",
     "restart-apiserver",  # last: the kill of the active that follows needs a working operator
 )
+# On three nodes (``--nodes 3``, what ``make soak`` runs), issue 22's node faults join the turn,
+# each on the active's node: a ``kubectl drain`` (the planned hand-over, then the eviction), a
+# crash of every process of the node (then it boots again), a partition of its link (healed after
+# the failover); and a rolling upgrade: every node drained and uncordoned in turn.
+NODE_FAULTS = ("drain-node", "crash-node", "partition-node", "rolling-upgrade")
+THREE_NODE_FAULTS = (*FAULTS[:-1], *NODE_FAULTS, FAULTS[-1])
 RECOVERY_SECONDS = 120.0
 SLOW_RECOVERY_SECONDS = 20.0  # a recovery slower than this says what it waited for last
 
@@ -124,9 +148,55 @@ def _active_broker(relay: Relay) -> str:
     return named[-1]
 
 
+def _drain_and_uncordon(relay: Relay, node: str) -> float:
+    """``kubectl drain`` of ``node`` (the brokers' and operators' pods), then uncordon it; the
+    drain's duration. A drain that fails is the fault not recovered from."""
+    try:
+        drained, seconds = drain(relay.cluster, node)
+    finally:
+        relay.cluster.kubectl("uncordon", node, check=False)
+    if drained.returncode != 0:
+        raise RelayError(f"kubectl drain {node} failed: {drained.stderr.strip()[-500:]}")
+    return seconds
+
+
+def inject_node_fault(relay: Relay, fault: str, active: str) -> str:
+    """A node fault of issue 22, on the active broker's node (the rolling upgrade: every node)."""
+    cluster = relay.cluster
+    node = cluster.node(str(relay.pod(active)["spec"]["nodeName"]))
+    if fault == "drain-node":
+        seconds = _drain_and_uncordon(relay, node.name)
+        # The budget lets the active go only once the operator has handed over.
+        wait_until("the switchover off the drained node", _failed_over(relay, active), 60, 0.1)
+        return f"drain of {node.name} took {seconds:.1f}s; "
+    if fault == "rolling-upgrade":
+        took = []
+        for each in cluster.nodes:
+            took.append(f"{each.name} {_drain_and_uncordon(relay, each.name):.1f}s")
+            wait_recovered(relay)  # as an upgrade waits for the node's workloads before the next
+        return f"drained in turn: {', '.join(took)}; "
+    if fault == "crash-node":
+        node.crash()
+        try:
+            wait_until("a failover away from the crashed node", _failed_over(relay, active), 60, 0.1)
+        finally:
+            cluster.restart_node(node.name)
+        return f"{node.name} crashed and booted again; "
+    if fault == "partition-node":
+        node.partition()
+        try:
+            wait_until("a failover away from the partitioned node", _failed_over(relay, active), 60, 0.1)
+        finally:
+            node.heal()
+        return f"{node.name} cut off until the failover; "
+    raise ValueError(f"unknown fault {fault!r}")
+
+
 def inject(relay: Relay, fault: str) -> str:
     """Break something, wait for what the fault must cause, and undo what needs undoing; a note."""
     active = _active_broker(relay)
+    if fault in NODE_FAULTS:
+        return inject_node_fault(relay, fault, active)
     standby = next(name for name in BROKERS if name != active)
     if fault == "restart-apiserver":
         killed = relay.cluster.kill_apiserver()
@@ -216,6 +286,8 @@ def wait_recovered(relay: Relay) -> str:
         now = _operator_heartbeats(relay)
         if not any(count > baseline.get(key, 0.0) for key, count in now.items()):
             waiting.append("an operator heartbeat")
+        if relay.cluster.settings.nodes > 1 and (nodes := unready_nodes(relay.cluster)):
+            waiting.append(f"{', '.join(nodes)} Ready and schedulable")
         return waiting
 
     seen: list[list[str]] = [[]]
@@ -260,6 +332,22 @@ def validator_violations(store: Path, report_dir: Path) -> dict[str, int]:
     return violations
 
 
+def default_kinds(nodes: int) -> tuple[str, ...]:
+    return THREE_NODE_FAULTS if nodes >= 3 else FAULTS
+
+
+def check_kinds(kinds: Sequence[str], nodes: int) -> None:
+    """Refuse an empty turn, an unknown fault, or a node fault without nodes to spare for it."""
+    unknown = sorted(set(kinds) - set(THREE_NODE_FAULTS))
+    if unknown or not kinds:
+        raise ValueError(f"unknown faults {unknown}; known: {', '.join(THREE_NODE_FAULTS)}")
+    if nodes < 3 and (needs := sorted(set(kinds) & set(NODE_FAULTS))):
+        raise ValueError(
+            f"{', '.join(needs)} need three nodes (a quiet one for the traffic, one per broker); "
+            f"this cluster has {nodes}"
+        )
+
+
 @dataclass
 class SoakResult:
     faults: int
@@ -273,6 +361,31 @@ class SoakResult:
         return sum(self.records.values()) + sum(self.validator.values()) + (self.faults - self.recovered)
 
 
+def deploy_soak_relay(cluster: SealedCluster, operator_replicas: int) -> Relay:
+    """The relay in a namespace of its own; on several nodes, laid out so that node faults break
+    the brokers' nodes, never the traffic's source and sink (``node_faults``)."""
+    namespace = f"soak-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    values = {"operator.replicas": str(operator_replicas), "operator.peering": "soak"}
+    apart: dict[str, Any] = {}
+    if cluster.settings.nodes >= 3:  # node faults break the brokers' nodes, never the traffic's
+        move_cluster_dns(cluster)
+        apart = {
+            "spec": {"affinity": brokers_off_node_and_apart(CLUSTER_NAME)},
+            "simulators_node": QUIET_NODE,
+        }
+    relay = deploy_relay(
+        cluster,
+        namespace,
+        streams=STREAMS,
+        messages_per_stream=10,
+        request_timeout_seconds=2,
+        helm_values=values if operator_replicas > 1 else None,
+        **apart,
+    )
+    return relay
+
+
 def run_soak(
     cluster: SealedCluster,
     faults: int,
@@ -282,20 +395,9 @@ def run_soak(
     operator_replicas: int = 1,
     kinds: Sequence[str] = FAULTS,
 ) -> SoakResult:
-    unknown = sorted(set(kinds) - set(FAULTS))
-    if unknown or not kinds:
-        raise ValueError(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
-    namespace = f"soak-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", namespace)
-    values = {"operator.replicas": str(operator_replicas), "operator.peering": "soak"}
-    relay = deploy_relay(
-        cluster,
-        namespace,
-        streams=STREAMS,
-        messages_per_stream=10,
-        request_timeout_seconds=2,
-        helm_values=values if operator_replicas > 1 else None,
-    )
+    check_kinds(kinds, cluster.settings.nodes)
+    relay = deploy_soak_relay(cluster, operator_replicas)
+    namespace = relay.namespace
     feeder = Feeder(relay, PER_STREAM_PER_TICK, TICK).start()
     relay.backend("/sim/start", {})
     watch = ConfirmationWatch(lambda: int(relay.backend("/sim/status")["confirmed"]))
@@ -354,21 +456,42 @@ def main(argv: list[str] | None = None) -> int:
         help="2: kopf peering; operator kills then hit the handler too",
     )
     parser.add_argument(
+        "--nodes",
+        type=int,
+        default=3,
+        help="3: the node faults join the turn (issue 22); 1: a faster run of the pod faults only",
+    )
+    parser.add_argument(
         "--faults-only",
         type=lambda text: [kind.strip() for kind in text.split(",") if kind.strip()],
-        default=list(FAULTS),
+        default=None,
         metavar="KIND,...",
-        help=f"the kinds of fault to take turns, in this order (default: all: {','.join(FAULTS)})",
+        help=(
+            "the kinds of fault to take turns, in this order (default: all that the nodes allow: "
+            f"{','.join(THREE_NODE_FAULTS)})"
+        ),
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="the cluster's files (default: a new directory in /tmp)"
     )
     options = parser.parse_args(argv)
-    if unknown := sorted(set(options.faults_only) - set(FAULTS)):
-        parser.error(f"unknown faults {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    kinds = options.faults_only or default_kinds(options.nodes)
+    try:
+        check_kinds(kinds, options.nodes)
+    except ValueError as error:
+        parser.error(str(error))
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    work = Path(tempfile.mkdtemp(prefix="soak-"))
-    print(f"starting the sealed local cluster in {work}", flush=True)
+    work = options.workdir or Path(tempfile.mkdtemp(prefix="soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"starting the sealed local cluster of {options.nodes} node(s) in {work}", flush=True)
     cluster = start_sealed_cluster(
-        LocalClusterSettings(tools_dir=built_tools_dir(), workdir=work / "cluster")
+        LocalClusterSettings(
+            tools_dir=built_tools_dir(),
+            workdir=work / "cluster",
+            nodes=options.nodes,
+            ready_timeout_seconds=270 if options.nodes > 1 else 90,
+        )
     )
     try:
         result = run_soak(
@@ -377,13 +500,13 @@ def main(argv: list[str] | None = None) -> int:
             options.report_dir.resolve(),
             lambda line: print(line, flush=True),
             operator_replicas=options.operator_replicas,
-            kinds=options.faults_only,
+            kinds=kinds,
         )
     finally:
         cluster.stop()
     print(f"simulators' records: {json.dumps(result.records)}; validator: {json.dumps(result.validator)}")
     print(f"validator report: {options.report_dir / 'report.html'}")
-    if result.violations == 0:
+    if result.violations == 0 and options.workdir is None:
         shutil.rmtree(work, ignore_errors=True)  # hundreds of MB of etcd data and logs
     else:
         print(f"the cluster's logs are kept for a look: {work / 'cluster' / 'logs'}")

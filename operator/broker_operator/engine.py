@@ -208,6 +208,7 @@ class ClusterLoop:
             wall_now=wall_clock(),
             epoch=initial.epoch if initial else 0,
             last_active=initial.active if initial else None,
+            active_epoch=initial.active_epoch if initial else None,
             failovers=initial.failovers if initial else 0,
         )
         self._wakeup = _Wakeup()

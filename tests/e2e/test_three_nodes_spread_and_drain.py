@@ -40,6 +40,10 @@ again (``SealedCluster.restart_node``: containerd over the state it left, the ku
 its kubelet makes the broker's sandbox and container again, and the broker rejoins as a standby;
 the same checks as for the partition find nothing lost, twice or out of order.
 
+**The soak's node faults**, once each in the soak's layout (``local_cluster.soak``; ``make soak``
+runs them among 200 faults): a drain, a crash and a partition of the active's node, and a rolling
+upgrade, which also drains the node that crashed.
+
 The drain is limited to the brokers' and the operator's pods (``--pod-selector``): the simulators
 are bare pods of this test, with no controller to re-create them, which a real drain would refuse
 without ``--force``.
@@ -47,24 +51,22 @@ without ``--force``.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from local_cluster.local_path_storage import SHARED_CLASS
+from local_cluster.node_faults import QUIET_NODE, brokers_off_node_and_apart, drain, move_cluster_dns
 from local_cluster.relay import CLUSTER_NAME, MESSAGE_LOG_CLAIM, Feeder, Relay, RelayError
 from local_cluster.sealed_cluster import SealedCluster
-from local_cluster.soak import validator_violations
+from local_cluster.soak import NODE_FAULTS, run_soak, validator_violations
 from tests.e2e.support import relay_in_new_namespace, wait_for
 
 # Beside the other e2e tests in make test: it runs a cluster of its own, and mostly waits on it.
 pytestmark = [pytest.mark.three_nodes, pytest.mark.second_stream]
 
 STREAMS, MESSAGES = 4, 400  # per stream, per direction
-DRAINED_PODS = "app.kubernetes.io/name in (broker, broker-failover)"
 MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
 
 
@@ -132,14 +134,9 @@ def test_a_drain_of_the_actives_node_switches_over_first_then_evicts(relay: Rela
     before = relay.status()
     old_active = before["active"]
     node = _node_of(relay, old_active)
-    started = time.monotonic()
     try:
-        drain = cluster.kubectl(
-            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
-            "--delete-emptydir-data", "--timeout=150s", timeout=180, check=False,
-        )  # fmt: skip
-        drain_seconds = time.monotonic() - started
-        assert drain.returncode == 0, f"kubectl drain failed:\n{drain.stdout}\n{drain.stderr}"
+        drained, drain_seconds = drain(cluster, node)
+        assert drained.returncode == 0, f"kubectl drain failed:\n{drained.stdout}\n{drained.stderr}"
         print(f"drain of {node} took {drain_seconds:.1f}s")
         # The status patch that records the move may land just after the drain's last eviction.
         after = wait_for(
@@ -153,7 +150,7 @@ def test_a_drain_of_the_actives_node_switches_over_first_then_evicts(relay: Rela
         assert (last["to"], last["reason"]) == (after["active"], "NodeDrain"), last
         # Whether kubectl's first eviction came before the switchover (and was refused) is a race;
         # the output says which.
-        refused = "disruption budget" in drain.stdout + drain.stderr
+        refused = "disruption budget" in drained.stdout + drained.stderr
         print(f"an eviction of {old_active} was refused by the budget first: {refused}")
         # The evicted broker comes back on a node that is not cordoned, as a standby.
         wait_for(
@@ -184,10 +181,7 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
     node = _node_of(relay, active)
     try:
         # Wait (the default): the budget refuses the eviction for as long as the drain tries.
-        blocked = cluster.kubectl(
-            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
-            "--delete-emptydir-data", "--timeout=20s", timeout=60, check=False,
-        )  # fmt: skip
+        blocked, _ = drain(cluster, node, timeout_seconds=20)
         assert blocked.returncode != 0, blocked.stdout
         assert "disruption budget" in blocked.stdout + blocked.stderr, blocked.stderr
         assert relay.status()["active"] == active and _node_of(relay, active) == node
@@ -203,10 +197,7 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         )  # fmt: skip
         # The disruption controller's own figure, not only the spec: it is what the eviction API reads.
         wait_for("the budget letting the active go", lambda: _disruptions_allowed(relay) == 1)
-        evicted = cluster.kubectl(
-            "drain", node, f"--pod-selector={DRAINED_PODS}", "--ignore-daemonsets",
-            "--delete-emptydir-data", "--timeout=120s", timeout=150, check=False,
-        )  # fmt: skip
+        evicted, _ = drain(cluster, node, timeout_seconds=120)
         assert evicted.returncode == 0, f"{evicted.stdout}\n{evicted.stderr}"
         assert "DrainEvictsActive" in _events(relay)
         try:
@@ -227,27 +218,6 @@ def test_with_no_standby_the_drain_waits_until_drain_without_standby_is_evict(si
         cluster.kubectl("uncordon", node, check=False)
 
 
-HOSTNAME = "kubernetes.io/hostname"
-QUIET_NODE = "node-1"  # the operator and the simulators; the node partition test breaks another
-BROKERS_OFF_QUIET_NODE_AND_APART = {
-    "nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": HOSTNAME, "operator": "NotIn", "values": [QUIET_NODE]}]}
-            ]
-        }
-    },
-    "podAntiAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "topologyKey": HOSTNAME,
-                "labelSelector": {"matchLabels": {"broker.failover.dev/cluster": CLUSTER_NAME}},
-            }
-        ]
-    },
-}
-
-
 @pytest.fixture
 def partitionable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
     """Two brokers on node-2 and node-3; the operator, the simulators and CoreDNS on node-1.
@@ -259,24 +229,17 @@ def partitionable(sealed_cluster_three_nodes: SealedCluster) -> Iterator[Relay]:
 
 
 def _brokers_off_the_quiet_node(cluster: SealedCluster, name: str) -> Iterator[Relay]:
-    _move_cluster_dns(cluster, QUIET_NODE)
+    move_cluster_dns(cluster)
     with relay_in_new_namespace(
         cluster,
         name,
         streams=STREAMS,
         messages_per_stream=MESSAGES,
         helm_values={"operator.nodeSelector.kubernetes\\.io/hostname": QUIET_NODE},
-        spec={"replicas": 2, "failback": "Manual", "affinity": BROKERS_OFF_QUIET_NODE_AND_APART},
+        spec={"replicas": 2, "failback": "Manual", "affinity": brokers_off_node_and_apart(CLUSTER_NAME)},
         simulators_node=QUIET_NODE,
     ) as relay:
         yield relay
-
-
-def _move_cluster_dns(cluster: SealedCluster, node: str) -> None:
-    patch = {"spec": {"template": {"spec": {"nodeSelector": {HOSTNAME: node}}}}}
-    dns = ("-n", "kube-system")
-    cluster.kubectl(*dns, "patch", "deployment", "coredns", "--type=merge", "-p", json.dumps(patch))
-    cluster.kubectl(*dns, "rollout", "status", "deployment/coredns", "--timeout=120s", timeout=150)
 
 
 def _broker_state(relay: Relay, name: str) -> str | None:
@@ -387,6 +350,12 @@ def test_a_crash_of_the_actives_node_fails_over_before_the_node_is_not_ready_and
         feeder.stop.set()
         cluster.restart_node(node.name)
     _rejoined_as_standby_with_nothing_lost(relay, old_active, new_active, tmp_path)
+    # The booted node can also end its pods (a drain, an upgrade): the crashed kubelet's volume
+    # mounts once lay under the new one's and failed every teardown with EBUSY.
+    deleted = relay.cluster.kubectl(
+        "-n", relay.namespace, "delete", "pod", old_active, "--timeout=60s", timeout=90, check=False
+    )  # fmt: skip
+    assert deleted.returncode == 0, f"{old_active} on the booted node never ended: {deleted.stderr}"
 
 
 @pytest.fixture
@@ -426,3 +395,27 @@ def test_brokers_and_operator_replicas_spread_over_the_nodes(spread: Relay) -> N
             f"cloud: {relay.cloud('/sim/status')}\npods: {brokers} {operators}"
         )
     assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+
+
+def test_the_soaks_node_faults_in_turn_are_recovered_with_nothing_lost(
+    sealed_cluster_three_nodes: SealedCluster, tmp_path: Path
+) -> None:
+    """The soak's node faults once each, in its layout (``make soak`` runs them among 200 faults):
+    a drain, a crash and a partition of the active's node, then a rolling upgrade, which drains
+    the node that crashed (its booted kubelet must end its pods). Two operator replicas where the
+    chart's spread puts them, so a fault may take the handling one with the active."""
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    faults = len(NODE_FAULTS)
+    result = run_soak(
+        sealed_cluster_three_nodes, faults, tmp_path / "report", say, operator_replicas=2, kinds=NODE_FAULTS
+    )
+    log = "\n".join(lines)
+    assert result.recovered == result.faults == faults, log
+    assert [cost.kind for cost in result.costs] == list(NODE_FAULTS), log
+    assert result.records == {"lost": 0, "twice": 0, "out-of-order": 0}, log
+    assert result.validator == {}, log

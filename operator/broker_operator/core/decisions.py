@@ -456,6 +456,7 @@ def status_of(state: EngineState, config: ClusterConfig) -> ClusterStatus:
         phase=phase_of(state, config).value,
         active=state.active,
         epoch=state.epoch,
+        active_epoch=state.active_epoch if state.active is not None else None,
         brokers=tuple(
             BrokerStatus(
                 name=b.name,

@@ -242,20 +242,32 @@ def initial_state(
     epoch: int = 0,
     last_active: str | None = None,
     failovers: int = 0,
+    active_epoch: int | None = None,
 ) -> EngineState:
-    """The engine's knowledge right after (re)start: everyone possibly active for one fence period."""
+    """The engine's knowledge right after (re)start: everyone possibly active for one fence period.
+
+    ``epoch`` may be sent again only to the broker that holds it: ``last_active``, if the status
+    says it was activated with that very epoch (``active_epoch``). An earlier engine allocates an
+    epoch before it activates anyone and records the new active after, so a stop in between
+    leaves ``epoch`` ahead, maybe sent to another broker (a drain evicted the handling operator
+    mid-switchover, and its successor sent the same epoch to the old active: one epoch, two
+    brokers). Then, or with no active recorded, the epoch is ended and the next activation
+    allocates above it.
+    """
     fence_until = now + config.settings.fence_seconds
     brokers = tuple(
         BrokerKnowledge(name=t.name, url=t.url, priority=t.priority, possibly_active_until=fence_until)
         for t in config.targets
     )
+    holds_epoch = last_active is not None and active_epoch == epoch
     if config.target(last_active or "") is None:
         last_active = None
     startup = Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=())
     return EngineState(
         brokers=brokers,
         epoch=epoch,
-        epoch_holder=last_active,
+        epoch_holder=last_active if holds_epoch else None,
+        epoch_ended=epoch > 0 and not holds_epoch,
         # A preferredActive already set before the restart was honoured by the
         # previous engine; do not switch over again just because we restarted.
         honoured_preferred=config.preferred_active,

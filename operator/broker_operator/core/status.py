@@ -117,6 +117,10 @@ class ClusterStatus:
     brokers: tuple[BrokerStatus, ...] = ()
     last_failover: LastFailover | None = None
     failovers: int = 0
+    # The epoch ``active`` was activated with, written with it. ``epoch`` runs ahead of it from
+    # an allocation until the new active's status lands; a restarted engine that finds them apart
+    # cannot tell who holds ``epoch`` and allocates above it (``knowledge.initial_state``).
+    active_epoch: int | None = None
 
     def to_status_patch(self) -> dict[str, Any]:
         """The camelCase ``status`` dict for a Kubernetes merge patch; without ``epoch``, whose
@@ -124,6 +128,7 @@ class ClusterStatus:
         return {
             "phase": self.phase,
             "active": self.active,
+            "activeEpoch": self.active_epoch,
             "brokers": [broker.to_patch() for broker in self.brokers],
             "lastFailover": self.last_failover.to_patch() if self.last_failover else None,
             "failovers": self.failovers,
@@ -161,4 +166,5 @@ class ClusterStatus:
             if isinstance(last, Mapping)
             else None,
             failovers=int(status.get("failovers") or 0),
+            active_epoch=int(status["activeEpoch"]) if status.get("activeEpoch") is not None else None,
         )

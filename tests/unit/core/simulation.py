@@ -95,6 +95,7 @@ class World:
     engine_epochs: set[int] = field(default_factory=set)
     recorded_status: ClusterStatus | None = None
     status_writes: int = 0
+    written_statuses: list[ClusterStatus] = field(default_factory=list)  # each write, in order
     # The -active Service as the Kubernetes shell writes it: (broker or None, epoch), fenced.
     service: tuple[str | None, int] = (None, 0)
     service_writes: list[tuple[float, str | None, int]] = field(default_factory=list)
@@ -140,7 +141,14 @@ class World:
         ]
         config = ClusterConfig.of("sim", targets, settings, preferred, phase)
         now = 1000.0
-        state = initial_state(config, now=now, wall_now=1.7e9, epoch=stored_epoch, last_active=last_active)
+        state = initial_state(
+            config,
+            now=now,
+            wall_now=1.7e9,
+            epoch=stored_epoch,
+            last_active=last_active,
+            active_epoch=stored_epoch if last_active else None,  # left active with it (left_active)
+        )
         # Processes may run before the spec names them (pods without IPs yet).
         brokers = {name: SimBroker(name, settings.lease_seconds) for name in [*names, *processes]}
         world = cls(config, brokers, state, pod_mode=pod_mode, now=now, stored_epoch=stored_epoch)
@@ -172,6 +180,7 @@ class World:
             return
         self.recorded_status = status
         self.status_writes += 1
+        self.written_statuses.append(status)
         patch = status.to_status_patch()
         if "epoch" in patch:  # a merge patch writes whatever it carries, with no precondition
             self._store_epoch(int(patch["epoch"]))
@@ -249,6 +258,32 @@ class World:
         self.target_epoch = max(self.target_epoch, epoch)
         assert broker.active, f"{name} could not be left active with epoch {epoch}"
         self.terms.add((name, epoch))
+
+    def only_spec_brokers_may_be_active(self) -> bool:
+        """No process outside the spec's current brokers is active (in its own view)."""
+        current = {id(self.brokers.get(t.name)) for t in self.config.targets}
+        return not any(b.active and id(b) not in current for b in self.processes())
+
+    def operator_restarts(self, lost_status_writes: int = 0) -> None:
+        """The operator's process restarts (kill -9, an eviction mid-switchover): a new engine
+        knows only the BrokerCluster as stored, ``status.epoch`` (the compare-and-swap's, always
+        current) and the status as written, of which the last ``lost_status_writes`` never
+        landed (the old process died with them queued). Its answers and watch signals in flight
+        are lost with it; what it sent has reached the brokers."""
+        landed = self.written_statuses[: max(0, len(self.written_statuses) - lost_status_writes)]
+        status = landed[-1] if landed else None
+        self.state = initial_state(
+            self.config,
+            now=self.now,
+            wall_now=1.7e9 + self.now,
+            epoch=self.stored_epoch,
+            last_active=status.active if status else None,
+            failovers=status.failovers if status else 0,
+            active_epoch=status.active_epoch if status else None,
+        )
+        self.recorded_status = status
+        self.pending, self.signals = [], []
+        self.engine_epochs = set(range(1, self.stored_epoch + 1))  # all inherited now
 
     def crash(self, name: str, *, noticed_after: float | None = None) -> None:
         """kill -9. ``noticed_after``: the watch proves it (FIN, then a refused connect, now) and the
@@ -409,9 +444,11 @@ class World:
     def _act(self, broker: SimBroker, action: SendHeartbeat, *, watcher_ran: bool = True) -> HeartbeatReply:
         if watcher_ran:
             broker.run_until(self.now)
-        was_active = broker.active
+        was_active, was_epoch = broker.active, broker.term.epoch
         reply = broker.handle(action.active, action.epoch, self.now, action.renew, self.target_epoch)
-        if broker.active and not was_active:
+        # A new term: an inactive broker activated, or an active one took a higher epoch (its log
+        # shows the term end and the next begin, ``TermMachine.epoch_stored``).
+        if broker.active and (not was_active or broker.term.epoch != was_epoch):
             self.target_epoch = max(self.target_epoch, broker.term.epoch)
             self._check_activation(broker)
         return reply

@@ -81,6 +81,7 @@ def test_status_patch_is_camel_case_and_round_trips() -> None:
         ),
         last_failover=LastFailover("2026-01-01T00:00:01.000000Z", "b0", "b1", "CONTAINER_TERMINATED", 420),
         failovers=3,
+        active_epoch=6,
     )
     patch = status.to_status_patch()
     # status.epoch has one writer, the compare-and-swap of the epoch allocation.
@@ -96,6 +97,7 @@ def test_status_patch_is_camel_case_and_round_trips() -> None:
     }
     assert ClusterStatus.from_status(patch) == status
     assert ClusterStatus.from_status({**patch, "epoch": 7}).epoch == 7  # as the allocation left it
+    assert patch["activeEpoch"] == 6
     assert ClusterStatus.from_status({}) is None
     assert ClusterStatus.from_status({"phase": "Pending"}) is None  # only the controller wrote
 
@@ -116,6 +118,33 @@ def test_fresh_cluster_probes_everyone_then_activates_priority_zero_with_epoch_o
     world.run(1.0)
     assert world.actives() == ["b0"] and world.stored_epoch == 1
     assert status_of(world.state, world.config).phase == "Healthy"
+
+
+def test_a_restart_that_lost_the_new_actives_status_never_sends_its_epoch_to_the_old_active() -> None:
+    """The three-node soak's case: the operator stopped after the epoch was allocated and sent to
+    the new active but before the status naming it landed. Its successor finds the recorded
+    active's ``activeEpoch`` behind ``status.epoch`` and allocates above, never reusing it."""
+    world = World.create(["b0", "b1"], FAST)
+    world.run(2.0)
+    assert world.actives() == ["b0"] and world.stored_epoch == 1
+    world.brokers["b0"].activation_fails = True
+    world.brokers["b0"].term.fence("its backend went away (simulated)")
+    for _ in range(40):  # until b1 is active (before a failback to b0 is tried)
+        world.run(0.1)
+        if world.actives() == ["b1"]:
+            break
+    assert world.actives() == ["b1"] and world.stored_epoch == 2
+    # Lose every status write since the last one naming b0 with epoch 1.
+    last_b0 = max(i for i, s in enumerate(world.written_statuses) if s.active == "b0")
+    assert world.written_statuses[last_b0].active_epoch == 1
+    world.operator_restarts(lost_status_writes=len(world.written_statuses) - 1 - last_b0)
+    world.brokers["b0"].activation_fails = False
+    world.restart("b0")  # a fresh process: it could be activated again
+    world.run(5.0)
+    # The old rule sent epoch 2 to b0 (the recorded active with the recorded epoch): one epoch,
+    # two brokers, which the world's activation check refuses. Now: one active, above epoch 2.
+    assert len(world.actives()) == 1 and world.stored_epoch > 2
+    assert {name for _, name, epoch in world.activations if epoch == 2} == {"b1"}
 
 
 def test_old_active_that_answers_inactive_is_replaced_without_waiting_for_the_lease() -> None:
