@@ -148,6 +148,15 @@ def _active_broker(relay: Relay) -> str:
     return named[-1]
 
 
+def _until_failed_over(relay: Relay, active: str, what: str, undo: Callable[[], object]) -> None:
+    """Wait (bounded) for a failover away from ``active`` (the ``what``), then undo the fault,
+    whether or not it came."""
+    try:
+        wait_until(f"a failover away from the {what}", _failed_over(relay, active), 60, 0.1)
+    finally:
+        undo()
+
+
 def _drain_and_uncordon(relay: Relay, node: str) -> float:
     """``kubectl drain`` of ``node`` (the brokers' and operators' pods), then uncordon it; the
     drain's duration. A drain that fails is the fault not recovered from."""
@@ -177,17 +186,11 @@ def inject_node_fault(relay: Relay, fault: str, active: str) -> str:
         return f"drained in turn: {', '.join(took)}; "
     if fault == "crash-node":
         node.crash()
-        try:
-            wait_until("a failover away from the crashed node", _failed_over(relay, active), 60, 0.1)
-        finally:
-            cluster.restart_node(node.name)
+        _until_failed_over(relay, active, "crashed node", lambda: cluster.restart_node(node.name))
         return f"{node.name} crashed and booted again; "
     if fault == "partition-node":
         node.partition()
-        try:
-            wait_until("a failover away from the partitioned node", _failed_over(relay, active), 60, 0.1)
-        finally:
-            node.heal()
+        _until_failed_over(relay, active, "partitioned node", node.heal)
         return f"{node.name} cut off until the failover; "
     raise ValueError(f"unknown fault {fault!r}")
 
@@ -216,10 +219,9 @@ def inject(relay: Relay, fault: str) -> str:
     elif fault == "stop-active":
         frozen = relay.pod(active)
         relay.cluster.signal_container(frozen, "SIGSTOP")
-        try:
-            wait_until("a failover away from the stopped active", _failed_over(relay, active), 60, 0.1)
-        finally:
-            relay.cluster.signal_container(frozen, "SIGCONT")
+        _until_failed_over(
+            relay, active, "stopped active", lambda: relay.cluster.signal_container(frozen, "SIGCONT")
+        )
     elif fault in ("partition-active", "partition-standby"):
         victim = active if fault == "partition-active" else standby
         cut_off = relay.pod(victim)
