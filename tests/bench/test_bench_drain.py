@@ -29,5 +29,11 @@ def test_bench_drain_smoke(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Where the gap went: the slice seen and the first accepted bundle, after the old's last.
     hops = r"switchover gap \d+ ms \(slice (?P<slice>[+-]\d+), kube-proxy ([+-]\d+|\?), accepted \+\d+ ms\)$"
     assert counts(run, hops), run.explain()
+    # The same switchover in the brokers' own message logs: the traffic gap holds the time with no
+    # active broker (last accepted <= deactivated, activated <= first accepted).
+    logged = r"^  drain 1 in the message logs: traffic (?P<traffic>\d+) ms, no active broker (?P<idle>\d+) ms"
+    found = counts(run, logged)
+    assert 0 < found["idle"] <= found["traffic"], run.explain()
+    assert counts(run, r"^drain_no_active_broker_p99_ms=(?P<idle>\d+)$") == {"idle": found["idle"]}
     records = r"^lost (?P<lost>\d+), twice (?P<twice>\d+), out of order (?P<misordered>\d+)$"
     assert counts(run, records) == {"lost": 0, "twice": 0, "misordered": 0}, run.explain()
