@@ -108,10 +108,12 @@ def plot(costs: Sequence[FaultCost], path: Path) -> None:
                      color="tab:blue", label="full recovery" if row == 0 else None)  # fmt: skip
     axes.set_yticks(range(len(kinds)), kinds)
     axes.set_xscale("symlog", linthresh=1)
+    axes.set_xlim(left=0)  # durations: nothing left of the fault (symlog would show -1 s)
     axes.set_xlabel("seconds after the fault (log scale above 1 s)")
     axes.set_title(f"chaos soak: {len(costs)} faults")
     axes.grid(axis="x", alpha=0.3)
-    axes.legend(loc="lower right")
+    # Above the rows, not over the dots of one of them.
+    axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=2, frameon=False)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
