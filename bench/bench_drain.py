@@ -15,13 +15,19 @@ and the simulators stay). The ``<name>-active`` PodDisruptionBudget refuses the 
 and the next drain waits for all three brokers Ready. Measured per drain:
 
 - the drain command's own duration (``drain_seconds``);
-- the switchover's gap: from the old active's last accepted bundle to the new active's first
-  (each broker's ``broker_messages_accepted_total``, polled every 25 ms inside the cluster's
-  network; a bundle arrives about every 20 ms at this rate, so the figure carries up to that);
+- the switchover's gap: from the old active's last accepted bundle to the new active's first,
+  read at the end from the brokers' own message logs (their ``accepted`` records' timestamps;
+  the nodes share the machine's clock), and the time with no active broker in it (the old
+  one's ``deactivated`` to the new one's ``activated``: the operator's part). A bundle arrives
+  about every 20 ms at this rate, so the traffic gap carries up to that. Also, as before, the
+  same traffic gap polled from outside (each broker's ``broker_messages_accepted_total`` every
+  25 ms inside the cluster's network), which carries up to a poll at each end, and the hops of
+  each drain on that time line;
 - at the end, from the simulators' records: messages lost, delivered twice, out of order (any of
   them: exit status 1).
 
-Prints one line per drain, p50 and p99 of both, and last ``drain_switchover_gap_p99_ms=N``.
+Prints one line per drain, p50 and p99 of each figure, ``drain_no_active_broker_p99_ms=N``, and
+last ``drain_switchover_gap_p99_ms=N`` (the traffic gap from the message logs).
 """
 
 from __future__ import annotations

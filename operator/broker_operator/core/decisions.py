@@ -376,15 +376,25 @@ def _point_service(plan: _Plan, config: ClusterConfig) -> None:
 
     Its endpoints are the engine's to write (the Service has no selector), so traffic follows
     the activation in one write rather than after the EndpointSlice controller; blanked while
-    no broker is active, so no new connection reaches a broker whose term is over. Not blanked
-    in the first round after a (re)start: the Service most likely points at the broker about
-    to be confirmed, and blanking it would cut traffic at every operator restart.
+    no broker is active, so no new connection reaches a broker whose term is over (a dead or
+    cut-off one would swallow it; without endpoints kube-proxy refuses it at once).
+
+    Not blanked in the first round after a (re)start: the Service most likely points at the
+    broker about to be confirmed, and blanking it would cut traffic at every operator restart.
+    Nor while a planned move tries its target first: the drained broker is alive and refuses
+    every bundle (``BROKER_INACTIVE``) for the few tens of milliseconds until the target
+    answers, and a blank just before the write that matters made kube-proxy, which syncs at
+    most once per ``minSyncPeriod``, hold that write back (a drain's traffic gap, issue 22).
+    Once the target failed (the move walks on), the Service is blanked as in a failover.
     """
     state, now = plan.state, plan.now
     move = state.move
     if state.active is not None:
         target: str | None = state.active
-    elif move is not None and not (move.kind is MoveKind.STARTUP and move.rounds == 1):
+    elif move is not None and not (
+        (move.kind is MoveKind.STARTUP and move.rounds == 1)
+        or (move.kind.planned and move.rounds == 1 and not move.tried)
+    ):
         target = None
     else:
         return

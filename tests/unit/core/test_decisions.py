@@ -228,6 +228,28 @@ def test_planned_switchover_allocates_then_drains_then_activates() -> None:
     assert world.state.last_move is not None and world.state.last_move.reason == "PreferredActive"
 
 
+def test_a_planned_move_points_the_service_from_the_old_active_to_the_new_one_without_a_blank() -> None:
+    """A blank just before the write that matters made kube-proxy (one sync per minSyncPeriod)
+    hold that write back; the drained broker refuses bundles meanwhile. A target that fails
+    turns the move into a walk, and then the Service is blanked as in a failover."""
+    world = World.create(["b0", "b1", "b2"], FAST, pod_mode=True)
+    world.run(3.0)
+    assert world.actives() == ["b0"] and world.service == ("b0", 1)
+    world.draining = {"b0"}
+    world.run(2.0)
+    epoch = next(e for _, name, e in world.activations if name != "b0")
+    new = world.actives()
+    assert [(name, e) for _, name, e in world.service_writes] == [("b0", 1), (*new, epoch)]
+    # Again, with the target refusing its activation: the walk goes on with the Service blanked.
+    world.draining = {new[0]}
+    world.brokers["b0"].activation_fails = True  # the next target: the highest priority off the node
+    written = len(world.service_writes)
+    world.run(3.0)
+    assert world.service_writes[written][1] is None, world.service_writes[written:]
+    assert len(world.actives()) == 1 and world.actives() != ["b0"]
+    assert world.service[0] == world.actives()[0]
+
+
 def test_a_drain_of_the_actives_node_switches_over_to_a_standby_elsewhere() -> None:
     world = World.create(["b0", "b1", "b2"], FAST, pod_mode=True)
     world.run(3.0)
