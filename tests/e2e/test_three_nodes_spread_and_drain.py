@@ -139,9 +139,9 @@ def test_a_drain_of_the_actives_node_switches_over_first_then_evicts(relay: Rela
         timeout=120,
     )
     # The broker the budget protects: the pod labelled active, which the operator moves with the
-    # activation. Not status.active: with two replicas starting together, the one that paused
-    # could write a status naming an earlier active last, left until the handler's next change
-    # (seen once in CI: the drain then evicted a standby and no switchover was due).
+    # activation. Not status.active: seen once in CI, two replicas starting together, it still
+    # named the first active for 11 s after the label had moved (why is not established), so the
+    # drain evicted a standby and no switchover was due.
     old_active = wait_for("one pod labelled active", lambda: _labelled_active(relay))
     node = _node_of(relay, old_active)
     try:
