@@ -83,15 +83,20 @@ BROKER_PODS = "app.kubernetes.io/name=broker"
 MOVABLE_JOURNALS = {"size": "1Gi", "storageClassName": SHARED_CLASS}
 
 
-def switchover_gap_ms(obs: Observations, old: str, new: str, since: float) -> float | None:
-    """From the old active's last growth after ``since`` to the new active's first growth after it."""
+def last_growth(obs: Observations, name: str, since: float) -> float | None:
+    """When the poll last saw ``name``'s accepted counter grow after ``since``."""
     with obs.lock:
-        old_series = [(t, v) for t, v in obs.accepted.get(old, []) if t >= since]
-        new_series = list(obs.accepted.get(new, []))
-    grew_old = [t for (t, v), (_, before) in zip(old_series[1:], old_series, strict=False) if v > before]
-    if not grew_old:
+        series = [(t, v) for t, v in obs.accepted.get(name, []) if t >= since]
+    grew = [t for (t, v), (_, before) in zip(series[1:], series, strict=False) if v > before]
+    return grew[-1] if grew else None
+
+
+def switchover_gap_ms(obs: Observations, last_old: float | None, new: str) -> float | None:
+    """From the old active's last growth (``last_growth``) to the new active's first growth after it."""
+    if last_old is None:
         return None
-    last_old = grew_old[-1]
+    with obs.lock:
+        new_series = list(obs.accepted.get(new, []))
     before = [v for t, v in new_series if t <= last_old]
     baseline = before[-1] if before else 0.0
     first_new = next((t for t, v in new_series if t > last_old and v > baseline), None)
@@ -143,20 +148,17 @@ def logged_gaps(events: dict[tuple[str, str], list[float]], move: Switchover) ->
     return first_new - last_old, activated - deactivated
 
 
-def _hops(relay: Relay, obs: Observations, old: str, new: str, since: float) -> str:
+def _hops(
+    relay: Relay, obs: Observations, new: str, since: float, *, last_old: float | None, gap: float | None
+) -> str:
     """Where the gap went, in ms after the old active's last accepted bundle: the slice seen naming
     the new pod (this process's watch), kube-proxy's sync on the backend's node after it (its own
     timestamp), the new active's first accepted bundle."""
-    with obs.lock:
-        old_series = [(t, v) for t, v in obs.accepted.get(old, []) if t >= since]
-    grew = [t for (t, v), (_, before) in zip(old_series[1:], old_series, strict=False) if v > before]
     new_ip = relay.pod(new)["status"].get("podIP")
-    if not grew or not new_ip:
+    if last_old is None or not new_ip:
         return "hops n/a"
-    last_old = grew[-1]
     slice_at = obs.first(obs.slices, since, lambda addresses: addresses == (new_ip,))
     synced = kube_proxy_sync(obs, slice_at) if slice_at is not None else None
-    gap = switchover_gap_ms(obs, old, new, since)
 
     def shown(at: float | None) -> str:
         return "?" if at is None else f"{at - last_old:+.0f}"
@@ -198,8 +200,9 @@ def run_drain(
         )
         new = str(relay.status()["active"])
         time.sleep(1.0)  # the new active's first bundles, for the poll to see
-        gap = switchover_gap_ms(obs, old, new, since)
-        hops = _hops(relay, obs, old, new, since)
+        last_old = last_growth(obs, old, since)
+        gap = switchover_gap_ms(obs, last_old, new)
+        hops = _hops(relay, obs, new, since, last_old=last_old, gap=gap)
     finally:
         stop.set()
         cluster.kubectl("uncordon", node, check=False)
