@@ -440,6 +440,9 @@ def main() -> int:
     )
     parser.add_argument("--workdir", type=Path, help="kept afterwards (default: a temporary directory)")
     args = parser.parse_args()
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the control plane, the operator and
+    # the stand-ins are stopped (without it they outlived the benchmark).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
         return run(args, args.workdir)

@@ -8,13 +8,20 @@ so, never skips. No root, no cluster network: everything listens on loopback.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from broker_simulators.local_processes import free_port
 from local_cluster.cluster import built_tools_dir
-from tests.bench.support import assert_succeeded, counts, headline, run_bench
+from tests.bench.support import REPO_ROOT, assert_succeeded, counts, headline, run_bench
+
+BENCH_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs("tools")]
 
@@ -49,3 +56,49 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
         run.explain()
     )
     assert (work / "requests.png").stat().st_size > 0
+
+
+def _processes_naming(*needles: str) -> list[str]:
+    """Command lines of live processes that contain any of ``needles``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended while we looked
+            continue
+        if any(needle in command for needle in needles):
+            found.append(f"{entry.name}: {command[:160]}")
+    return found
+
+
+def test_bench_operator_k8s_stops_everything_it_started_on_sigterm(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A CI timeout or `kill` must not leave the control plane, the operator or the stand-ins
+    running: they outlived the benchmark before it unwound SIGTERM like Ctrl-C."""
+    built_tools_dir()
+    work = tmp_path_factory.mktemp("bench-operator-k8s-term") / "run"
+    port = str(free_port("127.1.1.1"))
+    argv = [sys.executable, str(REPO_ROOT / "bench" / "bench_operator_k8s.py"), "--clusters", "2"]
+    argv += ["--workdir", str(work), "--port", port, "--plot", str(work / "requests.png")]
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=BENCH_ENV)
+    needles = (str(work), f"--standin 1 2 --port {port}", f"--standin 2 2 --port {port}")
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # bounded by the bench: it exits on any failure to start
+            if line.startswith("operator started"):
+                break
+        assert _processes_naming(*needles), "nothing of the bench was running to be stopped"
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    left = _processes_naming(*needles)
+    for line in left:  # not left behind for the next test, whatever this one says
+        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    assert not left, "left running after SIGTERM:\n" + "\n".join(left)
+    assert process.returncode == 128 + signal.SIGTERM
