@@ -59,16 +59,18 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
 
 
 def _processes_naming(*needles: str) -> list[str]:
-    """Command lines of live processes that contain any of ``needles``."""
+    """Command lines of live processes whose command line or environment (the operator finds its
+    kubeconfig in ``KUBECONFIG``) contains any of ``needles``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environment = (entry / "environ").read_bytes().decode(errors="replace")
         except OSError:  # ended while we looked
             continue
-        if any(needle in command for needle in needles):
+        if any(needle in command or needle in environment for needle in needles):
             found.append(f"{entry.name}: {command[:160]}")
     return found
 
