@@ -121,8 +121,8 @@ bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one oper
 	$(BIN)/python bench/bench_operator.py
 
 .PHONY: bench-operator-k8s
-bench-operator-k8s: venv tools ## The real operator against a real API server holding 2,000 BrokerClusters: its API writes, reads and the watch events while steady.
-	$(BIN)/python bench/bench_operator_k8s.py
+bench-operator-k8s: venv tools ## The real operator, as two shards, against a real API server holding 2,000 BrokerClusters: its API writes, reads and the watch events while steady.
+	$(BIN)/python bench/bench_operator_k8s.py --shards 2
 
 .PHONY: bench-validator
 bench-validator: venv ## Validator throughput: Spark local[2] vs DuckDB on a 10M-record store, full and incremental.

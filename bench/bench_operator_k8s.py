@@ -11,6 +11,8 @@ This one runs the whole product path, on loopback only:
 - the operator as users run it (``python -m broker_operator``: kopf, every handler, the reconcile
   timer every 10 s, metrics), logged in as a ServiceAccount so that the audit log tells its
   requests from everyone else's (bound to ``cluster-admin`` here: RBAC is not what is measured);
+  with ``--shards N``, N such processes, each driving its shard (``--shard i/N``, as the chart's
+  ``operator.shards`` runs them), their figures summed;
 - N endpoints-mode BrokerClusters (two endpoints each, the design's heartbeat defaults), one
   Secret with the stand-ins' token shared by all, the backend's token generated per cluster as
   a user's cluster gets it.
@@ -48,9 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,11 +61,10 @@ sys.path.insert(0, str(ROOT))
 from bench.api_audit import WRITES, Request, counts, describe, in_window, operator_requests, plot  # noqa: E402
 from bench.bench_operator import start, stop  # noqa: E402  # the root is on the path now
 from bench.heartbeat_standin import TOKEN, address  # noqa: E402
-from broker_simulators.local_processes import free_port  # noqa: E402
+from bench.operator_processes import Operators, OperatorSample, operator_metrics, operator_sample, samples  # noqa: E402
 from local_cluster.cluster import ClusterAccess, KubectlError, LocalClusterSettings, built_tools_dir  # noqa: E402
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane  # noqa: E402
 from local_cluster.pki import write_kubeconfig  # noqa: E402
-from local_cluster.processes import ManagedProcess  # noqa: E402
 
 NAMESPACE = "bench"
 CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
@@ -177,51 +176,11 @@ def wait_all_active(kube: Kube, count: int, timeout: float) -> float:
         time.sleep(min(10.0, 1.0 + waited / 5))  # a list of N clusters is not free for the API server
 
 
-def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                yield sample.labels, sample.value
-
-
 def watch_events(kube: Kube) -> Counter[str]:
     totals: Counter[str] = Counter()
     for labels, value in samples(kube.run("get", "--raw", "/metrics"), "apiserver_watch_events_total"):
         totals[labels.get("resource") or labels.get("kind") or "?"] += int(value)
     return totals
-
-
-@dataclass(frozen=True)
-class OperatorSample:
-    at: float
-    cpu_seconds: float
-    heartbeats: Counter[str]  # by outcome, all clusters
-    failures: float
-    failovers: float
-
-
-def operator_metrics(port: int) -> str:
-    """The operator's own /metrics page, on loopback."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        return str(response.read().decode())
-
-
-def operator_sample(pid: int, metrics_port: int) -> OperatorSample:
-    text = operator_metrics(metrics_port)
-    heartbeats: Counter[str] = Counter()
-    for labels, value in samples(text, "broker_failover_heartbeats_total"):
-        heartbeats[labels["outcome"]] += int(value)
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return OperatorSample(
-        at=time.monotonic(),
-        cpu_seconds=(int(stat[11]) + int(stat[12])) / ticks,  # utime + stime
-        heartbeats=heartbeats,
-        failures=sum(v for _, v in samples(text, "broker_failover_heartbeat_failures_total")),
-        failovers=sum(v for _, v in samples(text, "broker_failover_failovers_total")),
-    )
 
 
 @dataclass(frozen=True)
@@ -244,32 +203,21 @@ def start_standins(clusters: int, port: int) -> list[subprocess.Popen[bytes]]:
     return standins
 
 
-def start_operator(log: Path, kubeconfig: Path, metrics_port: int) -> ManagedProcess:
-    """``python -m broker_operator`` as the chart runs it, one namespace, metrics on loopback."""
-    argv = [sys.executable, "-m", "broker_operator", "--namespace", NAMESPACE, "--operator-id", "bench"]
-    return ManagedProcess(
-        "broker-operator",
-        [*argv, "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
-        log_path=log,
-        env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
-        cwd=ROOT,
-    )
-
-
-def measure(args: argparse.Namespace, kube: Kube, operator: ManagedProcess, metrics_port: int) -> Window:
+def measure(args: argparse.Namespace, kube: Kube, operators: Operators) -> Window:
     marks = {"operator started": time.time()}
-    print(f"operator started (log {operator.log_path}); waiting for every cluster's active", flush=True)
+    logs = ", ".join(str(operator.process.log_path) for operator in operators.running)
+    started = "operator started" if operators.shards == 1 else f"{operators.shards} operator shards started"
+    print(f"{started} (log {logs}); waiting for every cluster's active", flush=True)
     took = bring_up(args, kube)
     marks["all active"] = time.time()
     print(f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True)
     time.sleep(args.settle)
-    events_before, before = watch_events(kube), operator_sample(operator.popen.pid, metrics_port)
+    events_before, before = watch_events(kube), operator_sample(operators)
     marks["window"] = time.time()
     time.sleep(args.window)
-    events_after, after = watch_events(kube), operator_sample(operator.popen.pid, metrics_port)
+    events_after, after = watch_events(kube), operator_sample(operators)
     marks["window end"] = time.time()
-    if operator.popen.poll() is not None:
-        raise RuntimeError(f"the operator exited ({operator.popen.returncode}); see {operator.log_path}")
+    operators.check_alive()
     return Window(marks, took, events_after - events_before, before, after)
 
 
@@ -290,14 +238,28 @@ def report_restart(
         f" max {gaps[-1]:.1f} s; {late} of {len(gaps)} over the {LEASE_SECONDS:g} s lease"
         " (a real broker would have fenced itself and been activated again)"
     )
-    print(f"  the new process's /metrics showed every cluster renewed within {restart.seen[-1]:.1f} s")
+    if len(restart.seen) == args.clusters:
+        print(f"  the new process's /metrics showed every cluster renewed within {restart.seen[-1]:.1f} s")
+    else:
+        print(
+            f"  the new process's /metrics showed only {len(restart.seen)} of {args.clusters} clusters"
+            f" renewed within {args.active_timeout:g} s"
+        )
     writes = in_window(requests, marks["restart"], marks["all renewed"])
     print(f"  operator writes until then: {counts(writes, WRITES)}")
 
 
-def report(
-    args: argparse.Namespace, window: Window, requests: list[Request], restart: Restart | None
-) -> None:
+@dataclass(frozen=True)
+class Steady:
+    """The steady window's two headlines, printed last."""
+
+    watch_events_per_s: float
+    writes_per_s: float
+
+
+def report_steady(args: argparse.Namespace, window: Window, requests: list[Request]) -> Steady:
+    """The steady window and what reaching it cost, printed before the restart (which may not end
+    well with many clusters, and must not take these figures with it)."""
     marks, before, after = window.marks, window.before, window.after
     wall = after.at - before.at
     steady = in_window(requests, marks["window"], marks["window end"])
@@ -305,7 +267,10 @@ def report(
     ramp = in_window(requests, marks["operator started"], marks["all active"])
     ramp_writes = sum(n for what, n in ramp.items() if what.split()[0] in WRITES)
     active_beats = after.heartbeats["active"] - before.heartbeats["active"]
-    print(f"N={args.clusters} clusters, steady window {wall:.0f} s after {args.settle:g} s of settling:")
+    shards = f", {args.shards} operator shards (figures summed)" if args.shards > 1 else ""
+    print(
+        f"N={args.clusters} clusters{shards}, steady window {wall:.0f} s after {args.settle:g} s of settling:"
+    )
     print(
         f"  heartbeats to actives {active_beats / wall / args.clusters:.2f}/s per cluster,"
         f" failed {after.failures - before.failures:.0f},"
@@ -321,13 +286,8 @@ def report(
         f" in {window.took:.0f} s"
     )
     whole = in_window(requests, marks["operator started"], marks["window end"])
-    print(f"  whole run, operator writes: {counts(whole, WRITES)}")
-    if restart is not None:
-        report_restart(args, restart, requests, marks)
-    plot(requests, marks, args.plot)
-    print(f"  plot: {args.plot}")
-    print(f"operator_k8s_idle_watch_events_per_s={sum(window.watch_events.values()) / wall:.1f}")
-    print(f"operator_k8s_idle_writes_per_s={sum(writes.values()) / wall:.1f}")
+    print(f"  whole run, operator writes: {counts(whole, WRITES)}", flush=True)
+    return Steady(sum(window.watch_events.values()) / wall, sum(writes.values()) / wall)
 
 
 ACTIVE_HEARTBEATS = re.compile(
@@ -335,18 +295,15 @@ ACTIVE_HEARTBEATS = re.compile(
 )
 
 
-def restart(
-    operator: ManagedProcess, log: Path, kubeconfig: Path, metrics_port: int, marks: dict[str, float]
-) -> ManagedProcess:
-    """Stop the operator with SIGTERM, as a rollout does, and start a new one."""
+def restart(operators: Operators, marks: dict[str, float]) -> None:
+    """Stop the operator (every shard) with SIGTERM, as a rollout does, and start new ones."""
     marks["restart"] = time.time()
-    operator.stop(grace_seconds=30)
-    fresh = start_operator(log, kubeconfig, metrics_port)
+    operators.stop(grace_seconds=30)
+    operators.start(generation="-restarted")
     print(
         f"operator restarted ({time.time() - marks['restart']:.1f} s to stop the old one);"
         " waiting for renewals"
     )
-    return fresh
 
 
 def longest_gaps(standins: list[subprocess.Popen[bytes]]) -> list[float]:
@@ -360,18 +317,17 @@ def longest_gaps(standins: list[subprocess.Popen[bytes]]) -> list[float]:
     return sorted(gaps)
 
 
-def wait_renewed(args: argparse.Namespace, metrics_port: int, marks: dict[str, float]) -> list[float]:
+def wait_renewed(args: argparse.Namespace, operators: Operators, marks: dict[str, float]) -> list[float]:
     """For each cluster, the seconds from the restart's SIGTERM until the new process's first heartbeat
     that its active answered, read from the new process's /metrics."""
     renewed: dict[str, float] = {}
     while len(renewed) < args.clusters and time.time() - marks["restart"] < args.active_timeout:
         time.sleep(1.0)  # each read renders every cluster's series: not free for the operator
-        with contextlib.suppress(OSError):  # not listening yet
-            for cluster in ACTIVE_HEARTBEATS.findall(operator_metrics(metrics_port)):
-                renewed.setdefault(cluster, time.time() - marks["restart"])
+        for operator in operators.running:
+            with contextlib.suppress(OSError):  # not listening yet
+                for cluster in ACTIVE_HEARTBEATS.findall(operator_metrics(operator.metrics_port)):
+                    renewed.setdefault(cluster, time.time() - marks["restart"])
     marks["all renewed"] = time.time()
-    if len(renewed) < args.clusters:
-        raise RuntimeError(f"after the restart only {len(renewed)} of {args.clusters} actives were renewed")
     return sorted(renewed.values())
 
 
@@ -379,7 +335,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     tools = built_tools_dir()
     print(f"control plane (etcd, kube-apiserver, kube-controller-manager) in {workdir}", flush=True)
     plane = start_control_plane(ControlPlaneSettings(tools_dir=tools, workdir=workdir / "plane"))
-    operator: ManagedProcess | None = None
+    operators: Operators | None = None
     standins: list[subprocess.Popen[bytes]] = []
     try:
         kube = Kube(plane, tools)
@@ -387,24 +343,31 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         standins = start_standins(args.clusters, args.port)
         if not args.batch:
             create_clusters(kube, 0, args.clusters, args.port)
-        metrics_port = free_port("127.0.0.1")
-        operator = start_operator(workdir / "operator.log", kubeconfig, metrics_port)
-        window = measure(args, kube, operator, metrics_port)
-        restarted: Restart | None = None
+        operators = Operators(args.shards, workdir, kubeconfig, NAMESPACE)
+        operators.start()
+        window = measure(args, kube, operators)
+        time.sleep(2)  # the audit log's buffered last lines
+        requests = operator_requests(plane.audit_log)
+        steady = report_steady(args, window, requests)
+        all_renewed = True
         if args.restart:
-            metrics_port = free_port("127.0.0.1")
-            log = workdir / "operator-restarted.log"
             longest_gaps(standins)  # starts the stand-ins' count over
-            operator = restart(operator, log, kubeconfig, metrics_port, window.marks)
-            seen = wait_renewed(args, metrics_port, window.marks)
+            restart(operators, window.marks)
+            seen = wait_renewed(args, operators, window.marks)
             time.sleep(2)  # every renewal the new process made is in the stand-ins' count
             restarted = Restart(seen, longest_gaps(standins))
-        time.sleep(2)  # the audit log's buffered last lines
-        report(args, window, operator_requests(plane.audit_log), restarted)
-        return 0
+            time.sleep(2)  # the audit log's buffered last lines
+            requests = operator_requests(plane.audit_log)
+            report_restart(args, restarted, requests, window.marks)
+            all_renewed = len(seen) == args.clusters
+        plot(requests, window.marks, args.plot)
+        print(f"  plot: {args.plot}")
+        print(f"operator_k8s_idle_watch_events_per_s={steady.watch_events_per_s:.1f}")
+        print(f"operator_k8s_idle_writes_per_s={steady.writes_per_s:.1f}")
+        return 0 if all_renewed else 1
     finally:
-        if operator is not None:
-            operator.stop()
+        if operators is not None:
+            operators.stop()
         for standin in standins:
             stop(standin)
         plane.stop()
@@ -419,6 +382,13 @@ def main() -> int:
         default=250,
         help="clusters created at a time once the operator runs, each batch once the ones before it"
         " are active (0: all of them before the operator starts, so that it starts with N at once)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="operator processes, each driving its shard of the clusters (--shard i/N), as the"
+        " chart's operator.shards runs them",
     )
     parser.add_argument("--settle", type=float, default=30.0, help="seconds after every cluster is active")
     parser.add_argument("--window", type=float, default=60.0)

@@ -81,7 +81,8 @@ class ControlPlane:
 
     @property
     def audit_log(self) -> Path:
-        """What service accounts outside kube-system asked the API server (see AUDIT_POLICY)."""
+        """What service accounts outside kube-system asked the API server (see AUDIT_POLICY); past
+        100 MB the API server moves it aside (``audit_log_files`` finds every part)."""
         return self.settings.workdir / "logs" / "audit.log"
 
     def stop(self) -> None:
@@ -172,6 +173,14 @@ def _wait_until(
         time.sleep(0.1)
     tails = "\n".join(f"--- {p.name} ({p.log_path}):\n{p.log_tail(10)}" for p in processes)
     raise ControlPlaneStartError(f"timed out waiting for {description}\n{tails}")
+
+
+def audit_log_files(audit_log: Path) -> list[Path]:
+    """Every part of an audit log, oldest first: the API server rotates ``audit.log`` at 100 MB
+    (its log writer's default size) into ``audit-<time>.log`` beside it, and a run with thousands of
+    objects passes that in minutes."""
+    rotated = sorted(audit_log.parent.glob(f"{audit_log.stem}-*{audit_log.suffix}"))
+    return [*rotated, audit_log] if audit_log.exists() else rotated
 
 
 def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:

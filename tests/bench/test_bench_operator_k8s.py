@@ -1,6 +1,6 @@
-"""``make bench-operator-k8s`` in small: the real operator against a real API server holding 20
-endpoints-mode BrokerClusters, a short steady window, its requests read from the audit log, then
-an operator restart.
+"""``make bench-operator-k8s`` in small: the real operator, as two shards, against a real API server
+holding 20 endpoints-mode BrokerClusters, a short steady window, its requests read from the audit
+log, then an operator restart; and its stop on SIGTERM.
 
 Needs the Go tools (``make tools``) for etcd and the API server; without them it fails saying
 so, never skips. No root, no cluster network: everything listens on loopback.
@@ -33,7 +33,7 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     work = tmp_path_factory.mktemp("bench-operator-k8s")
     run = run_bench(
         "bench_operator_k8s.py",
-        *("--clusters", str(CLUSTERS), "--settle", "3", "--window", "5"),
+        *("--clusters", str(CLUSTERS), "--shards", "2", "--settle", "3", "--window", "5"),
         *("--plot", str(work / "requests.png"), "--workdir", str(work / "run")),
         *("--port", str(free_port("127.1.1.1"))),
         timeout=300,
@@ -42,8 +42,10 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     assert re.search(rf"^  {CLUSTERS}/{CLUSTERS} clusters active after \d+ s$", run.stdout, re.MULTILINE), (
         run.explain()
     )
+    assert re.search(rf"^N={CLUSTERS} clusters, 2 operator shards ", run.stdout, re.MULTILINE), run.explain()
     # Read from the audit log, so attributed to the operator's ServiceAccount: each cluster's
-    # generated backend token, created once (the operator remembers what it created per generation).
+    # generated backend token, created once (the operator remembers what it created per generation),
+    # by the one shard that drives it (a second shard driving it too would try a second create).
     created = counts(run, r"^  whole run, operator writes: .*\bcreate secrets (?P<secrets>\d+)")
     assert created == {"secrets": CLUSTERS}, run.explain()
     # After the window the operator is restarted and every cluster's active renewed by the new

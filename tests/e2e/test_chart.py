@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from local_cluster.cluster import REPO_ROOT, built_tools_dir
+from local_cluster.control_plane import audit_log_files
 from local_cluster.relay import BACKEND_IMAGE, CLOUD_IMAGE, SIM_PORT, simulator_objects
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import installed_crd, wait_for
@@ -318,9 +319,15 @@ def audited_calls(cluster: SealedCluster, user: str) -> list[tuple[str, str, int
     """(verb, group/resource[/subresource], HTTP code) of every request ``user`` made (audit log).
 
     The sealed cluster's API server writes it under the cluster's directory, on the machine's
-    file system (``ControlPlane.audit_log``: ``<workdir>/logs/audit.log``)."""
+    file system (``ControlPlane.audit_log``: ``<workdir>/logs/audit.log``, and the parts rotated
+    out of it)."""
     calls = []
-    for line in (cluster.workdir / "logs" / "audit.log").read_text().splitlines():
+    lines = [
+        line
+        for part in audit_log_files(cluster.workdir / "logs" / "audit.log")
+        for line in part.read_text().splitlines()
+    ]
+    for line in lines:
         event = json.loads(line)
         ref = event.get("objectRef")
         if event["user"]["username"] != user or not ref:
