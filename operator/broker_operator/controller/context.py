@@ -31,6 +31,9 @@ class ControllerContext:
     # Nodes being drained (cordoned, or marked for deletion), from the node watch; every cluster's
     # observations hold this same set.
     draining_nodes: set[str] = field(default_factory=set)
+    # Clusters whose engine runs now (daemon._run_engine): what the periodic token re-reads are
+    # spread over (ControllerSettings.token_recheck_for).
+    running_engines: int = 0
 
     def __post_init__(self) -> None:
         if self.engine_api is None:

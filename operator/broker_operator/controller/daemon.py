@@ -10,7 +10,8 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   pod dies (``wake``, called by the pod watch), so a kill -9 fails over
   without waiting for heartbeat failures;
 - stops the engine if an older BrokerCluster takes the pair (``Conflict``);
-- reads the token Secret again every ``token_recheck_seconds`` and hands a new value to the
+- reads the token Secret again every ``token_recheck_seconds`` (less often with many clusters:
+  ``token_reads_per_second`` over all of them) and hands a new value to the
   heartbeat client (which also re-reads it when a broker refuses every token it knows), so a
   rotated token is used without a restart. Not a Secret watch: that would stream every Secret
   of the namespace through the operator, and a user-named Secret carries no label to filter on;
@@ -258,13 +259,14 @@ async def _run_engine(
     # a timeout and a cancellation each second, ~4x the CPU of asyncio.wait, and at 2,000
     # clusters the checks alone took a tenth of a core.
     stop = asyncio.ensure_future(stopped.wait())
-    token_due = time.monotonic() + context.settings.token_recheck_seconds
+    context.running_engines += 1
+    token_due = time.monotonic() + context.settings.token_recheck_for(context.running_engines)
     try:
         while not stopped and not engine.done():
             await asyncio.wait((engine, stop), timeout=context.settings.daemon_poll_seconds)
             if time.monotonic() >= token_due:
                 # A rotated Secret reaches the heartbeats here (see heartbeat_client for the order).
-                token_due = time.monotonic() + context.settings.token_recheck_seconds
+                token_due = time.monotonic() + context.settings.token_recheck_for(context.running_engines)
                 await heartbeats.refresh_token()
             if conflict_owner(ref_of(), claims()) is not None:
                 logger.warning("an older BrokerCluster took the pair: stopping heartbeats")
@@ -273,6 +275,7 @@ async def _run_engine(
             # Let kopf log it and restart the daemon after its backoff, with a fresh engine.
             raise engine.exception()  # type: ignore[misc]
     finally:
+        context.running_engines -= 1
         stop.cancel()
         observations.wake = None
         observations.retarget = None

@@ -59,7 +59,7 @@ async def test_healthy_clusters_cost_no_api_writes(
 ) -> None:
     runner, port = await healthy_brokers()
     try:
-        async with running_operator(kmock, kube_api):
+        async with running_operator(kmock, kube_api) as context:
             for n, name in enumerate(CLUSTER_NAMES):
                 endpoints = [
                     {"name": b, "url": f"http://127.0.0.1:{port}/{name}/{b}/soap", "priority": p}
@@ -82,6 +82,8 @@ async def test_healthy_clusters_cost_no_api_writes(
                     break
                 await asyncio.sleep(0.1)
             assert set(phases().values()) == {"Healthy"}, phases()
+            # What the periodic token re-reads are spread over (ControllerSettings.token_recheck_for).
+            assert context.running_engines == len(CLUSTER_NAMES)
             await asyncio.sleep(2 * RECONCILE_SECONDS)  # the reconciles already under way finish
             before = len(kmock.writes)  # type: ignore[attr-defined]  # conftest's NamingEmulator
             await asyncio.sleep(WINDOW_SECONDS)
@@ -89,4 +91,5 @@ async def test_healthy_clusters_cost_no_api_writes(
             assert set(phases().values()) == {"Healthy"}, phases()
     finally:
         await runner.cleanup()
+    assert context.running_engines == 0  # every engine stopped with the operator
     assert idle == [], f"{len(idle)} writes in {WINDOW_SECONDS:g} s with nothing changing: {idle[:10]}"

@@ -32,8 +32,25 @@ def test_the_token_recheck_interval_is_a_setting() -> None:
     assert parse_settings(["--token-recheck-seconds", "5"], {}).token_recheck_seconds == 5
 
 
+def test_token_rereads_are_spread_over_the_clusters_within_a_budget() -> None:
+    settings = parse_settings([], {})
+    assert settings.token_reads_per_second == 10
+    assert parse_settings([], {"OPERATOR_TOKEN_READS_PER_SECOND": "4"}).token_reads_per_second == 4
+    # Few clusters: each reads every token_recheck_seconds; many: the operator's reads stay at 10/s.
+    assert settings.token_recheck_for(20) == 30
+    assert settings.token_recheck_for(300) == 30
+    assert settings.token_recheck_for(2000) == 200
+    assert parse_settings(["--token-reads-per-second", "40"], {}).token_recheck_for(2000) == 50
+
+
 @pytest.mark.parametrize(
-    "argv", [["--metrics-port", "70000"], ["--reconcile-seconds", "0"], ["--token-recheck-seconds", "0"]]
+    "argv",
+    [
+        ["--metrics-port", "70000"],
+        ["--reconcile-seconds", "0"],
+        ["--token-recheck-seconds", "0"],
+        ["--token-reads-per-second", "0"],
+    ],
 )
 def test_bad_values_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
