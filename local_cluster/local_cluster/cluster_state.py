@@ -1,9 +1,10 @@
 """The state file of a running cluster's supervisor.
 
-The supervisor (``sealed_cluster``'s, PID 1 of the cluster's namespaces) writes ``cluster.json``
+The supervisor (``sealed_supervisor``, PID 1 of the cluster's namespaces) writes ``cluster.json``
 in the workdir once its cluster is ready: the kubeconfigs, the pod logs' directory, the API
 server's pid and restarts. ``down`` and ``SealedCluster.stop`` read it to stop the supervisor
-(``sealed_cluster.stop_sealed_cluster``).
+(``sealed_cluster.stop_sealed_cluster``). The other files here pass between the two sides: the
+pids the machine knows the supervisor by, and the requests to boot a crashed node again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import json
 from pathlib import Path
 
 STATE_FILE = "cluster.json"
+# Written by the side that started a sealed cluster's supervisor: the pids of ``unshare`` (its
+# process group is the supervisor's) and of the supervisor as the machine sees them (inside it is
+# PID 1).
+PIDS_FILE = "sealed-pids.json"
+# A file per node to boot again after a crash, read by the supervisor (its content: the tools
+# directory); a failure leaves the other file, with the error.
+RESTART_NODE_REQUEST = "restart-node-"
+RESTART_NODE_FAILED = "failed-restart-node-"  # not matched by the requests' glob
 
 
 def read_state(workdir: Path) -> dict[str, object] | None:
@@ -26,5 +35,5 @@ def read_state(workdir: Path) -> dict[str, object] | None:
     # A sealed cluster's supervisor is PID 1 of its own namespace; the side that started it
     # writes the pids the machine knows it by ("supervisor", "namespacePid").
     with contextlib.suppress(OSError, ValueError):
-        state.update(json.loads((workdir / "sealed-pids.json").read_text()))
+        state.update(json.loads((workdir / PIDS_FILE).read_text()))
     return state

@@ -3,7 +3,7 @@
 On a kubeadm node kube-apiserver is a static pod: when its process dies (OOM kill, crash,
 ``kill -9``) the kubelet starts the container again with the same manifest, so the same
 flags, etcd data and certificates, on the same address. ``ProcessKeeper`` does that for the
-sealed cluster's supervisor (``sealed_cluster._serve``): a thread waits for the process to
+sealed cluster's supervisor (``sealed_supervisor.serve``): a thread waits for the process to
 exit, starts the same command again (``ManagedProcess.respawn``), and waits until it is ready.
 
 Backoff, bounded like the kubelet's CrashLoopBackOff but shorter: the first restart is

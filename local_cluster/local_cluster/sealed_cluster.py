@@ -3,11 +3,11 @@
 ``start_sealed_cluster`` (called from an ordinary process: a test, the demo, ``cluster up``)
 opens a listening socket on the machine's loopback, then starts the supervisor under
 ``unshare`` (``containerd_sandbox.SEALED_COMMAND``: new network, mount and PID namespaces) with
-that socket inherited. Inside, the supervisor (``main``), PID 1 of its namespace, turns the empty
-network into the node's (bridge, routes, sysctls), starts the node (``kubelet_node``: containerd,
-the images, the control plane on the bridge address, kube-scheduler, the kubelet, kube-proxy,
-CoreDNS and kind's local-path-provisioner) and splices connections from the inherited socket to
-the API server. The caller gets a kubeconfig for ``https://127.0.0.1:<port>``, so kubectl, helm
+that socket inherited. Inside, the supervisor (``sealed_supervisor``), PID 1 of its namespace,
+turns the empty network into the node's (bridge, routes, sysctls), starts the node
+(``kubelet_node``: containerd, the images, the control plane on the bridge address,
+kube-scheduler, the kubelet, kube-proxy, CoreDNS and kind's local-path-provisioner) and splices
+connections from the inherited socket to the API server. The caller gets a kubeconfig for ``https://127.0.0.1:<port>``, so kubectl, helm
 and Python clients work from the machine as they would against kind.
 
 Everything else stays inside: pod IPs, ClusterIPs and DNS names resolve only in the cluster's
@@ -36,18 +36,15 @@ and counts the restarts.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
-import faulthandler
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,35 +53,27 @@ from typing import Any, TypeVar
 from local_cluster import netns, processes
 from local_cluster.cgroups import CgroupRoot
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings
-from local_cluster.cluster_nodes import ClusterNodes, start_cluster_nodes
-from local_cluster.cluster_services import LoopbackForwarder
-from local_cluster.cluster_state import STATE_FILE, read_state
+from local_cluster.cluster_state import (
+    PIDS_FILE,
+    RESTART_NODE_FAILED,
+    RESTART_NODE_REQUEST,
+    STATE_FILE,
+    read_state,
+)
 from local_cluster.containerd_sandbox import NAMESPACE, SEALED_COMMAND
 from local_cluster.control_plane import ControlPlaneStartError
 from local_cluster.image_archives import archive_for
 from local_cluster.image_seed import IMAGES_FILE
-from local_cluster.kubelet_node import KubeletNode, cgroup_root_name, start_kubelet_node
-from local_cluster.pki import ClientCertificate, write_kubeconfig
+from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.processes import (
-    ManagedProcess,
     cancel_on_exit,
     kill_process_group,
     on_exit,
-    reap_on_exit,
     wait_group_gone,
 )
-from local_cluster.restarts import ProcessKeeper, keep_apiserver
 from local_cluster.sealed_node import SealedClusterError, SealedNode
 
 T = TypeVar("T")
-HOST_KUBECONFIG = "admin.kubeconfig.host"
-# Written by the side that started the supervisor: the pids of ``unshare`` (its process group is
-# the supervisor's) and of the supervisor as the machine sees them (inside it is PID 1).
-PIDS_FILE = "sealed-pids.json"
-# A file per node to boot again after a crash, read by the supervisor (its content: the tools
-# directory); a failure leaves the other file, with the error.
-RESTART_NODE_REQUEST = "restart-node-"
-RESTART_NODE_FAILED = "failed-restart-node-"  # not matched by the requests' glob
 
 
 @dataclasses.dataclass
@@ -411,7 +400,7 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
         *SEALED_COMMAND,
         sys.executable,
         "-m",
-        "local_cluster.sealed_cluster",
+        "local_cluster.sealed_supervisor",
         f"--workdir={settings.workdir}",
         f"--tools-dir={settings.tools_dir}",
         f"--node-name={settings.node_name}",
@@ -460,135 +449,3 @@ def start_sealed_cluster(settings: LocalClusterSettings) -> SealedCluster:
     # An interrupted test run or demo (SIGTERM, Ctrl-C) still stops the cluster (reap_on_exit).
     cluster._stop_on_exit = on_exit(cluster.stop)
     return cluster
-
-
-# ---- inside the sealed namespace -----------------------------------------------------------
-
-
-def _serve(settings: LocalClusterSettings, listener: socket.socket) -> int:
-    stop_requested = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
-    node: KubeletNode | ClusterNodes
-    if settings.nodes == 1:
-        netns.set_up_node_network()
-        node = start_kubelet_node(
-            settings.tools_dir,
-            settings.workdir,
-            settings.node_name,
-            settings.ready_timeout_seconds,
-            settings.background_images,
-        )
-    else:
-        networks = netns.node_networks(settings.nodes)
-        netns.set_up_cluster_network(networks)
-        node = start_cluster_nodes(
-            settings.tools_dir,
-            settings.workdir,
-            networks,
-            settings.ready_timeout_seconds,
-            settings.background_images,
-        )
-    plane = node.control_plane
-    forwarder = LoopbackForwarder(listener, (plane.settings.address, plane.apiserver_port))
-    keeper: ProcessKeeper | None = None
-    try:
-        forwarder.start()
-        pki = node.control_plane.pki
-        host_kubeconfig = write_kubeconfig(
-            settings.workdir / HOST_KUBECONFIG,
-            server=f"https://127.0.0.1:{forwarder.port}",
-            ca_cert=pki.ca_cert,
-            user="admin",
-            client=ClientCertificate(cert=pki.admin.cert, key=pki.admin.key),
-        )
-        restarts = 0
-
-        def write_state(apiserver: ManagedProcess) -> None:
-            # Pids here are the cluster's PID namespace's; the machine's are in PIDS_FILE.
-            managers = [p.pid for p in node.control_plane.processes if p.name == "kube-controller-manager"]
-            state = {
-                "apiserver": apiserver.pid,
-                "controllerManager": managers[0] if managers else None,
-                "apiserverRestarts": restarts,
-                "kubeconfig": str(host_kubeconfig),
-                "nodeKubeconfig": str(node.kubeconfig),
-                "readySeconds": round(node.ready_seconds, 1),
-                "podNetwork": netns.POD_CIDR if settings.nodes == 1 else netns.CLUSTER_POD_CIDR,
-                "containerdSocket": str(node.containerd_socket),
-                "podLogs": str(node.pod_logs),
-                "nodes": node.describe_nodes(),
-            }
-            staged = settings.workdir / f"{STATE_FILE}.tmp"
-            staged.write_text(json.dumps(state))
-            staged.replace(settings.workdir / STATE_FILE)  # readers never see half a state file
-
-        def restarted(apiserver: ManagedProcess) -> None:
-            nonlocal restarts
-            restarts += 1
-            write_state(apiserver)
-
-        keeper = keep_apiserver(node.control_plane, restarted)
-        write_state(keeper.process)
-        print(f"local cluster ready in {node.ready_seconds:.1f}s", file=sys.stderr, flush=True)
-        keeper.start()
-        while not stop_requested.wait(0.5):
-            if isinstance(node, ClusterNodes) and _restart_requested_nodes(settings.workdir, node):
-                write_state(keeper.process)  # the restarted node's new pids
-            if exited := node.exited():
-                print(f"{exited} exited; see {settings.workdir / 'logs'}", file=sys.stderr, flush=True)
-                break
-            if keeper.failure is not None:
-                print("giving up on kube-apiserver; stopping the cluster", file=sys.stderr, flush=True)
-                break
-    finally:
-        if keeper is not None:
-            keeper.stop()  # before the control plane stops, or it would restart the API server
-        forwarder.stop()
-        node.stop()
-        (settings.workdir / STATE_FILE).unlink(missing_ok=True)
-    return 0
-
-
-def _restart_requested_nodes(workdir: Path, nodes: ClusterNodes) -> bool:
-    """Boot again each node a ``SealedCluster.restart_node`` asked for (a request file each);
-    whether any was."""
-    requests = sorted(workdir.glob(f"{RESTART_NODE_REQUEST}*"))
-    for request in requests:
-        name = request.name.removeprefix(RESTART_NODE_REQUEST)
-        try:
-            nodes.restart_node(name, Path(str(request.read_text()).strip()))
-            print(f"restarted node {name}", file=sys.stderr, flush=True)
-        except Exception as error:  # reported to the requester through the file it waits on
-            (workdir / f"{RESTART_NODE_FAILED}{name}").write_text(f"{type(error).__name__}: {error}")
-        request.unlink()
-    return bool(requests)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Supervisor of the sealed local cluster (see module doc)")
-    parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--tools-dir", type=Path, required=True)
-    parser.add_argument("--node-name", default="local-node")
-    parser.add_argument("--nodes", type=int, default=1, help="1: the single node; more: node-1 ... node-N")
-    parser.add_argument("--ready-timeout", type=float, default=90.0, help="seconds; a failure limit")
-    parser.add_argument("--api-listen-fd", type=int, required=True)
-    parser.add_argument("--background-images", default="", help="comma-separated image names")
-    options = parser.parse_args(argv)
-    # `kill -USR1` of a supervisor that seems stuck writes every thread's stack to its log.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    reap_on_exit()
-    listener = socket.socket(fileno=options.api_listen_fd)
-    settings = LocalClusterSettings(
-        tools_dir=options.tools_dir,
-        workdir=options.workdir,
-        node_name=options.node_name,
-        nodes=options.nodes,
-        ready_timeout_seconds=options.ready_timeout,
-        background_images=tuple(name for name in options.background_images.split(",") if name),
-    )
-    return _serve(settings, listener)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
