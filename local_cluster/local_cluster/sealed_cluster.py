@@ -7,8 +7,9 @@ that socket inherited. Inside, the supervisor (``sealed_supervisor``), PID 1 of 
 turns the empty network into the node's (bridge, routes, sysctls), starts the node
 (``kubelet_node``: containerd, the images, the control plane on the bridge address,
 kube-scheduler, the kubelet, kube-proxy, CoreDNS and kind's local-path-provisioner) and splices
-connections from the inherited socket to the API server. The caller gets a kubeconfig for ``https://127.0.0.1:<port>``, so kubectl, helm
-and Python clients work from the machine as they would against kind.
+connections from the inherited socket to the API server. The caller gets a kubeconfig for
+``https://127.0.0.1:<port>``, so kubectl, helm and Python clients work from the machine as they
+would against kind.
 
 Everything else stays inside: pod IPs, ClusterIPs and DNS names resolve only in the cluster's
 namespace. ``SealedCluster.call_in_network`` runs a function on a thread that joined it (a test's
