@@ -8,18 +8,19 @@ so, never skips. No root, no cluster network: everything listens on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from broker_simulators.local_processes import free_port
 from local_cluster.cluster import built_tools_dir
 from tests.bench.support import REPO_ROOT, assert_succeeded, counts, headline, run_bench
+from tests.live_processes import processes_naming
 
 BENCH_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -60,23 +61,6 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     assert (work / "requests.png").stat().st_size > 0
 
 
-def _processes_naming(*needles: str) -> list[str]:
-    """Command lines of live processes whose command line or environment (the operator finds its
-    kubeconfig in ``KUBECONFIG``) contains any of ``needles``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environment = (entry / "environ").read_bytes().decode(errors="replace")
-        except OSError:  # ended while we looked
-            continue
-        if any(needle in command or needle in environment for needle in needles):
-            found.append(f"{entry.name}: {command[:160]}")
-    return found
-
-
 def test_bench_operator_k8s_stops_everything_it_started_on_sigterm(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -94,15 +78,18 @@ def test_bench_operator_k8s_stops_everything_it_started_on_sigterm(
         for line in process.stdout:  # bounded by the bench: it exits on any failure to start
             if line.startswith("operator started"):
                 break
-        assert _processes_naming(*needles), "nothing of the bench was running to be stopped"
+        assert processes_naming(*needles, environment=True), "nothing of the bench was running to be stopped"
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=90)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    left = _processes_naming(*needles)
-    for line in left:  # not left behind for the next test, whatever this one says
-        os.kill(int(line.split(":")[0]), signal.SIGKILL)
-    assert not left, "left running after SIGTERM:\n" + "\n".join(left)
+    left = processes_naming(*needles, environment=True)
+    for pid, _ in left:  # not left behind for the next test, whatever this one says
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "left running after SIGTERM:\n" + "\n".join(
+        f"{pid}: {command[:160]}" for pid, command in left
+    )
     assert process.returncode == 128 + signal.SIGTERM

@@ -17,21 +17,9 @@ from pathlib import Path
 import pytest
 
 from local_cluster.cluster import REPO_ROOT
+from tests.live_processes import processes_naming
 
 pytestmark = [pytest.mark.e2e, pytest.mark.second_stream]  # its own cluster, beside the others
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes that name ``text`` (the demo's work directory)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        if text in argv:
-            found.append(argv)
-    return found
 
 
 def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tmp_path: Path) -> None:
@@ -60,4 +48,4 @@ def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tm
     work = re.search(r"cleaned up: cluster, pods, simulators and (\S+)", output)
     assert work, output
     assert not Path(work.group(1)).exists()
-    assert processes_mentioning(work.group(1)) == []
+    assert processes_naming(work.group(1)) == []
