@@ -7,12 +7,11 @@ control plane audits every ServiceAccount's requests at the Metadata level
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from local_cluster.control_plane import audit_log_files
+from local_cluster.control_plane import audit_events
 
 ACCOUNT = "system:serviceaccount:bench:broker-operator"
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
@@ -22,18 +21,13 @@ Request = tuple[float, str, str]  # (wall-clock time, verb, resource[/subresourc
 def operator_requests(audit_log: Path) -> list[Request]:
     """(time, verb, resource) of every request the operator's ServiceAccount made, as audited."""
     requests = []
-    for part in audit_log_files(audit_log):
-        with part.open(encoding="utf-8") as lines:
-            for line in lines:
-                entry = json.loads(line)
-                if entry.get("stage") != "ResponseComplete" or entry["user"]["username"] != ACCOUNT:
-                    continue
-                received = entry["requestReceivedTimestamp"].replace("Z", "+00:00")
-                ref = entry.get("objectRef") or {}
-                resource = ref.get("resource", "?") + (
-                    "/" + ref["subresource"] if ref.get("subresource") else ""
-                )
-                requests.append((datetime.fromisoformat(received).timestamp(), entry["verb"], resource))
+    for entry in audit_events(audit_log):
+        if entry.get("stage") != "ResponseComplete" or entry["user"]["username"] != ACCOUNT:
+            continue
+        at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        ref = entry.get("objectRef") or {}
+        resource = ref.get("resource", "?") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+        requests.append((at, entry["verb"], resource))
     return requests
 
 

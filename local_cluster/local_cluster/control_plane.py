@@ -25,9 +25,10 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from local_cluster.pki import ClusterPki, create_cluster_pki, write_kubeconfig
 from local_cluster.processes import ManagedProcess
@@ -181,6 +182,14 @@ def audit_log_files(audit_log: Path) -> list[Path]:
     objects passes that in minutes."""
     rotated = sorted(audit_log.parent.glob(f"{audit_log.stem}-*{audit_log.suffix}"))
     return [*rotated, audit_log] if audit_log.exists() else rotated
+
+
+def audit_events(audit_log: Path) -> Iterator[dict[str, Any]]:
+    """Each event of an audit log (JSON lines), from every part of it in order (``audit_log_files``)."""
+    for part in audit_log_files(audit_log):
+        with part.open(encoding="utf-8") as lines:
+            for line in lines:
+                yield json.loads(line)
 
 
 def start_control_plane(settings: ControlPlaneSettings) -> ControlPlane:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from local_cluster.cluster import REPO_ROOT, built_tools_dir
-from local_cluster.control_plane import audit_log_files
+from local_cluster.control_plane import audit_events
 from local_cluster.relay import BACKEND_IMAGE, CLOUD_IMAGE, SIM_PORT, simulator_objects
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import installed_crd, wait_for
@@ -322,13 +322,7 @@ def audited_calls(cluster: SealedCluster, user: str) -> list[tuple[str, str, int
     file system (``ControlPlane.audit_log``: ``<workdir>/logs/audit.log``, and the parts rotated
     out of it)."""
     calls = []
-    lines = [
-        line
-        for part in audit_log_files(cluster.workdir / "logs" / "audit.log")
-        for line in part.read_text().splitlines()
-    ]
-    for line in lines:
-        event = json.loads(line)
+    for event in audit_events(cluster.workdir / "logs" / "audit.log"):
         ref = event.get("objectRef")
         if event["user"]["username"] != user or not ref:
             continue
