@@ -133,6 +133,53 @@ def test_hostile_and_malformed_bodies(body: bytes, code: FaultCode) -> None:
     assert raised.value.code is code
 
 
+_XML_DECLARATION = b'<?xml version="1.0" encoding="UTF-8"?>'
+_HEARTBEAT = _XML_DECLARATION + zeep_request("Heartbeat", active=True, epoch=1, operatorId="a")
+_DTD = b'<!DOCTYPE x [<!ENTITY a "b">]>'
+
+
+@pytest.mark.parametrize(
+    "prolog",
+    [
+        b"",
+        b"\n  ",
+        b"<!-- a comment --> ",
+        b"<?pi some data?>\n",
+        b"<!-- one --><?pi?><!-- two -->",
+        b"<!-- <root/> inside a comment -->",
+    ],
+)
+def test_a_doctype_anywhere_in_the_prolog_is_hostile(prolog: bytes) -> None:
+    # The scan that replaced the whole-body search must still see a DOCTYPE past comments and PIs.
+    declaration, _, rest = _HEARTBEAT.partition(b"?>")
+    for body in (declaration + b"?>" + prolog + _DTD + rest, b"\xef\xbb\xbf" + prolog + _DTD + rest):
+        with pytest.raises(SoapFaultError) as raised:
+            soap_codec.parse_request(body)
+        assert raised.value.code is FaultCode.HOSTILE_XML, body[:80]
+
+
+def test_a_comment_that_only_mentions_a_doctype_is_not_hostile() -> None:
+    declaration, _, rest = _HEARTBEAT.partition(b"?>")
+    parsed = soap_codec.parse_request(declaration + b"?><!-- no <!DOCTYPE here -->" + rest)
+    assert parsed == HeartbeatRequest(active=True, epoch=1, operator_id="a")
+
+
+def test_a_utf16_doctype_is_hostile_too() -> None:
+    # Not starting with a '<' byte, it takes the whole-body search and the parsed doctype check.
+    body = '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE x [<!ENTITY a "b">]><x>&a;</x>'
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(body.encode("utf-16"))
+    assert raised.value.code is FaultCode.HOSTILE_XML
+
+
+def test_markup_declarations_after_the_root_are_malformed_and_never_read() -> None:
+    declaration, _, rest = _HEARTBEAT.partition(b"?>")
+    at = rest.index(b"<ns0:epoch>")
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(declaration + b"?>" + rest[:at] + _DTD + rest[at:])
+    assert raised.value.code is FaultCode.MALFORMED_REQUEST
+
+
 def test_two_operations_in_one_body_are_refused() -> None:
     one = zeep_request("Heartbeat", active=True, epoch=1, operatorId="a")
     root = etree.fromstring(one)
