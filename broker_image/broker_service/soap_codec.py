@@ -127,7 +127,12 @@ XSD_NAMESPACE = "http://www.w3.org/2001/XMLSchema"
 _SCHEMA = _request_schema()
 
 
-_SPACE = re.compile(rb"[ \t\r\n]*")
+_SPACE = re.compile(rb"[ \t\r\n]+")
+
+
+def _past_space(body: bytes, at: int) -> int:
+    space = _SPACE.match(body, at)
+    return space.end() if space else at
 
 
 def _declares_dtd(body: bytes) -> bool:
@@ -140,7 +145,7 @@ def _declares_dtd(body: bytes) -> bool:
     start with ``<`` (UTF-16, or garbage) is searched whole, as before; ``parse_request`` also
     refuses any document lxml reports a doctype for.
     """
-    at = _SPACE.match(body, 3 if body.startswith(codecs.BOM_UTF8) else 0).end()
+    at = _past_space(body, 3 if body.startswith(codecs.BOM_UTF8) else 0)
     while True:
         if body.startswith(b"<?", at):
             end, skip = body.find(b"?>", at + 2), 2
@@ -152,7 +157,7 @@ def _declares_dtd(body: bytes) -> bool:
             return b"<!DOCTYPE" in body or b"<!ENTITY" in body
         if end < 0:
             return False  # an unterminated PI or comment: everything after it is inside; malformed
-        at = _SPACE.match(body, end + skip).end()
+        at = _past_space(body, end + skip)
 
 
 def parse_request(body: bytes) -> SoapRequest:
