@@ -207,6 +207,35 @@ class Relay:
             for address in endpoint.get("addresses") or []
         ]
 
+    def operator_diagnostics(self, log_lines: int = 200) -> str:
+        """What to read when a test of this relay fails, taken before its namespace goes: each
+        operator pod (node, restarts, the last termination), its log (and the previous
+        container's, after a restart) and the namespace's events, oldest first."""
+        selector = "app.kubernetes.io/component=operator"
+        parts: list[str] = []
+        for pod in (self.get("pods", "-l", selector) or {}).get("items") or []:
+            name = pod["metadata"]["name"]
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            restarts = sum(int(status.get("restartCount", 0)) for status in statuses)
+            last = [status.get("lastState", {}).get("terminated") for status in statuses]
+            parts.append(
+                f"--- operator pod {name} on {pod['spec'].get('nodeName')}: restarts {restarts}, "
+                f"last termination {[t for t in last if t] or None}"
+            )
+            for previous in (True, False) if restarts else (False,):
+                logs = self.cluster.kubectl(
+                    "-n", self.namespace, "logs", name, "--timestamps", f"--tail={log_lines}",
+                    *(["--previous"] if previous else []), check=False,
+                )  # fmt: skip
+                parts.append(
+                    f"--- {'previous ' if previous else ''}log of {name}\n{logs.stdout}{logs.stderr}"
+                )
+        events = self.cluster.kubectl(
+            "-n", self.namespace, "get", "events", "--sort-by=.lastTimestamp", check=False
+        )
+        parts.append(f"--- events in {self.namespace}\n{events.stdout}{events.stderr}")
+        return "\n".join(parts)
+
     def uninstall(self) -> None:
         # The BrokerCluster gone first (bounded): its operator removes its finalizer. Uninstalled
         # before that, it leaves it for good, and a later deletion of the CRD then never ends.

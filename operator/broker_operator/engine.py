@@ -22,7 +22,8 @@ How the loop keeps the core's promises:
 
 What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
-are (an active broker keeps its lease until it expires or a new engine renews it).
+are (an active broker keeps its lease until it expires or a new engine renews it);
+:meth:`ClusterLoop.finish` first lets a move under way end and its status land.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class ClusterLoop:
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step
+        self._finishing = False  # finish(): return once settled, instead of stepping on
         self._series = metrics.ClusterSeries(cluster)
 
     @property
@@ -233,6 +235,26 @@ class ClusterLoop:
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> ClusterConfig:
         return ClusterConfig.of(self.cluster, targets, settings, preferred_active, self._phase)
+
+    def finish(self) -> None:
+        """Have :meth:`run` return once it is settled: no move under way, the ``-active`` Service
+        pointed at the active, and the status that says so written.
+
+        For a stopping operator: a replica drained or deleted in the middle of a switchover
+        otherwise leaves the brokers moved but the status naming the old active, and the replica
+        that takes over resumes from that (docs/operator.md, "Stopping"). The caller bounds the
+        wait and cancels after it: a failover waiting out a lease is not worth holding a stop for.
+        """
+        self._finishing = True
+        self._wakeup.set()
+
+    def _settled(self) -> bool:
+        """No move but a start-up's under way (a stopping engine leaves the next one its own start),
+        and the Service known to point at the active, if there is one."""
+        state = self._state
+        if state.move is not None and state.move.kind is not MoveKind.STARTUP:
+            return False
+        return state.active is None or (state.pointed_known and state.pointed == state.active)
 
     def wake(self) -> None:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
@@ -266,6 +288,9 @@ class ClusterLoop:
         last_phase: str | None = None
         followed: tuple[BrokerTarget, ...] | None = None
         while True:
+            if self._finishing and not observations and self._settled():
+                await self._status.flush()
+                return
             self._wakeup.clear()
             if watches is not None and self._config.targets is not followed:
                 followed = self._config.targets  # a new tuple only when update() took a new spec

@@ -25,6 +25,23 @@ import pytest
 from local_cluster.cluster import LocalClusterSettings, built_tools_dir
 from local_cluster.processes import reap_on_exit
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+from tests.e2e.support import LIVE_RELAYS
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries its relays' operator pods, logs and events: taken here,
+    before the fixtures' teardown deletes the namespaces they were in."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.failed:
+        return
+    for relay in list(LIVE_RELAYS):
+        try:
+            text = relay.operator_diagnostics()
+        except Exception as error:  # a report must not fail for want of its appendix
+            text = f"could not gather them: {error!r}"
+        report.sections.append((f"operator diagnostics, namespace {relay.namespace}", text))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -164,6 +164,11 @@ def listening(port: int) -> bool:
         return False
 
 
+LIVE_RELAYS: list[Relay] = []
+"""The relays of the running test, for ``conftest.pytest_runtest_makereport`` to describe when it
+fails: their namespaces, and the operators' logs with them, are gone by the end of the run."""
+
+
 @contextlib.contextmanager
 def relay_in_new_namespace(cluster: SealedCluster, prefix: str, **deploy: Any) -> Iterator[Relay]:
     """``deploy_relay`` (``deploy``: its keyword arguments) in a namespace of its own, uninstalled and
@@ -171,8 +176,10 @@ def relay_in_new_namespace(cluster: SealedCluster, prefix: str, **deploy: Any) -
     namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     relay = deploy_relay(cluster, namespace, **deploy)
+    LIVE_RELAYS.append(relay)
     try:
         yield relay
     finally:
+        LIVE_RELAYS.remove(relay)
         relay.uninstall()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -76,10 +76,18 @@ class ProcessShell(LocalShell):
         self.statuses: list[ClusterStatus] = []
         self.status_gate: asyncio.Event | None = None  # when set here, status writes wait for it
         self.held: list[ClusterStatus] = []  # the status writes that began while a gate was set
+        self.refuse_points = False  # while True, pointing the Service fails (the API server refuses)
+        self.pointed: list[str | None] = []  # the actives the Service was pointed at, in order
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
         self.events.append((reason, message))
         await super().record_event(reason, message, warning)
+
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+        if self.refuse_points:
+            raise RuntimeError("the API server refused the write (test)")
+        self.pointed.append(active)
+        await super().point_active(active, epoch, url)
 
     async def record_status(self, status: ClusterStatus) -> None:
         if self.status_gate is not None:

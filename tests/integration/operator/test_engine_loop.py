@@ -180,6 +180,41 @@ async def test_switchover_to_preferred_active_drains_first(cluster: BrokerTrio) 
     assert await asyncio.to_thread(cluster.actives) == ["b2"]
 
 
+async def test_a_stopping_engine_finishes_the_switchover_under_way_and_records_it(
+    cluster: BrokerTrio,
+) -> None:
+    """``finish()`` in the middle of a switchover (kopf stopping the daemon: a drain evicting this
+    replica) lets the move end, the Service be pointed and the status land before ``run`` returns;
+    the replica that takes over then resumes from a status that names the new active."""
+    loop, shell = await cluster.start_loop()
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(
+        lambda: bool(shell.statuses) and shell.statuses[-1].phase == "Healthy", 10, "Healthy recorded"
+    )
+    shell.refuse_points = True  # the switchover's last step, pointing the Service, keeps failing
+    loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
+    await eventually(lambda: cluster.actives() == ["b2"], 10, "b2 activated")
+    loop.finish()
+    await asyncio.sleep(1.0)  # several of the core's retries of the point, one per interval
+    engine = cluster.loops[-1]
+    assert not engine.done(), "run() returned with the Service not pointed at b2"
+    shell.refuse_points = False
+    await asyncio.wait_for(engine, timeout=10)  # returns by itself: no cancellation
+    assert shell.pointed[-1] == "b2", shell.pointed
+    recorded = shell.statuses[-1]
+    assert recorded.active == "b2" and recorded.last_failover is not None, recorded
+    assert recorded.last_failover.reason == "PreferredActive", recorded.last_failover
+
+
+async def test_a_stopping_engine_starts_nothing_new(cluster: BrokerTrio) -> None:
+    """An engine told to finish before its start-up activated anyone returns without activating:
+    the replica that takes over makes its own start."""
+    loop, _shell = await cluster.start_loop()
+    loop.finish()
+    await asyncio.wait_for(cluster.loops[-1], timeout=5)
+    assert await asyncio.to_thread(cluster.actives) == []
+
+
 async def test_restarted_engine_resumes_the_same_active_without_an_event(cluster: BrokerTrio) -> None:
     _loop, shell = await cluster.start_loop()
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
