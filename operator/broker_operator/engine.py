@@ -56,8 +56,9 @@ from broker_operator.core import (
     step,
 )
 from broker_operator.core.frozen import replace
+from broker_operator.core.knowledge import LastMove
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
-from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
+from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
 from broker_operator.status_writer import StatusWriter
 
@@ -129,6 +130,21 @@ class ClusterShell(Protocol):
     def pod_facts(self) -> Mapping[str, PodFacts]:
         """Facts per broker name; an empty mapping in endpoints mode."""
         ...
+
+
+def _recorded_last_move(recorded: ClusterStatus | None) -> LastMove | None:
+    """The status's ``lastFailover`` as the engine's own record of it (None if absent or unreadable)."""
+    last = recorded.last_failover if recorded is not None else None
+    completed = parse_time(last.time) if last is not None else None
+    if last is None or completed is None:
+        return None
+    return LastMove(
+        completed_wall=completed,
+        from_=last.from_,
+        to=last.to,
+        reason=last.reason,
+        duration_ms=last.duration_ms,
+    )
 
 
 def cluster_phase(cluster: str) -> float:
@@ -211,6 +227,7 @@ class ClusterLoop:
             last_active=initial.active if initial else None,
             active_epoch=initial.active_epoch if initial else None,
             failovers=initial.failovers if initial else 0,
+            last_move=_recorded_last_move(initial),
         )
         self._wakeup = _Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0

@@ -243,6 +243,7 @@ def initial_state(
     last_active: str | None = None,
     failovers: int = 0,
     active_epoch: int | None = None,
+    last_move: LastMove | None = None,
 ) -> EngineState:
     """The engine's knowledge right after (re)start: everyone possibly active for one fence period.
 
@@ -253,6 +254,10 @@ def initial_state(
     mid-switchover, and its successor sent the same epoch to the old active: one epoch, two
     brokers). Then, or with no active recorded, the epoch is ended and the next activation
     allocates above it.
+
+    ``last_move`` is the last change of active the status records: kept until this engine makes
+    one, so that its status does not erase it (a replica taking over right after a drain's
+    switchover wrote ``lastFailover: null`` over the switchover it had not seen happen).
     """
     fence_until = now + config.settings.fence_seconds
     brokers = tuple(
@@ -273,6 +278,7 @@ def initial_state(
         honoured_preferred=config.preferred_active,
         move=reorder_move(startup, config),
         failovers=failovers,
+        last_move=last_move,
         wall_offset=wall_now - now,
     )
 

@@ -59,6 +59,17 @@ def format_time(wall: float) -> str:
     return f"{_whole_second(int(whole))}.{micros:06d}Z"
 
 
+def parse_time(text: str) -> float | None:
+    """The ``time.time()`` value of a date-time :func:`format_time` wrote (or any RFC 3339 text
+    with a zone); None for text that is not one. ``format_time(parse_time(t)) == t`` for its own
+    text: a double holds today's seconds to a quarter of a microsecond."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
 @functools.lru_cache(maxsize=64)
 def _whole_second(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")

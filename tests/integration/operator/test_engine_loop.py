@@ -206,6 +206,36 @@ async def test_a_stopping_engine_finishes_the_switchover_under_way_and_records_i
     assert recorded.last_failover.reason == "PreferredActive", recorded.last_failover
 
 
+async def test_a_restarted_engine_keeps_the_recorded_last_failover(cluster: BrokerTrio) -> None:
+    """The switchover's record outlives the engine that made it: a restarted one (another replica
+    taking over) resumes the same active and writes no status without it. It wrote
+    ``lastFailover: null`` once, and a drain's ``NodeDrain`` switchover vanished from the status."""
+    loop, shell = await cluster.start_loop()
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(lambda: loop.status.phase == "Healthy", 10, "standbys ready")
+    loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
+    await eventually(
+        lambda: (
+            bool(shell.statuses)
+            and shell.statuses[-1].active == "b2"
+            and shell.statuses[-1].phase == "Healthy"
+        ),
+        10,
+        "the switchover to b2 recorded",
+    )
+    recorded = shell.statuses[-1].last_failover
+    assert recorded is not None and (recorded.from_, recorded.to) == ("b0", "b2"), recorded
+    await cluster.stop_loops()
+    cluster.loops.clear()
+    cluster.clients.clear()
+    loop2, shell2 = await cluster.start_loop(preferred="b2")  # the same state file
+    await eventually(lambda: loop2.status.phase == "Healthy", 10, "Healthy after restart")
+    await asyncio.sleep(2 * SETTINGS.interval_seconds)
+    assert await asyncio.to_thread(cluster.actives) == ["b2"]
+    assert loop2.status.last_failover == recorded
+    assert all(status.last_failover == recorded for status in shell2.statuses), shell2.statuses
+
+
 async def test_a_stopping_engine_starts_nothing_new(cluster: BrokerTrio) -> None:
     """An engine told to finish before its start-up activated anyone returns without activating:
     the replica that takes over makes its own start."""

@@ -19,7 +19,7 @@ from broker_operator.core import HeartbeatSettings, initial_state
 from broker_operator.core.frozen import replace
 from broker_operator.core.knowledge import BrokerKnowledge, ClusterConfig, EngineState, Move, MoveKind
 from broker_operator.core.model import BrokerTarget
-from broker_operator.core.status import format_time
+from broker_operator.core.status import format_time, parse_time
 from broker_operator.engine import cluster_phase
 
 TARGETS = [BrokerTarget(name, f"http://127.0.0.1:{9000 + i}/soap", i) for i, name in enumerate("abc")]
@@ -71,6 +71,19 @@ def test_format_time_is_the_text_datetime_gives() -> None:
     values += [1.9999995, 1700000000.9999996, 1700000000.0000004, 0.0, 1e9 + 0.5e-6, 1764194400.9999999]
     for wall in values:
         assert format_time(wall) == datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), wall
+
+
+def test_parse_time_reads_back_what_format_time_wrote() -> None:
+    # A restarted engine keeps the recorded lastFailover through this pair: if the text changed on
+    # the way, every restart would write a status that differs by a microsecond.
+    rng = random.Random(11)
+    for wall in [rng.uniform(1.7e9, 2.2e9) for _ in range(20_000)] + [1764194400.9999999, 0.0]:
+        text = format_time(wall)
+        parsed = parse_time(text)
+        assert parsed is not None and format_time(parsed) == text, text
+    assert parse_time("2026-11-27T13:44:12.5+01:00") == parse_time("2026-11-27T12:44:12.500000Z")
+    assert parse_time("yesterday") is None
+    assert parse_time("2026-11-27T13:44:12") is None  # no zone: not a time Kubernetes writes
 
 
 def config_with(phase: float | None) -> ClusterConfig:
