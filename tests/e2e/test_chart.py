@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from broker_operator.controller.peering import PEERING_OBJECT_WAIT_SECONDS
 from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.control_plane import audit_events
 from local_cluster.relay import BACKEND_IMAGE, CLOUD_IMAGE, SIM_PORT, simulator_objects
@@ -108,6 +109,19 @@ def test_every_pod_the_chart_renders_is_non_root_with_a_read_only_root() -> None
     # The validator's pods write into the store the brokers write: the same group owns it.
     validator = [where for where in specs if "validator" in where]
     assert [specs[where]["securityContext"]["fsGroup"] for where in validator] == [10001, 10001]
+
+
+def test_the_operator_is_not_restarted_while_it_waits_for_its_peering_object() -> None:
+    # kopf answers /healthz only after its startup handlers, and announce_peer may wait
+    # PEERING_OBJECT_WAIT_SECONDS for the peering object: the startup probe must outlast that.
+    docs = render("--set", "operator.replicas=2", "--set", "operator.peering=bfp")
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    startup, liveness = container["startupProbe"], container["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"]
+    allowed = startup["periodSeconds"] * startup["failureThreshold"]
+    assert allowed >= PEERING_OBJECT_WAIT_SECONDS + 20, startup  # the wait, the imports, the settle
+    assert liveness.get("timeoutSeconds", 1) >= 5, liveness
 
 
 def test_shards_render_a_deployment_peering_and_budget_each() -> None:
