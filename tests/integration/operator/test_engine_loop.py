@@ -21,7 +21,7 @@ from broker_contracts.soap import BrokerState
 from broker_operator.core.model import FailbackMode
 from broker_operator.engine import BrokerTarget, HeartbeatClient
 from broker_simulators.local_processes import DEFAULT_TOKEN
-from tests.integration.operator.conftest import LEASE, SETTINGS, BrokerTrio, eventually
+from tests.integration.operator.conftest import LEASE, SETTINGS, BrokerTrio, ProcessShell, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -48,6 +48,13 @@ async def test_activates_highest_priority_and_reports_healthy(cluster: BrokerTri
     writes = len(shell.statuses)
     await asyncio.sleep(1.5)
     assert len(shell.statuses) == writes
+
+
+def recorded_healthy(shell: ProcessShell, active: str) -> bool:
+    """Whether the last status the shell took (not the engine's in-memory one) is Healthy with ``active``."""
+    return (
+        bool(shell.statuses) and shell.statuses[-1].phase == "Healthy" and shell.statuses[-1].active == active
+    )
 
 
 def failovers_counted() -> float:
@@ -214,15 +221,7 @@ async def test_a_restarted_engine_keeps_the_recorded_last_failover(cluster: Brok
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
     await eventually(lambda: loop.status.phase == "Healthy", 10, "standbys ready")
     loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
-    await eventually(
-        lambda: (
-            bool(shell.statuses)
-            and shell.statuses[-1].active == "b2"
-            and shell.statuses[-1].phase == "Healthy"
-        ),
-        10,
-        "the switchover to b2 recorded",
-    )
+    await eventually(lambda: recorded_healthy(shell, "b2"), 10, "the switchover to b2 recorded")
     recorded = shell.statuses[-1].last_failover
     assert recorded is not None and (recorded.from_, recorded.to) == ("b0", "b2"), recorded
     await cluster.stop_loops()
@@ -250,15 +249,7 @@ async def test_restarted_engine_resumes_the_same_active_without_an_event(cluster
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
     # Wait for the *recorded* status: the engine's in-memory one is ahead of the file by one
     # step, and an engine stopped in between rightly resumes without knowing b0 is active.
-    await eventually(
-        lambda: (
-            bool(shell.statuses)
-            and shell.statuses[-1].phase == "Healthy"
-            and shell.statuses[-1].active == "b0"
-        ),
-        10,
-        "Healthy with b0 recorded",
-    )
+    await eventually(lambda: recorded_healthy(shell, "b0"), 10, "Healthy with b0 recorded")
     await cluster.stop_loops()
     cluster.loops.clear()
     cluster.clients.clear()
