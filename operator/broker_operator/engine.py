@@ -23,7 +23,7 @@ How the loop keeps the core's promises:
 What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
 are (an active broker keeps its lease until it expires or a new engine renews it);
-:meth:`ClusterLoop.finish` first lets a move under way end and its status land.
+only the status write under way may still land (``status_grace_seconds``).
 """
 
 from __future__ import annotations
@@ -209,9 +209,11 @@ class ClusterLoop:
         wall_clock: Callable[[], float] = time.time,
         start_jitter: bool = True,
         watch: bool = False,
+        status_grace_seconds: float = 0.0,
     ) -> None:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
-        it hears of a crash at once and can prove a process gone."""
+        it hears of a crash at once and can prove a process gone. ``status_grace_seconds``: how
+        long the status write under way at a cancellation may still take (see :meth:`run`)."""
         self.cluster = cluster
         self._phase = cluster_phase(cluster)
         self._config = self._config_of(targets, settings, preferred_active)
@@ -233,7 +235,7 @@ class ClusterLoop:
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step
-        self._finishing = False  # finish(): return once settled, instead of stepping on
+        self._status_grace = status_grace_seconds
         self._series = metrics.ClusterSeries(cluster)
 
     @property
@@ -252,26 +254,6 @@ class ClusterLoop:
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> ClusterConfig:
         return ClusterConfig.of(self.cluster, targets, settings, preferred_active, self._phase)
-
-    def finish(self) -> None:
-        """Have :meth:`run` return once it is settled: no move under way, the ``-active`` Service
-        pointed at the active, and the status that says so written.
-
-        For a stopping operator: a replica drained or deleted in the middle of a switchover
-        otherwise leaves the brokers moved but the status naming the old active, and the replica
-        that takes over resumes from that (docs/operator.md, "Stopping"). The caller bounds the
-        wait and cancels after it: a failover waiting out a lease is not worth holding a stop for.
-        """
-        self._finishing = True
-        self._wakeup.set()
-
-    def _settled(self) -> bool:
-        """No move but a start-up's under way (a stopping engine leaves the next one its own start),
-        and the Service known to point at the active, if there is one."""
-        state = self._state
-        if state.move is not None and state.move.kind is not MoveKind.STARTUP:
-            return False
-        return state.active is None or (state.pointed_known and state.pointed == state.active)
 
     def wake(self) -> None:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
@@ -296,7 +278,11 @@ class ClusterLoop:
         try:
             await self._run(watches)
         finally:
-            self._status.cancel()
+            # The steps stop here, at once: a stopped engine must not act while the replica that
+            # takes over may already have read the status. The status it last handed over may
+            # still land, for a bounded time: cancelled with it, a drain's switchover was lost
+            # from the status (docs/operator.md, "Stopping").
+            self._status.cancel_after(self._status_grace)
             if watches is not None:
                 await watches.close()
 
@@ -305,9 +291,6 @@ class ClusterLoop:
         last_phase: str | None = None
         followed: tuple[BrokerTarget, ...] | None = None
         while True:
-            if self._finishing and not observations and self._settled():
-                await self._status.flush()
-                return
             self._wakeup.clear()
             if watches is not None and self._config.targets is not followed:
                 followed = self._config.targets  # a new tuple only when update() took a new spec
@@ -317,10 +300,12 @@ class ClusterLoop:
             observations, self._signals = [*observations, *self._signals], []
             decision = step(self._state, self._config, self._shell.pod_facts(), self._clock(), observations)
             self._state = decision.state
-            observations = await self._carry_out(decision.actions)
+            # Handed over before the step's calls (they do not change it): written beside them, and
+            # handed over even if this engine is cancelled while they run (see run).
             status = status_of(self._state, self._config)
             if not self._confirming_recorded_active():
-                self._status.submit(status)  # written beside the next steps, not before them
+                self._status.submit(status)
+            observations = await self._carry_out(decision.actions)
             if status.phase != last_phase:
                 metrics.set_phase(self.cluster, status.phase)
                 last_phase = status.phase

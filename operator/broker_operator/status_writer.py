@@ -53,6 +53,14 @@ class StatusWriter:
         if self._task is not None:
             self._task.cancel()
 
+    def cancel_after(self, seconds: float) -> None:
+        """Let the write under way, and one of the newest status handed over, land within
+        ``seconds``; cancel whatever is left then (at once for 0)."""
+        if seconds <= 0 or self._task is None:
+            self.cancel()
+            return
+        asyncio.get_running_loop().call_later(seconds, self.cancel)
+
     async def _run(self) -> None:
         try:
             while self._wanted is not None:

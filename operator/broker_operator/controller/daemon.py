@@ -230,6 +230,7 @@ async def _run_engine(
         # Pods mode: each target is a pod's own address, so a refused connection is the pod's
         # (broker_watch); endpoints may sit behind a proxy whose refusal would say nothing.
         watch=not parsed.endpoints_mode,
+        status_grace_seconds=context.settings.status_grace_seconds,
     )
 
     def retarget() -> None:
@@ -280,12 +281,6 @@ async def _run_engine(
         observations.wake = None
         observations.retarget = None
         observations.repoint = None
-        if not engine.done():
-            # A switchover under way when kopf stops us (a drain evicting this replica, most
-            # likely because the drain is the switchover's cause) ends, and its status lands,
-            # before the replica that takes over reads it; bounded, then cancelled as before.
-            loop.finish()
-            await asyncio.wait((engine,), timeout=context.settings.stop_grace_seconds)
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
         await heartbeats.close()

@@ -76,18 +76,10 @@ class ProcessShell(LocalShell):
         self.statuses: list[ClusterStatus] = []
         self.status_gate: asyncio.Event | None = None  # when set here, status writes wait for it
         self.held: list[ClusterStatus] = []  # the status writes that began while a gate was set
-        self.refuse_points = False  # while True, pointing the Service fails (the API server refuses)
-        self.pointed: list[str | None] = []  # the actives the Service was pointed at, in order
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
         self.events.append((reason, message))
         await super().record_event(reason, message, warning)
-
-    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
-        if self.refuse_points:
-            raise RuntimeError("the API server refused the write (test)")
-        self.pointed.append(active)
-        await super().point_active(active, epoch, url)
 
     async def record_status(self, status: ClusterStatus) -> None:
         if self.status_gate is not None:
@@ -133,6 +125,7 @@ class BrokerTrio:
         preferred: str | None = None,
         state_name: str = "state.json",
         targets: list[BrokerTarget] | None = None,
+        status_grace_seconds: float = 0.0,
     ) -> tuple[ClusterLoop, ProcessShell]:
         """Run a ClusterLoop over all three brokers, or over ``targets`` (possibly none) if given."""
         state = StateFile(self.tmp_path / state_name)
@@ -140,7 +133,16 @@ class BrokerTrio:
         shell = ProcessShell(state, self.brokers, pods)
         client = HeartbeatClient(DEFAULT_TOKEN, "integration-test", settings.timeout_seconds)
         brokers = self.targets() if targets is None else targets
-        loop = ClusterLoop("acme-1000", brokers, settings, shell, client, status, preferred)
+        loop = ClusterLoop(
+            "acme-1000",
+            brokers,
+            settings,
+            shell,
+            client,
+            status,
+            preferred,
+            status_grace_seconds=status_grace_seconds,
+        )
         task = asyncio.create_task(loop.run())
         self.loops.append(task)
         self.clients.append(client)

@@ -11,6 +11,7 @@ events. Waits are bounded polls; no test asserts how fast anything was (that is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import signal
 
@@ -187,30 +188,40 @@ async def test_switchover_to_preferred_active_drains_first(cluster: BrokerTrio) 
     assert await asyncio.to_thread(cluster.actives) == ["b2"]
 
 
-async def test_a_stopping_engine_finishes_the_switchover_under_way_and_records_it(
-    cluster: BrokerTrio,
+@pytest.mark.parametrize("grace", [5.0, 0.0])
+async def test_a_cancelled_engine_still_lands_the_status_it_handed_over(
+    cluster: BrokerTrio, grace: float
 ) -> None:
-    """``finish()`` in the middle of a switchover (kopf stopping the daemon: a drain evicting this
-    replica) lets the move end, the Service be pointed and the status land before ``run`` returns;
-    the replica that takes over then resumes from a status that names the new active."""
-    loop, shell = await cluster.start_loop()
+    """kopf cancels the engine when it stops the daemon (a drain evicting this replica, in the middle
+    of the switchover the drain caused). The steps stop at once, but with a grace the status already
+    handed over still lands: cancelled with the engine, the switchover was lost from the status and
+    the replica that took over resumed from the old one."""
+    loop, shell = await cluster.start_loop(status_grace_seconds=grace)
     await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
-    await eventually(
-        lambda: bool(shell.statuses) and shell.statuses[-1].phase == "Healthy", 10, "Healthy recorded"
-    )
-    shell.refuse_points = True  # the switchover's last step, pointing the Service, keeps failing
+    await eventually(lambda: recorded_healthy(shell, "b0"), 10, "Healthy with b0 recorded")
+    shell.status_gate = asyncio.Event()  # every status write waits for it from here on
     loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
-    await eventually(lambda: cluster.actives() == ["b2"], 10, "b2 activated")
-    loop.finish()
-    await asyncio.sleep(1.0)  # several of the core's retries of the point, one per interval
+    await eventually(lambda: cluster.actives() == ["b2"], 10, "b2 activated while status writes are held")
+    await eventually(
+        lambda: loop.status.last_failover is not None, 10, "the switchover in the engine's status"
+    )
     engine = cluster.loops[-1]
-    assert not engine.done(), "run() returned with the Service not pointed at b2"
-    shell.refuse_points = False
-    await asyncio.wait_for(engine, timeout=10)  # returns by itself: no cancellation
-    assert shell.pointed[-1] == "b2", shell.pointed
-    recorded = shell.statuses[-1]
-    assert recorded.active == "b2" and recorded.last_failover is not None, recorded
-    assert recorded.last_failover.reason == "PreferredActive", recorded.last_failover
+    engine.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await engine
+    assert shell.statuses[-1].active == "b0", "a status write went through while held"
+    shell.status_gate.set()
+    if grace:
+        await eventually(
+            lambda: shell.statuses[-1].active == "b2", 5, "the switchover recorded after the cancel"
+        )
+        last = shell.statuses[-1].last_failover
+        assert last is not None and (last.from_, last.to, last.reason) == ("b0", "b2", "PreferredActive"), (
+            last
+        )
+    else:  # without a grace the write is cancelled with the engine, as before
+        await asyncio.sleep(1.0)
+        assert shell.statuses[-1].active == "b0", shell.statuses[-1]
 
 
 async def test_a_restarted_engine_keeps_the_recorded_last_failover(cluster: BrokerTrio) -> None:
@@ -233,15 +244,6 @@ async def test_a_restarted_engine_keeps_the_recorded_last_failover(cluster: Brok
     assert await asyncio.to_thread(cluster.actives) == ["b2"]
     assert loop2.status.last_failover == recorded
     assert all(status.last_failover == recorded for status in shell2.statuses), shell2.statuses
-
-
-async def test_a_stopping_engine_starts_nothing_new(cluster: BrokerTrio) -> None:
-    """An engine told to finish before its start-up activated anyone returns without activating:
-    the replica that takes over makes its own start."""
-    loop, _shell = await cluster.start_loop()
-    loop.finish()
-    await asyncio.wait_for(cluster.loops[-1], timeout=5)
-    assert await asyncio.to_thread(cluster.actives) == []
 
 
 async def test_restarted_engine_resumes_the_same_active_without_an_event(cluster: BrokerTrio) -> None:
