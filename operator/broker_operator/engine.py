@@ -279,9 +279,11 @@ class ClusterLoop:
             await self._run(watches)
         finally:
             # The steps stop here, at once: a stopped engine must not act while the replica that
-            # takes over may already have read the status. The status it last handed over may
-            # still land, for a bounded time: cancelled with it, a drain's switchover was lost
-            # from the status (docs/operator.md, "Stopping").
+            # takes over may already have read the status. What it knows may still be written,
+            # for a bounded time, including a step cancelled during its calls: cancelled with the
+            # engine, a drain's switchover was lost from the status (docs/operator.md, "Stopping").
+            if self._status_grace > 0:
+                self._hand_over_status()
             self._status.cancel_after(self._status_grace)
             if watches is not None:
                 await watches.close()
@@ -300,12 +302,10 @@ class ClusterLoop:
             observations, self._signals = [*observations, *self._signals], []
             decision = step(self._state, self._config, self._shell.pod_facts(), self._clock(), observations)
             self._state = decision.state
-            # Handed over before the step's calls (they do not change it): written beside them, and
-            # handed over even if this engine is cancelled while they run (see run).
-            status = status_of(self._state, self._config)
-            if not self._confirming_recorded_active():
-                self._status.submit(status)
             observations = await self._carry_out(decision.actions)
+            # After the step's calls: the Service is pointed at a new active before the status names
+            # it (tests and people act on the status); written beside the next steps.
+            status = self._hand_over_status()
             if status.phase != last_phase:
                 metrics.set_phase(self.cluster, status.phase)
                 last_phase = status.phase
@@ -407,6 +407,14 @@ class ClusterLoop:
             await self._shell.record_event(event.reason, event.message, event.warning)
         except Exception:  # events are for people; losing one must not stop failover
             logger.exception("%s: recording event %s failed", self.cluster, event.reason)
+
+    def _hand_over_status(self) -> ClusterStatus:
+        """The status of what the engine knows now, handed to the writer unless it is still
+        confirming the recorded active (see below)."""
+        status = status_of(self._state, self._config)
+        if not self._confirming_recorded_active():
+            self._status.submit(status)
+        return status
 
     def _confirming_recorded_active(self) -> bool:
         """The first round after a (re)start, while the active that status names is asked again.
