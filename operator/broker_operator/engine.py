@@ -18,12 +18,12 @@ How the loop keeps the core's promises:
 - status is written only when the engine-owned fields change (heartbeat times
   alone do not count, nor does the epoch: ``allocate_epoch`` is its only writer),
   by a ``StatusWriter`` beside the loop, so that no status write sits between a failover's
-  steps; events as the core emits them.
+  steps; events as the core emits them, by an ``EventWriter`` beside it likewise.
 
 What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
 are (an active broker keeps its lease until it expires or a new engine renews it);
-only the status write under way may still land (``status_grace_seconds``).
+only the status and the events it handed over may still land (``status_grace_seconds``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from broker_operator.core.knowledge import LastMove
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
-from broker_operator.status_writer import StatusWriter
+from broker_operator.status_writer import EventWriter, StatusWriter
 
 __all__ = [
     "BrokerStatus",
@@ -221,6 +221,7 @@ class ClusterLoop:
         self._heartbeats = heartbeats
         self._clock = clock
         self._status = StatusWriter(cluster, shell.record_status, initial)
+        self._events = EventWriter(cluster, shell.record_event)
         self._state = initial_state(
             self._config,
             now=clock(),
@@ -285,6 +286,7 @@ class ClusterLoop:
             if self._status_grace > 0:
                 self._hand_over_status()
             self._status.cancel_after(self._status_grace)
+            self._events.cancel_after(self._status_grace)
             if watches is not None:
                 await watches.close()
 
@@ -329,15 +331,19 @@ class ClusterLoop:
             for action in actions
             if isinstance(action, SendHeartbeat | AllocateEpoch | PointActive)
         ]
-        if len(calls) == 1:
-            outcomes = [await calls[0]]  # a renewal, most steps: a task for it would only cost
-        else:
-            outcomes = await asyncio.gather(*calls)
-        observations = [outcome for outcome in outcomes if outcome is not None]
-        for action in actions:
-            if isinstance(action, RecordEvent):
-                await self._event(action)
-        return observations
+        try:
+            if len(calls) == 1:
+                outcomes = [await calls[0]]  # a renewal, most steps: a task for it would only cost
+            else:
+                outcomes = await asyncio.gather(*calls)
+        finally:
+            # After the calls, and also when they are cancelled: the events tell what the step
+            # learnt (a completed move among them), which the status handed over at a
+            # cancellation already shows (run()).
+            for action in actions:
+                if isinstance(action, RecordEvent):
+                    self._event(action)
+        return [outcome for outcome in outcomes if outcome is not None]
 
     async def _point(self, action: PointActive) -> Observation | None:
         try:
@@ -395,7 +401,7 @@ class ClusterLoop:
             logger.exception("%s: allocating epoch %d failed", self.cluster, action.epoch)
             return EpochRefused(None, f"{type(error).__name__}: {error}")
 
-    async def _event(self, event: RecordEvent) -> None:
+    def _event(self, event: RecordEvent) -> None:
         log = logger.warning if event.warning else logger.info
         log("%s: %s: %s", self.cluster, event.reason, event.message)
         if event.reason in _CHANGES_OF_ACTIVE:
@@ -403,10 +409,7 @@ class ClusterLoop:
             metrics.FAILOVERS.labels(self.cluster, event.reason).inc()
             if last is not None:
                 metrics.FAILOVER_DURATION.observe(last.duration_ms / 1000)
-        try:
-            await self._shell.record_event(event.reason, event.message, event.warning)
-        except Exception:  # events are for people; losing one must not stop failover
-            logger.exception("%s: recording event %s failed", self.cluster, event.reason)
+        self._events.submit(event.reason, event.message, event.warning)  # posted beside the steps
 
     def _hand_over_status(self) -> ClusterStatus:
         """The status of what the engine knows now, handed to the writer unless it is still

@@ -64,6 +64,7 @@ def configure_kopf(settings: kopf.OperatorSettings, peering: ControllerSettings 
         prefix=names.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    settings.posting.reporting_component = names.EVENT_COMPONENT  # the engine's events say the same
 
 
 def configure_peering(settings: kopf.OperatorSettings, controller: ControllerSettings) -> None:

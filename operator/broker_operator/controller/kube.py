@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from broker_operator.controller.bodies import BrokerClusterBody, OwnerReference,
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+EVENT_MESSAGE_LIMIT = 1024
 T = TypeVar("T")
 
 
@@ -85,6 +87,30 @@ class KubeApi:
             name,
             dict(patch),
         )
+
+    async def create_event(
+        self, involved: Mapping[str, str], reason: str, message: str, warning: bool, instance: str
+    ) -> None:
+        """A core/v1 Event about ``involved`` (an object reference with its namespace and uid), as
+        ``kubectl describe`` shows them; ``instance``: which replica of the operator."""
+        if len(message) > EVENT_MESSAGE_LIMIT:  # the API server's limit for the events.k8s.io view
+            half = EVENT_MESSAGE_LIMIT // 2 - 2
+            message = f"{message[:half]}...{message[-half:]}"
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
+            "involvedObject": dict(involved),
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": names.EVENT_COMPONENT},  # the "From" of `kubectl describe`
+            "reportingComponent": names.EVENT_COMPONENT,
+            "reportingInstance": instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._thread(self._core.create_namespaced_event, involved["namespace"], body)
 
     async def peering_exists(self, name: str, namespace: str | None) -> bool:
         """Whether kopf's peering object ``name`` exists (listed by name: the chart grants list, not get)."""

@@ -33,6 +33,8 @@ LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
 LABEL_ROLE: Final = "role"
 ROLE_ACTIVE: Final = "active"
 ROLE_STANDBY: Final = "standby"
+# Who the BrokerCluster's events are from (`kubectl describe`), the engine's and kopf's alike.
+EVENT_COMPONENT: Final = "broker-failover-operator"
 
 # The pod template's hash: a spec change shows up as pods whose hash differs (see rollout.py).
 ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"

@@ -40,8 +40,9 @@ class ControllerSettings:
     # A new cluster's engine waits this long for every broker pod to be Ready before it starts
     # with those that have an IP (see daemon.may_start).
     startup_grace_seconds: float = 30.0
-    # How long a stopped engine's last status write may still take (ClusterLoop.run): a drain
-    # evicting the handling replica mid-switchover otherwise lost the switchover's status.
+    # How long a stopped engine's last status write and events may still take (ClusterLoop.run): a
+    # drain evicting the handling replica mid-switchover otherwise lost the switchover's status
+    # and its event.
     status_grace_seconds: float = 3.0
     daemon_poll_seconds: float = 1.0  # how often a waiting daemon re-checks (token, pod IPs, conflict)
     # How often a running cluster's token Secret is read again, so a rotated token reaches the

@@ -12,8 +12,9 @@ server for one BrokerCluster:
 - ``record_status``: a merge patch of the status subresource without ``epoch``
   (which has no precondition here and so must not be written here); the engine
   calls it only when the status changed, so there is no write per heartbeat;
-- ``record_event``: a Kubernetes Event on the BrokerCluster, through kopf's
-  event poster (batched, retried, never blocking a heartbeat);
+- ``record_event``: a Kubernetes Event on the BrokerCluster, posted here rather than by kopf's
+  poster, whose queue is dropped when the operator stops (the engine posts it beside its steps,
+  ``status_writer.EventWriter``, and lets it land within its grace);
 - ``pod_facts``: what the pod watch last saw (``observed.py``).
 
 It makes no decision of its own.
@@ -23,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
-
-import kopf
 
 from broker_operator.controller import active_service, builders, names
 from broker_operator.controller.epochs import allocate_epoch
@@ -161,7 +161,15 @@ class KubernetesClusterShell:
         )
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
-        kopf.event(self._body, type="Warning" if warning else "Normal", reason=reason, message=message)  # type: ignore[arg-type]
+        metadata = self._body["metadata"]
+        involved = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "name": self._cluster,
+            "namespace": self._namespace,
+            "uid": str(metadata.get("uid", "")),
+        }
+        await self._api.create_event(involved, reason, message, warning, instance=socket.gethostname())
 
     def pod_facts(self) -> Mapping[str, PodFacts]:
         if not self._manages_pods:

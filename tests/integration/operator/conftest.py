@@ -76,10 +76,18 @@ class ProcessShell(LocalShell):
         self.statuses: list[ClusterStatus] = []
         self.status_gate: asyncio.Event | None = None  # when set here, status writes wait for it
         self.held: list[ClusterStatus] = []  # the status writes that began while a gate was set
+        self.points: list[str | None] = []  # whom each call to point the Service named, in order
+        self.point_gate: asyncio.Event | None = None  # when set here, pointing the Service waits for it
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
         self.events.append((reason, message))
         await super().record_event(reason, message, warning)
+
+    async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
+        self.points.append(active)
+        if self.point_gate is not None:
+            await self.point_gate.wait()
+        await super().point_active(active, epoch, url)
 
     async def record_status(self, status: ClusterStatus) -> None:
         if self.status_gate is not None:

@@ -224,6 +224,32 @@ async def test_a_cancelled_engine_still_lands_the_status_it_handed_over(
         assert shell.statuses[-1].active == "b0", shell.statuses[-1]
 
 
+@pytest.mark.parametrize("grace", [5.0, 0.0])
+async def test_a_cancelled_engine_still_posts_the_events_of_the_step_it_was_cancelled_in(
+    cluster: BrokerTrio, grace: float
+) -> None:
+    """The step that completes a switchover records ``Switchover`` and points the Service at the new
+    active; cancelled while pointing (kopf stopping the daemon of an evicted replica), it still posts
+    the event within the grace. In CI the status showed the drain's switchover and no event did."""
+    loop, shell = await cluster.start_loop(status_grace_seconds=grace)
+    await eventually(lambda: cluster.actives() == ["b0"], 20, "b0 active")
+    await eventually(lambda: recorded_healthy(shell, "b0"), 10, "Healthy with b0 recorded")
+    shell.point_gate = asyncio.Event()  # every call pointing the Service waits for it from here on
+    loop.update(cluster.targets(), SETTINGS, preferred_active="b2")
+    await eventually(lambda: shell.points[-1:] == ["b2"], 10, "the step pointing the Service at b2")
+    assert "Switchover" not in shell.reasons(), "the step's event came before its calls returned"
+    engine = cluster.loops[-1]
+    engine.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await engine
+    if grace:
+        await eventually(lambda: "Switchover" in shell.reasons(), 5, "the Switchover event after the cancel")
+        assert loop.status.last_failover is not None and loop.status.last_failover.to == "b2"
+    else:  # without a grace the events are cancelled with the engine, like the status
+        await asyncio.sleep(1.0)
+        assert "Switchover" not in shell.reasons(), shell.reasons()
+
+
 async def test_a_restarted_engine_keeps_the_recorded_last_failover(cluster: BrokerTrio) -> None:
     """The switchover's record outlives the engine that made it: a restarted one (another replica
     taking over) resumes the same active and writes no status without it. It wrote

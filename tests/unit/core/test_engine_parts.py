@@ -16,7 +16,7 @@ from broker_operator import metrics
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import _Wakeup
 from broker_operator.garbage_collection import THRESHOLDS, tune_collector
-from broker_operator.status_writer import StatusWriter
+from broker_operator.status_writer import EVENT_BACKLOG, EventWriter, StatusWriter
 
 
 async def test_a_wakeup_sleeps_its_delay_when_nobody_wakes_it() -> None:
@@ -130,3 +130,55 @@ async def test_a_failed_status_write_is_written_again_when_handed_over_again() -
     writer.submit(_status("Healthy"))  # the loop's next step hands the same status over
     await writer.flush()
     assert written == ["Healthy"] and writer.recorded == _status("Healthy")
+
+
+async def test_the_event_writer_posts_every_event_in_order_past_a_failed_one() -> None:
+    posted: list[str] = []
+
+    async def post(reason: str, message: str, warning: bool) -> None:
+        await asyncio.sleep(0)
+        if reason == "EpochConflict":
+            raise RuntimeError("API server away")
+        posted.append(f"{reason}:{message}:{warning}")
+
+    writer = EventWriter("c", post)
+    writer.submit("Failover", "b0 -> b1", True)
+    await asyncio.sleep(0)  # its post begins
+    writer.submit("EpochConflict", "lost", True)  # while it runs: queued, never folded
+    writer.submit("Failback", "b1 -> b0", False)
+    await writer.flush()
+    assert posted == ["Failover:b0 -> b1:True", "Failback:b1 -> b0:False"]
+
+
+async def test_the_event_writer_keeps_the_newest_events_when_posts_cannot_keep_up() -> None:
+    gate = asyncio.Event()
+    posted: list[str] = []
+
+    async def post(reason: str, message: str, warning: bool) -> None:
+        await gate.wait()
+        posted.append(message)
+
+    writer = EventWriter("c", post)
+    writer.submit("StaleEpoch", "0", True)
+    await asyncio.sleep(0)  # "0" is being posted (the API server hangs)
+    for n in range(1, EVENT_BACKLOG + 6):
+        writer.submit("StaleEpoch", str(n), True)  # 1 to 5 dropped for the newest
+    gate.set()
+    await writer.flush()
+    assert posted == ["0", *(str(n) for n in range(6, EVENT_BACKLOG + 6))]
+
+
+@pytest.mark.parametrize("grace", [0.5, 0.0])
+async def test_the_event_writer_lands_what_was_handed_over_within_the_grace(grace: float) -> None:
+    posted: list[str] = []
+
+    async def post(reason: str, message: str, warning: bool) -> None:
+        await asyncio.sleep(0.05)
+        posted.append(reason)
+
+    writer = EventWriter("c", post)
+    writer.submit("Switchover", "b0 -> b2", False)
+    writer.submit("Activated", "b2", False)
+    writer.cancel_after(grace)
+    await asyncio.sleep(grace + 0.3)
+    assert posted == (["Switchover", "Activated"] if grace else [])
