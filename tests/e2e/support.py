@@ -15,7 +15,7 @@ import subprocess
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,38 @@ def machine_network() -> dict[str, str]:
         "routes": read("ip", "route", "show", "table", "all"),
         "nftables": read("nft", "list", "ruleset"),
     }
+
+
+class HeldNamespaces:
+    """Network namespaces kept open by file descriptors, to ask afterwards which processes are in them.
+
+    A namespace is known by its nsfs inode, and the kernel gives a freed inode to the next new
+    namespace at once: compared by inode alone after a cluster stopped, a pod's namespace in the
+    other stream's cluster was taken for ours (CI, 2026-11-27). While a descriptor holds it, the
+    namespace and so its inode stay ours; :meth:`close` lets it go.
+    """
+
+    def __init__(self, paths: Iterable[Path]) -> None:
+        self._fds = [os.open(path, os.O_RDONLY) for path in paths]
+        self._inodes = {os.fstat(fd).st_ino for fd in self._fds}
+
+    def holders(self) -> dict[int, str]:
+        """Processes in any of the namespaces, with their command lines."""
+        found: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.stat(entry / "ns" / "net").st_ino in self._inodes:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:  # gone meanwhile, or not ours to look into
+                continue
+        return found
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 def wait_for(

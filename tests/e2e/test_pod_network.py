@@ -26,7 +26,14 @@ from local_cluster.cluster import REPO_ROOT, built_tools_dir
 from local_cluster.cluster_state import read_state
 from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.sealed_cluster import SealedCluster
-from tests.e2e.support import PYTHON_IMAGE, SHELL_IMAGE, WEB_SERVER, machine_network, wait_for
+from tests.e2e.support import (
+    PYTHON_IMAGE,
+    SHELL_IMAGE,
+    WEB_SERVER,
+    HeldNamespaces,
+    machine_network,
+    wait_for,
+)
 
 # A client pod: resolve the Service by its short name (search path from resolv.conf) and
 # fetch through it; print one JSON line and exit 0 only if both worked.
@@ -208,7 +215,7 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         assert up.returncode == 0 and state is not None, up.stderr
         kubeconfig = up.stdout.strip().removeprefix("export KUBECONFIG=")
         supervisor, inside = int(state["supervisor"]), int(state["namespacePid"])
-        namespace_inode = Path(f"/proc/{inside}/ns/net").readlink()
+        held = HeldNamespaces([Path(f"/proc/{inside}/ns/net")])
         cgroups = CgroupRoot(cgroup_root_name(workdir.resolve()))
         assert cgroups.directories(), "the node's cgroup root is missing"
         during = machine_network()
@@ -239,15 +246,11 @@ def test_cluster_up_shell_and_down_leave_nothing_behind(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert during == before, "starting the cluster changed the machine's network namespace"
     assert machine_network() == before
-    holders = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "ns" / "net").readlink() == namespace_inode:
-                    holders.append(entry.name)
-            except OSError:
-                continue
-    assert holders == [], f"processes still in the cluster's network namespace: {holders}"
+    try:
+        holders = held.holders()
+    finally:
+        held.close()
+    assert holders == {}, f"processes still in the cluster's network namespace: {holders}"
     assert not [pid for pid in (supervisor, inside) if Path(f"/proc/{pid}").exists()]
     assert str(workdir) not in Path("/proc/self/mountinfo").read_text()
     assert not cgroups.directories(), "the node's cgroups were left"

@@ -30,7 +30,7 @@ from local_cluster.kubelet_node import cgroup_root_name
 from local_cluster.local_path_storage import SHARED_CLASS, volume_path
 from local_cluster.processes import reap_on_exit
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
-from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, machine_network, wait_for
+from tests.e2e.support import SHELL_IMAGE, WEB_SERVER, HeldNamespaces, machine_network, wait_for
 
 pytestmark = pytest.mark.three_nodes
 
@@ -84,21 +84,9 @@ def _ready_nodes(cluster: SealedCluster) -> list[str]:
     )
 
 
-def _inode(namespace: Path) -> str:
-    """A network namespace as ``readlink /proc/<pid>/ns/net`` names it (``net:[<inode>]``)."""
-    return f"net:[{os.stat(namespace).st_ino}]"
-
-
-def _namespace_holders(inode: str) -> list[str]:
-    holders = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "ns" / "net").readlink() == inode:
-                    holders.append(entry.name)
-            except OSError:
-                continue
-    return holders
+def _inode(namespace: Path) -> int:
+    """A network namespace's nsfs inode: distinct for namespaces that exist at the same time."""
+    return os.stat(namespace).st_ino
 
 
 def _check_spread_and_reach(cluster: SealedCluster) -> None:
@@ -262,9 +250,8 @@ def test_three_nodes_run_a_pod_each_reach_each_other_and_leave_nothing_behind(tm
         LocalClusterSettings(tools_dir=built_tools_dir(), workdir=workdir, nodes=3, ready_timeout_seconds=270)
     )
     cgroups = CgroupRoot(cgroup_root_name(workdir))
-    inodes = {_inode(cluster.network_namespace)}
+    held = HeldNamespaces([cluster.network_namespace, *(node.network_namespace for node in cluster.nodes)])
     try:
-        inodes |= {_inode(node.network_namespace) for node in cluster.nodes}
         during = machine_network()
         print(f"three nodes ready in {cluster.ready_seconds:.1f}s")
         _check_spread_and_reach(cluster)
@@ -272,9 +259,11 @@ def test_three_nodes_run_a_pod_each_reach_each_other_and_leave_nothing_behind(tm
         cluster.stop()
     assert during == before, "starting the cluster changed the machine's network namespace"
     assert machine_network() == before
-    assert not [inode for inode in inodes if _namespace_holders(inode)], (
-        "processes still in a node's namespace"
-    )
+    try:
+        holders = held.holders()
+    finally:
+        held.close()
+    assert holders == {}, f"processes still in a node's namespace: {holders}"
     assert str(workdir) not in Path("/proc/self/mountinfo").read_text()
     assert not cgroups.directories(), "the nodes' cgroups were left"
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{cgroups.name}*"))
