@@ -213,7 +213,8 @@ class ClusterLoop:
     ) -> None:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone. ``status_grace_seconds``: how
-        long the status write under way at a cancellation may still take (see :meth:`run`)."""
+        long the status and the events handed over by a cancellation may still take to land (see
+        :meth:`run`)."""
         self.cluster = cluster
         self._phase = cluster_phase(cluster)
         self._config = self._config_of(targets, settings, preferred_active)
