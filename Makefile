@@ -59,6 +59,7 @@ TEST_PREREQ_GROUPS := tools=tools base-images=host-packages,images-without-tools
 # marked second_stream run beside the others.
 .PHONY: test
 test: ## Everything CI runs: lint, then every test (unit, integration, e2e).
+	@hack/preflight.sh python go kubectl java root
 	@hack/test-behind-prerequisites.sh "$(TEST_PREREQS)" $(TEST_PREREQ_GROUPS) -- $(PYTEST) tests --durations=30
 
 .PHONY: unit
@@ -80,7 +81,7 @@ e2e: venv $(TEST_PREREQS) ## Tests against a real kube-apiserver built from Go m
 ##@ Demo
 
 .PHONY: demo
-demo: venv tools images ## The user's path on the local cluster: helm install, kubectl apply, traffic, kill -9, failover, the validator's verdict.
+demo: $(CLUSTER_PREREQS) ## The user's path on the local cluster: helm install, kubectl apply, traffic, kill -9, failover, the validator's verdict.
 	$(BIN)/python -m demo.kubernetes
 
 .PHONY: demo-local
@@ -105,15 +106,15 @@ bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchove
 	$(BIN)/python bench/bench_failover.py
 
 .PHONY: bench-failover-k8s
-bench-failover-k8s: venv tools host-packages images ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
+bench-failover-k8s: $(CLUSTER_PREREQS) ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
 	$(BIN)/python bench/bench_failover_k8s.py
 
 .PHONY: bench-drain
-bench-drain: venv tools host-packages images ## kubectl drain of the active's node, 10 times under 200 msg/s, on three real nodes: the switchover's gap and the drain's duration.
+bench-drain: $(CLUSTER_PREREQS) ## kubectl drain of the active's node, 10 times under 200 msg/s, on three real nodes: the switchover's gap and the drain's duration.
 	$(BIN)/python bench/bench_drain.py
 
 .PHONY: soak
-soak: venv tools host-packages images ## Chaos soak on a sealed cluster of three nodes: 200 pod, node and API server faults under traffic, checked by the simulators and the ordering validator.
+soak: $(CLUSTER_PREREQS) ## Chaos soak on a sealed cluster of three nodes: 200 pod, node and API server faults under traffic, checked by the simulators and the ordering validator.
 	$(BIN)/python -m local_cluster.soak --faults 200
 
 .PHONY: bench-operator

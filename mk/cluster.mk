@@ -14,18 +14,29 @@ HOST_PACKAGES := nft=nftables conntrack=conntrack
 
 TEST_PREREQS += tools host-packages
 
+# What every target that starts the local cluster needs, in the order make takes them: the checks
+# and the Debian packages first, so that a machine without root or apt-get stops within a second
+# with one line that names what is missing, not minutes later inside kube-proxy's log. `cluster-up`,
+# `demo`, `soak` and the cluster benchmarks take exactly this list (tests/unit/test_make_prereqs.py).
+CLUSTER_PREREQS := preflight-cluster host-packages image-packages venv tools images
+
 ##@ Local cluster
 
 .PHONY: tools
 tools: ## Build kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, etcd, coredns (minimal CoreDNS), helm and local-path-provisioner from the Go pins (cached outside git; no-op when built).
+	@hack/preflight.sh go
 	@$(TOOLS_BUILD) >/dev/null
+
+.PHONY: preflight-cluster
+preflight-cluster: ## Check what the project does not install itself (Python with venv, Go, kubectl, root and apt-get), one line each.
+	@hack/preflight.sh python go kubectl root
 
 .PHONY: host-packages
 host-packages: ## Install nft and conntrack (Debian nftables, conntrack) for kube-proxy with apt-get; no-op when both are there.
 	@hack/host-packages.sh $(HOST_PACKAGES)
 
 .PHONY: cluster-up
-cluster-up: venv tools host-packages images ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace (NODES=3: three nodes). Prints the export KUBECONFIG line.
+cluster-up: $(CLUSTER_PREREQS) ## Start the cluster in the background: control plane, a real kubelet on containerd running our images, kube-proxy, CoreDNS, in a sealed namespace (NODES=3: three nodes). Prints the export KUBECONFIG line.
 	@$(BIN)/python -m local_cluster.cluster up --workdir $(CLUSTER_DIR) --tools-dir "$$($(TOOLS_BUILD) --print)" --nodes $(NODES)
 
 .PHONY: shell

@@ -15,11 +15,11 @@ image-packages: ## Install buildah, mmdebstrap, containerd, runc and the CNI plu
 	@hack/host-packages.sh $(IMAGE_PACKAGES)
 
 .PHONY: images
-images: venv image-packages tools images-without-tools ## Build every image from its Dockerfile without a daemon into OCI archives under ~/.cache/broker-failover/images (cached by content).
+images: image-packages venv tools images-without-tools ## Build every image from its Dockerfile without a daemon into OCI archives under ~/.cache/broker-failover/images (cached by content).
 	@$(BIN)/python -m local_cluster.image_build
 
 # The images that need no Go tool, so that under `make -j` they build while the tools compile
 # (only the CoreDNS image packs a tool). `make test` runs its prerequisites that way.
 .PHONY: images-without-tools
-images-without-tools: venv image-packages
+images-without-tools: image-packages venv
 	@$(BIN)/python -m local_cluster.image_build --without-tools >/dev/null
