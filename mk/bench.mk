@@ -16,6 +16,7 @@ bench-packages: ## Install Debian's rabbitmq-server with apt-get, its system ser
 
 .PHONY: perf-test-jar
 perf-test-jar: venv ## Fetch RabbitMQ's PerfTest and its dependencies from Maven Central once (sha1-checked); no-op when cached.
+	@hack/preflight.sh java
 	@$(BIN)/python bench/perf_test.py >/dev/null
 
 # The recipe is the Makefile's; this adds what it needs.

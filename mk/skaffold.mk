@@ -14,6 +14,7 @@ TEST_PREREQS += skaffold registry-package
 
 .PHONY: skaffold
 skaffold: ## Build skaffold from its Go module pin (hack/skaffold) into the tools' cache; no-op when built.
+	@hack/preflight.sh go
 	@$(SKAFFOLD_BUILD) >/dev/null
 
 .PHONY: registry-package
