@@ -3,10 +3,22 @@
 The record schema and the file layout are the contract in
 :mod:`broker_contracts.message_log`; this module only writes it. A segment is
 open as ``<store>/<cluster>/<broker>/<name>.jsonl.open`` and closed with one
-atomic rename to ``<name>.jsonl`` when it passes a size or an age bound, when
-the broker deactivates, and when it stops. The validator reads closed segments
-only, so it never sees a half-written one; a closed segment is never opened
-again.
+atomic rename to ``<name>.<sha256>.jsonl`` (the sha256 of its bytes,
+:func:`~broker_contracts.message_log.sealed_segment_name`) when it passes a size
+or an age bound, when the broker deactivates, and when it stops. The validator
+reads closed segments only, so it never sees a half-written one; a closed
+segment is never opened again.
+
+Closing a segment hashes it, which costs about 3 ns a byte: on the size and age
+bounds (in the relay's event loop) the hash and the rename run on one sealing
+thread (``hashlib`` and ``os.read`` release the GIL), in the order the segments
+were opened; deactivation and stop wait for every pending seal, so a broker's
+segments are all closed before it answers that it is inactive.
+
+The writer stays inside ``<store>/<cluster>/<broker>/`` (issue 39): the cluster
+and broker names must be single path components, the two directories must be
+real directories (a link another broker of the cluster planted is refused),
+and segment files are opened without following links.
 
 Lines go out with ``os.write`` straight to the file (no user-space buffer), one
 call per event-loop iteration (every record queued in that iteration), so a
@@ -24,10 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from json.encoder import encode_basestring  # the C string quoter json uses
 from pathlib import Path
@@ -38,7 +54,9 @@ from broker_contracts.message_log import (
     OPEN_SEGMENT_SUFFIX,
     Direction,
     Event,
+    sealed_segment_name,
     segment_name,
+    segment_stem,
 )
 
 _ts_second = -1
@@ -83,6 +101,48 @@ LoggedMessage = tuple[str, int, str, object]
 
 
 _MAX_FRAGMENTS = 200_000
+_READ_CHUNK = 1 << 20
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def path_component(kind: str, name: str) -> str:
+    """``name`` if it names one entry of a directory; a name with a slash or a dot-dot would put
+    this broker's segments outside its own directory (another cluster's, or the validator's)."""
+    if name in {"", ".", ".."} or "/" in name or "\0" in name:
+        raise ValueError(
+            f"message-log {kind} name {name!r} is not a single path component; segments go to "
+            "<store>/<cluster>/<broker>/ and nowhere else"
+        )
+    return name
+
+
+def own_directory(path: Path) -> None:
+    """Make ``path`` (its parent exists) and check it is a real directory, not a link to one."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir()
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(
+            errno.ENOTDIR,
+            f"message-log directory {path} is not a directory of its own (a symbolic link or a "
+            "file): refusing to write through it",
+        )
+
+
+def seal(fd: int, path: Path) -> Path:
+    """Hash the open segment ``path`` (open as ``fd``, which this closes) and close it with one
+    rename to its sealed name. Runs on the sealing thread, or at start for a crash's leftover."""
+    digest = hashlib.sha256()
+    try:
+        offset = 0
+        while chunk := os.pread(fd, _READ_CHUNK, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+    finally:
+        os.close(fd)
+    sealed = path.with_name(sealed_segment_name(segment_stem(path.name), digest.hexdigest()))
+    os.replace(path, sealed)
+    return sealed
 
 
 class MessageLogWriter:
@@ -97,6 +157,9 @@ class MessageLogWriter:
         max_bytes: int,
         max_seconds: float,
     ) -> None:
+        path_component("cluster", cluster)
+        path_component("broker", broker)
+        self.store = store
         self.directory = store / cluster / broker if store is not None else None
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
@@ -110,6 +173,8 @@ class MessageLogWriter:
         self._quoted: dict[str, str] = {}
         self._fragments: dict[LoggedMessage, str] = {}
         self._pending: list[str] = []
+        self._sealer: ThreadPoolExecutor | None = None
+        self._seals: list[Future[Path]] = []
         self.records = 0
 
     @property
@@ -118,9 +183,11 @@ class MessageLogWriter:
 
     def start(self) -> None:
         """Create the directory and close any segment a crash left open."""
-        if self.directory is None:
+        if self.directory is None or self.store is None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.store.mkdir(parents=True, exist_ok=True)  # the mount (or a test's directory): not ours to check
+        own_directory(self.directory.parent)
+        own_directory(self.directory)
         for path in sorted(self.directory.iterdir()):
             name = path.name
             if name.endswith(OPEN_SEGMENT_SUFFIX):
@@ -130,21 +197,32 @@ class MessageLogWriter:
                     self._index = max(self._index, int(name.split("-")[1]) + 1)
 
     def _close_leftover(self, path: Path) -> None:
-        data = path.read_bytes()
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | _NO_FOLLOW)
+        except OSError as error:  # a link (ELOOP) or worse: not a segment this broker wrote
+            logger.warning("message log: left %s alone, not a segment file (%s)", path, error.strerror)
+            return
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            logger.warning("message log: left %s alone, not a regular file", path)
+            return
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
         cut = data.rfind(b"\n") + 1  # a torn last line (no newline) is dropped
-        if cut < len(data):
-            os.truncate(path, cut)
         if cut == 0:
+            os.close(fd)
             path.unlink()
             return
-        os.replace(path, path.with_name(path.name.removesuffix(OPEN_SEGMENT_SUFFIX) + CLOSED_SEGMENT_SUFFIX))
+        os.ftruncate(fd, cut)
+        seal(fd, path)
 
     def _open_segment(self) -> None:
         assert self.directory is not None
         closed = segment_name(self.stream_safe_broker, datetime.now(UTC), self._index)
         self._index += 1
         self._path = self.directory / (closed.removesuffix(CLOSED_SEGMENT_SUFFIX) + OPEN_SEGMENT_SUFFIX)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        # Read and write: the sealing thread hashes the segment through this descriptor.
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_EXCL | _NO_FOLLOW
+        self._fd = os.open(self._path, flags, 0o644)
         self._opened_mono = time.monotonic()
         self._size = 0
 
@@ -154,22 +232,45 @@ class MessageLogWriter:
         return self.directory.name
 
     def close_segment(self) -> None:
-        """Close the open segment (if any) into the store with one atomic rename."""
+        """Close the open segment (if any) into the store, and wait until every segment this writer
+        closed is sealed: after this returns, all its records are in closed segments."""
         self.flush()
+        self._hand_over()
+        self.wait_sealed()
+
+    def wait_sealed(self) -> None:
+        """Wait for the sealing thread's pending renames; a failed one stays open for the next start."""
+        seals, self._seals = self._seals, []
+        self._report(seals)
+
+    @staticmethod
+    def _report(seals: list[Future[Path]]) -> None:
+        for pending in seals:
+            try:
+                pending.result()
+            except OSError as error:
+                logger.error("message log: a segment could not be closed (the next start will): %s", error)
+
+    def _hand_over(self) -> None:
+        """Give the open segment to the sealing thread (hash, then rename), in order of opening."""
         if self._fd < 0 or self._path is None:
             return
-        os.close(self._fd)
-        self._fd = -1
-        path, self._path = self._path, None
+        fd, path, self._fd, self._path = self._fd, self._path, -1, None
         if self._size == 0:
+            os.close(fd)
             path.unlink()
             return
-        os.replace(path, path.with_name(path.name.removesuffix(OPEN_SEGMENT_SUFFIX) + CLOSED_SEGMENT_SUFFIX))
+        if self._sealer is None:
+            self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="message-log-seal")
+        done = [pending for pending in self._seals if pending.done()]
+        self._seals = [pending for pending in self._seals if not pending.done()]
+        self._report(done)
+        self._seals.append(self._sealer.submit(seal, fd, path))
 
     def close_if_due(self) -> None:
         """The age bound; called periodically so a quiet broker still ships its segment."""
         if self._fd >= 0 and time.monotonic() - self._opened_mono >= self.max_seconds:
-            self.close_segment()
+            self._hand_over()
 
     def _write(self, text: str) -> None:
         """Queue ``text``; everything queued in one event-loop iteration goes out in one ``os.write``."""
@@ -193,7 +294,7 @@ class MessageLogWriter:
         os.write(self._fd, blob)
         self._size += len(blob)
         if self._size >= self.max_bytes:
-            self.close_segment()
+            self._hand_over()
 
     def _quote(self, stream: str) -> str:
         quoted = encode_basestring(stream)

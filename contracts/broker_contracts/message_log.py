@@ -6,7 +6,12 @@ its own directory and, on a size or time bound, closes it and moves it into
 the shared log store with one atomic rename, as
 ``<store>/<cluster>/<broker>/<segment name>``. A closed segment is never
 rewritten; the validator reads every closed segment in the store
-(:data:`CLOSED_SEGMENT_GLOB`) and ignores open ones.
+(:data:`CLOSED_SEGMENT_GLOB`) and ignores open ones. A closed segment's name
+carries the sha256 of its bytes (:func:`sealed_segment_name`); the validator
+checks it and takes no record from a segment whose bytes do not match. A record
+is evidence only for the cluster whose directory holds it (its ``cluster``
+field must name that directory): a broker's pod mounts its own cluster's
+directory and nothing else of the store.
 
 Why JSON Lines rather than Parquet: brokers append record by record and must
 be able to close a segment at any moment, a torn last line is easy to spot,
@@ -114,6 +119,44 @@ def segment_name(broker: str, opened_at: datetime, index: int) -> str:
     """Closed-segment file name; sorts by opening time within one broker."""
     stamp = opened_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     return f"{stamp}-{index:06d}-{broker}{CLOSED_SEGMENT_SUFFIX}"
+
+
+SHA256_HEX_LENGTH: Final = 64
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def sealed_segment_name(stem: str, sha256_hex: str) -> str:
+    """The closed segment's name: ``<stem>.<sha256 of its bytes, lowercase hex>.jsonl``.
+
+    The checksum is part of the name so that closing a segment publishes it with the same atomic
+    rename (no sidecar that could be missing or stale), the validator can tell bytes altered after
+    closing from the bytes the broker wrote, and an object store's object name can be a pure function
+    of the segment and a confirmed checksum (a retried upload writes the same name and bytes).
+    """
+    if len(sha256_hex) != SHA256_HEX_LENGTH or not set(sha256_hex) <= _HEX:
+        raise MessageLogError(f"segment checksum {sha256_hex!r} is not a lowercase hex sha256")
+    return f"{stem}.{sha256_hex}{CLOSED_SEGMENT_SUFFIX}"
+
+
+def segment_sha256(name: str) -> str | None:
+    """The sha256 a closed segment's name carries, or None (not a sealed name: written before
+    checksums, or not a segment at all)."""
+    if not name.endswith(CLOSED_SEGMENT_SUFFIX):
+        return None
+    body = name.removesuffix(CLOSED_SEGMENT_SUFFIX)
+    digest = body[-SHA256_HEX_LENGTH:]
+    if len(body) <= SHA256_HEX_LENGTH + 1 or body[-SHA256_HEX_LENGTH - 1] != "." or not set(digest) <= _HEX:
+        return None
+    return digest
+
+
+def segment_stem(name: str) -> str:
+    """A segment's name without its checksum and suffix (open, closed or sealed)."""
+    if name.endswith(OPEN_SEGMENT_SUFFIX):
+        return name.removesuffix(OPEN_SEGMENT_SUFFIX)
+    if segment_sha256(name) is not None:
+        return name[: -len(CLOSED_SEGMENT_SUFFIX) - SHA256_HEX_LENGTH - 1]
+    return name.removesuffix(CLOSED_SEGMENT_SUFFIX)
 
 
 def validate(record: object) -> MessageLogRecord:

@@ -1,18 +1,28 @@
 """Hand-written message-log histories for the validator's tests: a few records, exactly placed.
 
 ``History`` writes records as a broker would (``broker_contracts.message_log.encode``, segments
-named by ``segment_name`` in ``<store>/<cluster>/<broker>/``), with a clock the test moves, so a
+named by ``segment_name`` and sealed with the sha256 of their bytes, ``sealed_segment_name``, in
+``<store>/<cluster>/<broker>/``), with a clock the test moves, so a
 test states the history it means record by record. Generated histories at scale come from
 ``broker_validator.synthetic``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from broker_contracts.message_log import MessageLogRecord, encode, format_ts, segment_name
+from broker_contracts.message_log import (
+    CLOSED_SEGMENT_SUFFIX,
+    MessageLogRecord,
+    encode,
+    format_ts,
+    sealed_segment_name,
+    segment_name,
+    segment_stem,
+)
 
 START = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -87,8 +97,20 @@ class History:
                 continue
             directory = self.store / self.cluster / name
             directory.mkdir(parents=True, exist_ok=True)
-            path = directory / segment_name(name, self.now, self.index)
+            stem = segment_name(name, self.now, self.index).removesuffix(CLOSED_SEGMENT_SUFFIX)
             self.index += 1
-            path.write_bytes(b"".join(encode(record) for record in records))
-            written.append(path)
+            written.append(write_sealed(directory / stem, b"".join(encode(record) for record in records)))
         return written
+
+
+def write_sealed(stem: Path, data: bytes) -> Path:
+    """``data`` as a closed segment ``<stem>.<sha256>.jsonl``, as a broker closes one."""
+    path = stem.with_name(sealed_segment_name(stem.name, hashlib.sha256(data).hexdigest()))
+    path.write_bytes(data)
+    return path
+
+
+def reseal(path: Path, data: bytes) -> Path:
+    """Replace a closed segment by one holding ``data`` (a test writing what a broker might)."""
+    path.unlink()
+    return write_sealed(path.with_name(segment_stem(path.name)), data)

@@ -4,6 +4,7 @@ is plain to read."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from pyspark.sql import SparkSession
 
 from broker_validator.job import validate_store
 from broker_validator.report_schema import VIOLATIONS, Anomaly, Report
-from tests.validator.logbuilder import History
+from tests.validator.logbuilder import History, reseal, write_sealed
+
+CORRUPT = "corrupt-segment"  # a class of schema version 2
 
 
 def found(report: Report, cluster: str = "c1") -> dict[str, int]:
@@ -183,13 +186,14 @@ def test_malformed_foreign_empty_and_open_files_are_reported_not_fatal(
     clean_start(h, upto=3)
     (segment,) = h.close()
     good = segment.read_bytes()
-    segment.write_bytes(
+    segment = reseal(  # a broker's own bad lines: sealed with their checksum, so read as lines
+        segment,
         good
         + b"not json at all\n"
         + b'{"event":"delivered","ts":"yesterday","cluster":"c1"}\n'
         + b'{"event":"delivered","ts":"2026-11-20T12:00:00.000000Z","cluster":"c1","broker":"b0",'
         + b'"epoch":"one"}\n'
-        + b'{"event":"accepted","ts":"2026-11-20T12:00:0'  # torn last line
+        + b'{"event":"accepted","ts":"2026-11-20T12:00:0',  # torn last line
     )
     (h.store / "README.txt").write_text("not a segment")
     (h.store / "c1" / "b0" / "notes.txt").write_text("nor this")
@@ -297,3 +301,106 @@ def test_every_violation_class_fails_the_run() -> None:
         "gap",
         "split-brain",
     }
+
+
+# -- a store brokers of many clusters share (issue 39) ----------------------------------------------
+
+
+def test_a_bad_file_is_reported_and_every_run_after_it_still_succeeds(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A segment-named symlink out of the store, a FIFO and a directory named like segments: none is
+    followed, opened or fatal; the next runs succeed too (a symlink once made every run raise)."""
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(b"not a record\n")
+    h = History(tmp_path / "store")
+    clean_start(h, upto=3)
+    h.close()
+    directory = h.store / "c1" / "b0"
+    (directory / "20261120T130000000000Z-000050-b0.jsonl").symlink_to(outside)
+    os.mkfifo(directory / "20261120T130001000000Z-000051-b0.jsonl")
+    (directory / "20261120T130002000000Z-000052-b0.jsonl").mkdir()
+    for _ in range(2):
+        report = run(spark, h.store)
+        assert report["result"] == "Passed"
+        assert report["anomalies"][Anomaly.FOREIGN_FILE] == 3
+        assert found(report) == {}
+        assert report["clusters"]["c1"]["messages"] == {"outbound": 3}
+        assert {p["segment"] for p in report["problems"]} >= {
+            "c1/b0/20261120T130000000000Z-000050-b0.jsonl",
+            "c1/b0/20261120T130001000000Z-000051-b0.jsonl",
+            "c1/b0/20261120T130002000000Z-000052-b0.jsonl",
+        }
+
+
+def test_records_behind_a_symlink_are_never_evidence(spark: SparkSession, tmp_path: Path) -> None:
+    """The symlink points at a segment of another store, full of deliveries: none of them counts."""
+    other = History(tmp_path / "other", cluster="c1")
+    clean_start(other, upto=50)
+    (elsewhere,) = other.close()
+    h = History(tmp_path / "store")
+    clean_start(h, upto=3)
+    h.close()
+    (h.store / "c1" / "b0" / elsewhere.name.replace("-000000-", "-000077-")).symlink_to(elsewhere)
+    report = run(spark, h.store, full=True)
+    assert report["clusters"]["c1"]["messages"] == {"outbound": 3}
+    assert report["anomalies"][Anomaly.FOREIGN_FILE] == 1
+
+
+def test_a_segment_altered_after_closing_is_corrupt_its_records_ignored_and_it_is_read_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    h = History(tmp_path / "store")
+    clean_start(h, upto=3)
+    h.close()
+    h.relay("b0", 1, "s1", range(4, 7))
+    (later,) = h.close()
+    data = later.read_bytes()
+    later.write_bytes(data.replace(b'"seq":5,', b'"seq":9,'))  # same size, other bytes
+    first = run(spark, h.store)
+    assert first["result"] == "Passed"
+    assert found(first) == {CORRUPT: 1}
+    assert first["clusters"]["c1"]["messages"] == {"outbound": 3}  # nothing of the altered segment
+    (problem,) = [p for p in first["problems"] if p["segment"].endswith(later.name)]
+    assert "sha256" in problem["example"]
+    again = run(spark, h.store)  # recorded as seen: not read again, still reported
+    assert again["run"]["segmentsRead"] == 0 and found(again) == {CORRUPT: 1}
+
+
+def test_records_naming_another_cluster_never_reach_its_verdict(spark: SparkSession, tmp_path: Path) -> None:
+    """A broker of c1 can write only into c1's directory; what it writes there about c2 is no
+    evidence for c2 (whose status.ordering it would otherwise decide) and is malformed for c1."""
+    h = History(tmp_path / "store")
+    clean_start(h, upto=3)
+    h.close()
+    forger = History(tmp_path / "forged", cluster="c2")
+    forger.log("activated", "b0", 1)
+    forger.relay("b0", 1, "s1", range(1, 3))
+    forger.log("delivered", "b0", 1, "outbound", "s1", 1)  # would be a duplicate delivery in c2
+    (forged,) = forger.close()
+    write_sealed(h.store / "c1" / "b0" / "20261120T140000000000Z-000090-b0", forged.read_bytes())
+    report = run(spark, h.store, full=True)
+    assert set(report["clusters"]) == {"c1"}
+    assert found(report) == {Anomaly.MALFORMED: 10}
+    assert report["clusters"]["c1"]["messages"] == {"outbound": 3}
+
+
+def test_an_oversize_segment_and_an_oversize_record_are_reported_not_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    h = History(tmp_path / "store")
+    clean_start(h, upto=3)
+    h.close()
+    h.relay("b0", 1, "s1", range(4, 40))
+    (big,) = h.close()
+    h.log("accepted", "b0", 1, "outbound", "s" * 3000, 1)
+    h.relay("b0", 1, "s1", range(40, 41))
+    h.close()
+    from broker_validator.limits import ReadLimits
+
+    limits = ReadLimits(max_segment_bytes=big.stat().st_size - 1, max_record_bytes=2048)
+    report = run(spark, h.store, limits=limits)
+    assert report["anomalies"][Anomaly.FOREIGN_FILE] == 1
+    assert found(report) == {Anomaly.MALFORMED: 1, Anomaly.GAP: 36}
+    problems = {p["segment"]: p["example"] for p in report["problems"]}
+    assert "--max-segment-bytes" in problems[big.relative_to(h.store).as_posix()]

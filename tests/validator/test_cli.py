@@ -57,3 +57,11 @@ def test_an_unreadable_store_exits_2_with_a_clear_message(tmp_path: Path) -> Non
 def test_bad_arguments_are_refused_naming_the_flag(tmp_path: Path) -> None:
     result = run_cli("--store", tmp_path, "--report-dir", tmp_path / "r", "--settle-seconds", "-1")
     assert result.returncode == 2 and "--settle-seconds (-1.0) must not be negative" in result.stderr
+
+
+def test_read_bounds_must_be_positive_and_are_documented(tmp_path: Path) -> None:
+    for flag in ("--max-segment-bytes", "--max-record-bytes"):
+        result = run_cli("--store", tmp_path, "--report-dir", tmp_path / "r", flag, "0")
+        assert result.returncode == 2 and f"{flag} (0) must be at least 1" in result.stderr
+    helped = subprocess.run([*VALIDATOR, "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "default 268435456" in helped.stdout and "default 65536" in helped.stdout

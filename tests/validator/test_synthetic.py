@@ -28,6 +28,7 @@ from broker_contracts.message_log import (
     encode,
     format_ts,
     parse_ts,
+    segment_stem,
 )
 from broker_validator.report_schema import VIOLATIONS, Anomaly
 from broker_validator.synthetic import INJECTABLE, GeneratedStore, extend_store, generate_store
@@ -36,7 +37,7 @@ from broker_validator.synthetic import main as synthetic_main
 SMALL = 16_000  # records: ~2,000 messages each way, enough for every class and four failovers
 EVENTS = frozenset(e.value for e in Event)
 TS_SHAPE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-SEGMENT_NAME = re.compile(r"^\d{8}T\d{12}Z-(\d{6})-(?P<broker>.+)\.jsonl$")
+SEGMENT_NAME = re.compile(r"^\d{8}T\d{12}Z-(\d{6})-(?P<broker>.+)\.(?P<sha256>[0-9a-f]{64})\.jsonl$")
 EVIDENCE = ("delivered", "deduplicated")
 EFFECTFUL = ("accepted", "delivered", "deduplicated", "confirmed")
 
@@ -203,6 +204,7 @@ def test_segments_land_in_the_store_layout_and_lines_are_the_writers_bytes(
         match = SEGMENT_NAME.match(name)
         assert match is not None, name
         assert match["broker"] == broker
+        assert match["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()  # sealed as a broker seals
         assert broker.startswith(cluster + "-")
         previous = ""
         for text in path.read_bytes().splitlines(keepends=True):
@@ -315,7 +317,8 @@ def test_extension_continues_seqs_epochs_and_segments(tmp_path: Path) -> None:
     assert grown.clusters["bc-000"]["epoch"] == 5 and grown.clusters["bc-000"]["failovers"] == 4
     new = [path for path in grown.root.rglob("*.jsonl") if path.name not in before]
     for path in new:  # later segment names sort after every earlier one of the same broker
-        assert all(path.name > name for name in before if name.endswith(f"-{path.parent.name}.jsonl"))
+        mine = [name for name in before if segment_stem(name).endswith(f"-{path.parent.name}")]
+        assert mine and all(segment_stem(path.name) > segment_stem(name) for name in mine)
     assert new
     # The in-flight message of the first part is lost once the history goes on past the horizon.
     assert grown.expected[Anomaly.IN_FLIGHT.value] == 0 and grown.expected[Anomaly.LOST.value] == 2

@@ -34,6 +34,7 @@ from pyspark.sql import SparkSession
 from broker_contracts.message_log import Event
 from broker_validator.columns import POS_SHIFT, StreamKey, TermKey
 from broker_validator.messages import Judged, join, judge
+from broker_validator.report_schema import Anomaly
 from broker_validator.segment_pass import (
     Interval,
     OrderRow,
@@ -45,6 +46,7 @@ from broker_validator.segment_pass import (
     check,
     summarize,
 )
+from broker_validator.segment_reader import SegmentSource
 
 TASKS_PER_CORE = 1
 """Segments are grouped into tasks of about equal bytes, one per core: a Python task costs Spark
@@ -53,15 +55,24 @@ core: 12.0, 12.4 and 13.2 s for the full run of ``make bench-validator``, 1.7, 2
 incremental run)."""
 
 
+class FileProblem(NamedTuple):
+    """What pass 1 found wrong with one segment: malformed lines, or the whole file refused."""
+
+    segment: str  # relative to the store
+    anomaly: str  # malformed, foreign-file or corrupt-segment
+    amount: int  # lines (malformed) or 1 (a refused file)
+    example: str  # the first bad line, or why the file was refused
+
+
 @dataclass
 class Batch:
-    """The new segments after pass 1: their summaries, and the malformed lines counted per file."""
+    """The new segments after pass 1: their summaries, and what was wrong with which file."""
 
     runner: Runner
     groups: list[list[int]]  # the segments (by index) of each task; pass 2 keeps pass 1's grouping
     summaries: list[SegmentSummary]
     scratch: str  # where pass 1 left columnar copies for pass 2 (on each machine that ran a task)
-    malformed: list[tuple[str, int, str]]  # (file URI, bad lines, first bad line)
+    problems: list[FileProblem]
     count: int  # valid records, `forwarded` ones not included
 
     def release(self) -> None:
@@ -106,12 +117,12 @@ class BatchFindings:
     worst: list[Any] = field(default_factory=list)  # per (cluster, direction) the slowest message
 
 
-def _groups(items: list[tuple[int, str, int]], tasks: int) -> list[list[tuple[int, str]]]:
-    """``(index, path, size)`` into ``tasks`` groups of about equal size (largest first)."""
-    heap: list[tuple[int, int, list[tuple[int, str]]]] = [
+def _groups(items: list[tuple[int, SegmentSource, int]], tasks: int) -> list[list[tuple[int, SegmentSource]]]:
+    """``(index, source, size)`` into ``tasks`` groups of about equal size (largest first)."""
+    heap: list[tuple[int, int, list[tuple[int, SegmentSource]]]] = [
         (0, n, []) for n in range(max(1, min(tasks, len(items))))
     ]
-    groups: list[list[tuple[int, str]]] = [group for _, _, group in heap]
+    groups: list[list[tuple[int, SegmentSource]]] = [group for _, _, group in heap]
     for index, path, size in sorted(items, key=lambda item: -item[2]):
         load, n, group = heapq.heappop(heap)
         group.append((index, path))
@@ -142,23 +153,28 @@ def in_process(groups: list[list[tuple[Any, ...]]], task: Callable[..., Any]) ->
     return [task(*item) for group in groups for item in group]
 
 
-def read_batch(spark: SparkSession, paths: list[str]) -> Batch:
-    """Pass 1 over ``paths`` on Spark: parse, keep a columnar copy, summarise."""
-    return read_batch_with(spark_runner(spark), spark.sparkContext.defaultParallelism, paths)
+def read_batch(spark: SparkSession, sources: list[SegmentSource]) -> Batch:
+    """Pass 1 over ``sources`` on Spark: parse, keep a columnar copy, summarise."""
+    return read_batch_with(spark_runner(spark), spark.sparkContext.defaultParallelism, sources)
 
 
-def read_batch_with(runner: Runner, cores: int, paths: list[str]) -> Batch:
+def read_batch_with(runner: Runner, cores: int, sources: list[SegmentSource]) -> Batch:
     scratch = str(Path(tempfile.gettempdir()) / f"broker-validator-{uuid.uuid4().hex}")
     tasks = max(1, cores) * TASKS_PER_CORE
-    items = [(i, path, Path(path).stat().st_size) for i, path in enumerate(paths)]
+    # Sizes from the scan's lstat: the driver opens and follows nothing in the store.
+    items = [(i, source, source.size) for i, source in enumerate(sources)]
     grouped = _groups(items, tasks)
-    groups = [[(i, path, scratch) for i, path in group] for group in grouped]
+    groups = [[(i, source, scratch) for i, source in group] for group in grouped]
     summaries: list[SegmentSummary] = sorted(runner(groups, summarize), key=lambda s: s.index)
-    malformed = [
-        (Path(s.path).resolve().as_uri(), s.malformed, s.first_malformed) for s in summaries if s.malformed
+    problems = [
+        FileProblem(s.source.relative, s.refused, 1, s.why)
+        if s.refused
+        else FileProblem(s.source.relative, Anomaly.MALFORMED, s.malformed, s.first_malformed)
+        for s in summaries
+        if s.refused or s.malformed
     ]
     indexes = [[i for i, _ in group] for group in grouped]
-    return Batch(runner, indexes, summaries, scratch, malformed, sum(s.records for s in summaries))
+    return Batch(runner, indexes, summaries, scratch, problems, sum(s.records for s in summaries))
 
 
 def find(batch: Batch, prior: PriorState) -> BatchFindings:
@@ -168,7 +184,7 @@ def find(batch: Batch, prior: PriorState) -> BatchFindings:
     pending = {(c, d, s, seq): us for c, d, s, seq, us in prior.pending}
     order = _piece_order(batch.summaries)
     plans = _plans(batch.summaries, order, carried, pending)
-    by_index = {s.index: (s.index, s.path, batch.scratch, plans[s.index]) for s in batch.summaries}
+    by_index = {s.index: (s.index, s.source, batch.scratch, plans[s.index]) for s in batch.summaries}
     groups = [[by_index[i] for i in group] for group in batch.groups]
     results: list[SegmentFindings] = batch.runner(groups, check)
 
@@ -223,7 +239,7 @@ def _piece_order(summaries: list[SegmentSummary]) -> dict[str, list[_Placed]]:
         cluster: [
             _Placed(rank, segment, piece)
             for rank, (segment, piece) in enumerate(
-                sorted(pieces, key=lambda sp: (sp[1].term[2], sp[1].first_ts, sp[0].path))
+                sorted(pieces, key=lambda sp: (sp[1].term[2], sp[1].first_ts, sp[0].source.path))
             )
         ]
         for cluster, pieces in by_cluster.items()

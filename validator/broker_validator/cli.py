@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 from broker_validator.report_schema import EXIT_COULD_NOT_VALIDATE, EXIT_PASSED, EXIT_VIOLATIONS, Report
 
 logger = logging.getLogger("broker_validator")
@@ -55,9 +56,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="what status.ordering.report says (default: the report directory's report.html)",
     )
+    parser.add_argument(
+        "--max-segment-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_segment_bytes,
+        help="a closed segment larger than this is reported as foreign-file and not read "
+        f"(default {DEFAULT_LIMITS.max_segment_bytes}: brokers close theirs at 32 MiB)",
+    )
+    parser.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_record_bytes,
+        help="a line longer than this is malformed and not parsed "
+        f"(default {DEFAULT_LIMITS.max_record_bytes})",
+    )
     args = parser.parse_args(argv)
     if args.settle_seconds < 0:
         parser.error(f"--settle-seconds ({args.settle_seconds}) must not be negative")
+    for flag in ("max_segment_bytes", "max_record_bytes"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} ({getattr(args, flag)}) must be at least 1")
+    args.limits = ReadLimits(args.max_segment_bytes, args.max_record_bytes)
     return args
 
 
@@ -84,7 +103,7 @@ def validate(args: argparse.Namespace) -> Report:
     from broker_validator.store import StoreUnreadableError, scan_store
 
     try:  # an unusable store is said at once, before Spark takes its seconds to start
-        scan_store(args.store)
+        scan_store(args.store, args.limits)
         settings = SparkSettings.from_env()
     except (StoreUnreadableError, SparkSettingsError) as error:
         raise CouldNotValidateError(f"cannot validate: {error}") from error
@@ -100,7 +119,12 @@ def validate(args: argparse.Namespace) -> Report:
         from broker_validator.job import validate_store
 
         return validate_store(
-            spark, args.store, args.report_dir, full=args.full, settle_seconds=args.settle_seconds
+            spark,
+            args.store,
+            args.report_dir,
+            full=args.full,
+            settle_seconds=args.settle_seconds,
+            limits=args.limits,
         )
     except StoreUnreadableError as error:
         raise CouldNotValidateError(f"cannot validate: {error}") from error

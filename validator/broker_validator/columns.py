@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_contracts.message_log import Event
-from broker_validator.segment_reader import read_segment
+from broker_validator.segment_reader import SegmentSource, read_source
 
 StreamKey = tuple[str, str, str]  # (cluster, direction, stream)
 TermKey = tuple[str, str, int]  # (cluster, broker, epoch)
@@ -124,13 +124,13 @@ def scratch_path(scratch: str, index: int) -> Path:
     return Path(scratch) / f"{index}.npz"
 
 
-def load(index: int, path: str, scratch: str) -> Columns:
+def load(index: int, source: SegmentSource, scratch: str) -> Columns:
     """Pass 2's columns: the copy pass 1 left in this machine's scratch directory, or (another
     executor ran pass 1, or the copy could not be written) a fresh parse."""
     try:
         return Columns.load(scratch_path(scratch, index))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # missing, or cut short (a full /tmp)
-        return Columns.of(read_segment(path).table, index)
+        return Columns.of(read_source(source).table, index)
 
 
 def keep(cols: Columns, scratch: str, index: int) -> None:

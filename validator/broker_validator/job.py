@@ -23,15 +23,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import SparkSession
 
 from broker_contracts.message_log import format_ts
-from broker_validator.checks import BatchFindings, PriorState, find, read_batch
+from broker_validator.checks import BatchFindings, FileProblem, PriorState, find, read_batch
 from broker_validator.fold import fold
+from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 from broker_validator.report import build_report
 from broker_validator.report_schema import Anomaly, Report, RunInfo, SegmentProblem
+from broker_validator.segment_reader import SegmentSource
 from broker_validator.state import ValidatorState
 from broker_validator.store import (
     CheckpointUnusableError,
@@ -54,6 +55,7 @@ def validate_store(
     *,
     full: bool = False,
     settle_seconds: float = 60.0,
+    limits: ReadLimits = DEFAULT_LIMITS,
     progress: Progress | None = None,
 ) -> Report:
     """Validate ``store`` (incrementally from its checkpoint unless ``full``); write the reports
@@ -61,7 +63,7 @@ def validate_store(
     say = progress or logger.info
     started = time.monotonic()
     started_at = format_ts()
-    scan = scan_store(store)
+    scan = scan_store(store, limits)
     state, mode = _starting_state(store, full, say)
     problems = _scan_problems(scan)
     known = sum(1 for s in scan.segments if s.path in state.processed)
@@ -73,7 +75,9 @@ def validate_store(
             f"reading {len(new)} new segments ({sum(s.size for s in new) / 1e6:.1f} MB); "
             f"{known} already validated"
         )
-        records, bytes_read = _read_and_fold(spark, store=store, state=state, new=new, scan=scan, say=say)
+        records, bytes_read = _read_and_fold(
+            spark, store=store, state=state, new=new, scan=scan, limits=limits, say=say
+        )
     else:
         say(f"no new segments; {known} already validated")
     run = RunInfo(
@@ -147,9 +151,15 @@ def _read_and_fold(
     state: ValidatorState,
     new: list[Segment],
     scan: StoreScan,
+    limits: ReadLimits,
     say: Progress,
 ) -> tuple[int, int]:
-    batch = read_batch(spark, [str(store / s.path) for s in new])
+    def sources(segments: list[Segment]) -> list[SegmentSource]:
+        return [
+            SegmentSource(str(store / s.path), s.path, s.cluster, s.sha256, s.size, limits) for s in segments
+        ]
+
+    batch = read_batch(spark, sources(new))
     try:
         say(f"parsed {batch.count} records; checking")
         findings = find(batch, _prior(state))
@@ -162,15 +172,21 @@ def _read_and_fold(
             _forget(state, late)
             again = [s for s in scan.segments if s.cluster in late and s not in new]
             batch.release()
-            batch = read_batch(spark, [str(store / s.path) for s in [*new, *again]])
+            batch = read_batch(spark, sources([*new, *again]))
             findings = find(batch, _prior(state))
             new = [*new, *again]
         say(f"checked ({len(findings.jumps)} seqs ahead of order, {len(findings.behind)} behind); reporting")
         fold(state, findings)
-        _fold_malformed(state, store, batch.malformed)
+        _fold_problems(state, batch.problems)
+        refused = {p.segment for p in batch.problems if p.anomaly != Anomaly.MALFORMED}
         for segment in new:
+            # Every segment read counts as seen, a refused one too: it is reported once and kept in
+            # the verdict, never tried again (until --full), and never stops a later run.
             state.processed[segment.path] = segment.size
-        return batch.count + sum(n for _, n, _ in batch.malformed), sum(s.size for s in new)
+            if segment.sha256 is None and segment.path not in refused:
+                state.cluster(segment.cluster).counts[Anomaly.UNVERIFIED_SEGMENT] += 1
+        malformed = sum(p.amount for p in batch.problems if p.anomaly == Anomaly.MALFORMED)
+        return batch.count + malformed, sum(s.size for s in new)
     finally:
         batch.release()
 
@@ -209,14 +225,16 @@ def _forget(state: ValidatorState, clusters: set[str]) -> None:
     state.problems = [p for p in state.problems if p["segment"].split("/", 1)[0] not in clusters]
 
 
-def _fold_malformed(state: ValidatorState, store: Path, malformed: list[tuple[str, int, str]]) -> None:
-    root = store.resolve()
-    for uri, lines, first in malformed:
-        relative = Path(unquote(urlparse(uri).path)).relative_to(root).as_posix()
-        cluster = state.cluster(relative.split("/", 1)[0])
-        cluster.counts[Anomaly.MALFORMED] += lines
+def _fold_problems(state: ValidatorState, problems: list[FileProblem]) -> None:
+    """Malformed lines and refused segments, counted for the cluster whose directory holds them."""
+    for problem in problems:
+        cluster = state.cluster(problem.segment.split("/", 1)[0])
+        cluster.counts[problem.anomaly] += problem.amount
         if len(state.problems) < 100:
-            state.problems.append(SegmentProblem(segment=relative, lines=lines, example=first[:200]))
+            lines = problem.amount if problem.anomaly == Anomaly.MALFORMED else 0
+            state.problems.append(
+                SegmentProblem(segment=problem.segment, lines=lines, example=problem.example[:200])
+            )
 
 
 def write_reports(report: Report, report_dir: Path) -> None:

@@ -36,7 +36,9 @@ _MEANING: Final[dict[str, str]] = {
     Anomaly.DEDUPLICATED: "the target already had it: a delivery a crash or a lost reply left unlogged",
     Anomaly.CRASHED_TERM: "an active term that ended without a deactivated record",
     Anomaly.MALFORMED: "a log line that does not parse or does not fit the schema",
-    Anomaly.FOREIGN_FILE: "a file in the store that is not a closed segment",
+    Anomaly.FOREIGN_FILE: "a file in the store that is not a closed segment the validator reads",
+    Anomaly.CORRUPT_SEGMENT: "a closed segment whose bytes do not match its checksum: not read",
+    Anomaly.UNVERIFIED_SEGMENT: "a closed segment named without a checksum (an older broker)",
 }
 _EXAMPLE_HEADERS: Final = ("cluster", "direction", "stream", "seq", "broker", "epoch", "ts", "detail")
 

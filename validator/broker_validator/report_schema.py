@@ -3,8 +3,9 @@
 ``report.json`` is what scripts, the HTML report and ``status.ordering`` read; it is cumulative
 over the whole store (an incremental run carries earlier runs' findings in its checkpoint), so a
 violation found once stays in the verdict until the store is validated again with ``--full`` after
-its cause is gone. :data:`SCHEMA_VERSION` grows when a field changes meaning or disappears; adding
-a field does not change it.
+its cause is gone. :data:`SCHEMA_VERSION` grows when a field changes meaning or disappears, and
+when an anomaly class is added (a script that reads ``anomalies`` by class must learn the new one);
+adding a field does not change it. Version 2 added ``corrupt-segment`` and ``unverified-segment``.
 
 Anomaly classes follow Jepsen's queue checker (lost, duplicate, nonmonotonic, skip, unseen) and
 add what a broker's log allows: split brain from epochs, and the non-failures a person still wants
@@ -16,7 +17,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final, Literal, TypedDict
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 
 class Anomaly(StrEnum):
@@ -33,7 +34,14 @@ class Anomaly(StrEnum):
     DEDUPLICATED = "deduplicated"  # the target already had it: a delivery a crash or lost reply left unlogged
     CRASHED_TERM = "crashed-term"  # a broker's active term ended without a `deactivated` record
     MALFORMED = "malformed"  # a line that does not parse or does not fit the schema
-    FOREIGN_FILE = "foreign-file"  # a file in the store that is not a closed segment
+    # A store entry that is not a closed segment the validator reads: misplaced or misnamed, a
+    # symbolic link, directory, FIFO, socket or device, or larger than --max-segment-bytes.
+    FOREIGN_FILE = "foreign-file"
+    # A closed segment whose bytes do not match the sha256 its name carries: none of its records is
+    # taken. Not by itself a violation (the log is not fsynced, so a node that loses power can leave
+    # one behind); a record it held that mattered shows up as what its absence means (lost, gap).
+    CORRUPT_SEGMENT = "corrupt-segment"
+    UNVERIFIED_SEGMENT = "unverified-segment"  # read, but named without a sha256 (an older broker)
 
 
 VIOLATIONS: Final = frozenset(
@@ -106,8 +114,8 @@ class DeliveryRate(TypedDict):
 
 class SegmentProblem(TypedDict):
     segment: str  # path relative to the store
-    lines: int  # malformed lines in it (0 for a foreign or empty file)
-    example: str  # the first bad line (cut to 200 characters), or why the file is foreign
+    lines: int  # malformed lines in it (0 for a foreign, corrupt or empty file)
+    example: str  # the first bad line (cut to 200 characters), or why the file was not read
 
 
 class ClusterReport(TypedDict):
@@ -147,7 +155,7 @@ class Report(TypedDict):
     anomalies: dict[str, int]  # summed over clusters
     run: RunInfo
     clusters: dict[str, ClusterReport]
-    problems: list[SegmentProblem]  # malformed, foreign and empty files (capped at 100)
+    problems: list[SegmentProblem]  # malformed, foreign, corrupt and empty files (capped at 100)
 
 
 def empty_anomalies() -> dict[str, int]:

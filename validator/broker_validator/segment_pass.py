@@ -42,7 +42,7 @@ from broker_validator.columns import (
     load,
 )
 from broker_validator.messages import Judged, MessageRows, judge
-from broker_validator.segment_reader import read_segment
+from broker_validator.segment_reader import SegmentSource, read_source
 
 Interval = tuple[int, int]
 
@@ -108,10 +108,12 @@ class Piece:
 @dataclass
 class SegmentSummary:
     index: int
-    path: str
+    source: SegmentSource
     lines: int
     malformed: int
     first_malformed: str
+    refused: str  # the anomaly class of a segment not read at all; "" when read
+    why: str
     records: int
     terms: list[TermPart]
     pieces: list[Piece]
@@ -151,8 +153,8 @@ class SegmentFindings:
     partial: MessageRows  # messages with records in other segments too: joined by the driver
 
 
-def summarize(index: int, path: str, scratch: str) -> SegmentSummary:
-    parsed = read_segment(path)
+def summarize(index: int, source: SegmentSource, scratch: str) -> SegmentSummary:
+    parsed = read_source(source)
     cols = Columns.of(parsed.table, index)
     keep(cols, scratch, index)
     terms = [_term_part(cols, t) for t in range(len(cols.terms))]
@@ -167,10 +169,12 @@ def summarize(index: int, path: str, scratch: str) -> SegmentSummary:
     messages = {cols.keys[k]: spans for k, spans in _intervals(cols.key[rows], cols.seq[rows]).items()}
     return SegmentSummary(
         index=index,
-        path=path,
+        source=source,
         lines=parsed.lines,
         malformed=parsed.malformed,
         first_malformed=parsed.first_malformed,
+        refused=parsed.refused,
+        why=parsed.why,
         records=parsed.table.num_rows,
         terms=terms,
         pieces=pieces,
@@ -244,8 +248,8 @@ def _intervals(keys: np.ndarray, seqs: np.ndarray) -> dict[int, list[Interval]]:
     return runs
 
 
-def check(index: int, path: str, scratch: str, plan: SegmentPlan) -> SegmentFindings:
-    cols = load(index, path, scratch)
+def check(index: int, source: SegmentSource, scratch: str, plan: SegmentPlan) -> SegmentFindings:
+    cols = load(index, source, scratch)
     order: list[OrderRow] = []
     for t, term in enumerate(cols.terms):
         rows = np.flatnonzero((cols.term == t) & cols.evidence)

@@ -9,23 +9,38 @@ a file whose bytes show that row ``i`` is line ``i`` (the reader skips blank lin
 any complaint of the reader, goes to the slow path: ``json.loads`` line by line under the same
 rules (:func:`_record`); the tests hold both paths to the same answers. A torn last line (a broker
 killed mid-write) sends only itself down the slow path.
+
+What a segment may be is bounded before any parsing (issue 39): the file is opened without following
+a symbolic link and without blocking (a FIFO), must be a regular file of at most
+``max_segment_bytes`` (:class:`ReadLimits`), and when its name carries a sha256 its bytes must match
+it; a file that fails any of these is *refused* (:attr:`ParsedSegment.refused` names the anomaly
+class) and none of its bytes is taken as a record. A line longer than ``max_record_bytes`` is a
+malformed line, never handed to a JSON parser; so is a record whose ``cluster`` is not the cluster
+whose directory holds the segment: a broker writes only its own cluster's directory, and a record
+there is evidence for that cluster alone.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import reduce
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from broker_contracts.message_log import FIELD_NAMES, FIELDS, LIFECYCLE_EVENTS, TS_FORMAT, Direction, Event
+from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 
 _S, _I = pa.string(), pa.int64()
 _ROW: Final = ("event", "ts_us", "cluster", "broker", "epoch", "direction", "stream", "seq")
@@ -46,33 +61,118 @@ _INT64: Final = range(-(1 << 63), 1 << 63)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+FOREIGN_FILE: Final = "foreign-file"  # report_schema.Anomaly's values, without importing the report side
+CORRUPT_SEGMENT: Final = "corrupt-segment"
+
+
+class Rules(NamedTuple):
+    """What a line must also satisfy beyond the schema: its size, and the cluster it may name."""
+
+    max_record_bytes: int
+    cluster: str | None  # the directory's cluster; None: not checked (a file outside a store)
+
+
+DEFAULT_RULES: Final = Rules(DEFAULT_LIMITS.max_record_bytes, None)
+
+
+class SegmentSource(NamedTuple):
+    """One closed segment as a task reads it: where it is and what it must be."""
+
+    path: str  # absolute
+    relative: str  # to the store, with forward slashes: what reports name
+    cluster: str | None
+    sha256: str | None  # from its name; None for a segment named before checksums
+    size: int  # at the scan
+    limits: ReadLimits = DEFAULT_LIMITS
+
+
 @dataclass(frozen=True)
 class ParsedSegment:
     table: pa.Table  # the valid records except `forwarded`, in SCHEMA
     lines: int  # lines in the file; a last line without a newline counts
     malformed: int  # lines that are not a valid record
     first_malformed: str  # the first of them, at most 200 characters; "" if none
+    refused: str = ""  # the anomaly class of a file not read at all (FOREIGN_FILE, CORRUPT_SEGMENT)
+    why: str = ""  # for people: why it was refused
 
 
-def read_segment(path: str | Path) -> ParsedSegment:
-    return _read(Path(path).read_bytes(), 0)
+def read_source(source: SegmentSource) -> ParsedSegment:
+    return read_segment(source.path, cluster=source.cluster, sha256=source.sha256, limits=source.limits)
 
 
-def _read(data: bytes, first_line: int) -> ParsedSegment:
+def read_segment(
+    path: str | Path,
+    *,
+    cluster: str | None = None,
+    sha256: str | None = None,
+    limits: ReadLimits = DEFAULT_LIMITS,
+) -> ParsedSegment:
+    """The segment at ``path`` parsed, or refused (see the module's docstring); never raises for
+    what the file is or holds."""
+    data = _bounded_bytes(Path(path), limits.max_segment_bytes)
+    if isinstance(data, ParsedSegment):
+        return data
+    if sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            return refused(
+                CORRUPT_SEGMENT,
+                f"its bytes' sha256 is {actual}, not the {sha256} its name carries: changed after "
+                "the broker closed it; none of its records is taken",
+            )
+    return _read(data, 0, Rules(limits.max_record_bytes, cluster))
+
+
+def refused(anomaly: str, why: str) -> ParsedSegment:
+    return ParsedSegment(SCHEMA.empty_table(), 0, 0, "", anomaly, why)
+
+
+def _bounded_bytes(path: Path, limit: int) -> bytes | ParsedSegment:
+    """The file's bytes, read through a descriptor that follows no link and blocks on no FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        link = error.errno == errno.ELOOP
+        return refused(FOREIGN_FILE, _LINK if link else f"cannot open: {error.strerror}")
+    why = ""
+    with open(fd, "rb", closefd=True) as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            why = "not a regular file (a directory, FIFO, socket or device)"
+        elif info.st_size > limit:
+            why = _too_big(info.st_size, limit)
+        else:
+            try:
+                data = file.read(limit + 1)
+            except OSError as error:
+                why = f"cannot read: {error.strerror}"
+    if not why and len(data) > limit:  # it grew after the fstat: a closed segment never does
+        why = _too_big(len(data), limit)
+    return refused(FOREIGN_FILE, why) if why else data
+
+
+_LINK: Final = "a symbolic link: segments are regular files; not followed"
+
+
+def _too_big(size: int, limit: int) -> str:
+    return f"{size} bytes, more than --max-segment-bytes ({limit}): not read"
+
+
+def _read(data: bytes, first_line: int, rules: Rules = DEFAULT_RULES) -> ParsedSegment:
     """``data`` (whole lines) with line numbers from ``first_line``. A file the fast path declines is
     cut in two at a newline and each half tried again, so a few bad lines in a big segment cost a
     few fast reads of shrinking pieces, and only pieces of ``_SLOW_LINES`` lines or fewer go slow."""
-    parsed = _read_fast(data)
+    parsed = _read_fast(data, rules)
     if parsed is not None:
         return _renumbered(parsed, first_line)
     cut = data.rfind(b"\n", 0, len(data) - 1) + 1  # where the last line begins
-    if cut > 0 and (head := _read_fast(data[:cut])) is not None:  # the common case: a torn last line
-        return _joined(_renumbered(head, first_line), _read_slow(data[cut:], first_line + head.lines))
+    if cut > 0 and (head := _read_fast(data[:cut], rules)) is not None:  # the common case: a torn last line
+        return _joined(_renumbered(head, first_line), _read_slow(data[cut:], first_line + head.lines, rules))
     if data.count(b"\n", 0, len(data) - 1) < _SLOW_LINES:
-        return _read_slow(data, first_line)
+        return _read_slow(data, first_line, rules)
     middle = data.find(b"\n", len(data) // 2, len(data) - 1) + 1 or data.rfind(b"\n", 0, len(data) // 2) + 1
-    head = _read(data[:middle], first_line)
-    return _joined(head, _read(data[middle:], first_line + head.lines))
+    head = _read(data[:middle], first_line, rules)
+    return _joined(head, _read(data[middle:], first_line + head.lines, rules))
 
 
 def _renumbered(parsed: ParsedSegment, first_line: int) -> ParsedSegment:
@@ -91,8 +191,10 @@ def _joined(head: ParsedSegment, tail: ParsedSegment) -> ParsedSegment:
     return ParsedSegment(table, head.lines + tail.lines, head.malformed + tail.malformed, first)
 
 
-def _read_fast(data: bytes) -> ParsedSegment | None:
+def _read_fast(data: bytes, rules: Rules = DEFAULT_RULES) -> ParsedSegment | None:
     """The whole file through pyarrow's reader, or None where only the slow path can be trusted."""
+    if len(data) > rules.max_record_bytes and _longest_line(data) > rules.max_record_bytes:
+        return None  # the slow path counts the long line malformed without parsing it
     lines = data.count(b"\n") + (not data.endswith(b"\n"))
     # Every newline but a final one sits between two objects: no blank line, "\r" or padding, and no
     # object across lines; with as many rows as lines, row i is line i. (A file that starts with a
@@ -106,17 +208,24 @@ def _read_fast(data: bytes) -> ParsedSegment | None:
         if not plain or (extra == "ignore" and not _flat_and_standard(data, lines)):
             return None
         try:
-            return _checked(data, lines, extra)
+            return _checked(data, lines, extra, rules)
         except Exception:  # any complaint of the reader (ArrowInvalid, a bad day): the next try decides
             continue
     return None
+
+
+def _longest_line(data: bytes) -> int:
+    """The longest line's length in bytes, without its newline (numpy: no object per line)."""
+    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    bounds = np.concatenate(([-1], newlines, [len(data)]))
+    return int(np.diff(bounds).max()) - 1
 
 
 def _flat_and_standard(data: bytes, lines: int) -> bool:
     return data.count(b"{") == lines and not any(token in data for token in (b"[", b"NaN", b"Inf"))
 
 
-def _checked(data: bytes, lines: int, extra: str) -> ParsedSegment:
+def _checked(data: bytes, lines: int, extra: str, rules: Rules) -> ParsedSegment:
     reading = pj.ReadOptions(use_threads=False, block_size=_BLOCK_SIZE)
     parsing = pj.ParseOptions(explicit_schema=_READ_SCHEMA, unexpected_field_behavior=extra)
     read = pj.read_json(pa.BufferReader(data), reading, parsing)
@@ -139,6 +248,7 @@ def _checked(data: bytes, lines: int, extra: str) -> ParsedSegment:
         shaped,
         pc.greater_equal(ts_us, _MIN_TS_US),
         pc.or_(pc.is_in(event, pa.array(sorted(_LIFECYCLE))), message),
+        *([] if rules.cluster is None else [pc.equal(col("cluster"), rules.cluster)]),
     )
     keep = _all(valid, pc.not_equal(event, _FORWARDED))
     kept = pa.Table.from_arrays([ts_us if n == "ts_us" else col(n) for n in _ROW], names=_ROW).filter(keep)
@@ -159,7 +269,7 @@ def _excerpt(raw: bytes) -> str:
     return raw[:800].decode(errors="replace")[:200]  # 200 characters take at most 800 bytes
 
 
-def _read_slow(data: bytes, first_line: int = 0) -> ParsedSegment:
+def _read_slow(data: bytes, first_line: int = 0, rules: Rules = DEFAULT_RULES) -> ParsedSegment:
     """Line by line with ``json.loads``: any file, the same rules and the same table as the fast path."""
     pieces = data.split(b"\n")
     if pieces[-1] == b"":
@@ -167,7 +277,9 @@ def _read_slow(data: bytes, first_line: int = 0) -> ParsedSegment:
     rows: list[tuple[Any, ...]] = []
     malformed, first = 0, ""
     for number, raw in enumerate(pieces, first_line):
-        row = _record(raw)
+        row = _record(raw) if len(raw) <= rules.max_record_bytes else None
+        if row is not None and rules.cluster is not None and row[2] != rules.cluster:
+            row = None  # another cluster's record: not evidence from this directory
         if row is None:
             malformed += 1
             first = _excerpt(raw) if malformed == 1 else first

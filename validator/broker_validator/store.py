@@ -1,12 +1,20 @@
 """The message-log store as the validator sees it: closed segments, everything else, its checkpoint.
 
 The layout is the contract of :mod:`broker_contracts.message_log`:
-``<store>/<cluster>/<broker>/<segment>.jsonl``. A scan sorts every file into closed segments (the
+``<store>/<cluster>/<broker>/<segment>.jsonl``. A scan sorts every entry into closed segments (the
 input), open segments (a broker is still writing them: skipped without a word), and problems
 (foreign and empty files), so a stray file is reported, never fatal.
 
+The store is written by every cluster's brokers, so nothing in it is trusted (issue 39): the scan
+walks exactly three levels with ``lstat`` semantics and follows no symbolic link, a segment is a
+regular file (not a link, directory, FIFO, socket or device) of at most ``max_segment_bytes``, and
+a directory it cannot list is a problem of that directory, not of the run. Only the store's root
+itself being unusable stops a run.
+
 The validator keeps its own files under ``<store>/.validator/``: the checkpoint (what earlier runs
-processed and the state they carried forward) and, by default, the reports. The checkpoint is
+processed and the state they carried forward) and, by default, the reports. No broker reaches it:
+a broker's pod mounts only its own cluster's directory of the store (``subPath``), and a cluster's
+name, a Kubernetes name, never starts with a dot. The checkpoint is
 replaced with one atomic rename, and only after the report is written, so a run that dies
 anywhere leaves the previous checkpoint as it was and the next run simply does the work again.
 
@@ -17,11 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from broker_contracts.message_log import CLOSED_SEGMENT_SUFFIX, OPEN_SEGMENT_SUFFIX
+from broker_contracts.message_log import CLOSED_SEGMENT_SUFFIX, OPEN_SEGMENT_SUFFIX, segment_sha256
+from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 
 VALIDATOR_DIR: Final = ".validator"
 CHECKPOINT_FILE: Final = "checkpoint.json"
@@ -36,6 +46,7 @@ class StoreUnreadableError(RuntimeError):
 class Segment:
     path: str  # relative to the store, with forward slashes
     size: int
+    sha256: str | None = None  # from its name; None for a segment named before checksums
 
     @property
     def cluster(self) -> str:
@@ -50,8 +61,8 @@ class StoreScan:
     open_segments: int = 0
 
 
-def scan_store(store: Path) -> StoreScan:
-    """Every file under ``store`` except the validator's own, sorted into what it is."""
+def scan_store(store: Path, limits: ReadLimits = DEFAULT_LIMITS) -> StoreScan:
+    """Every entry under ``store`` except the validator's own, sorted into what it is."""
     if not store.exists():
         raise StoreUnreadableError(
             f"message-log store {store} does not exist; pass the mounted store with --store"
@@ -61,40 +72,72 @@ def scan_store(store: Path) -> StoreScan:
     if not os.access(store, os.R_OK | os.X_OK):
         raise StoreUnreadableError(f"message-log store {store} is not readable by uid {os.getuid()}")
     scan = StoreScan()
-
-    def refuse(error: OSError) -> None:
+    try:
+        clusters = _entries(store)
+    except OSError as error:
         raise StoreUnreadableError(f"cannot read the message-log store: {error}") from error
-
-    for directory, subdirs, files in os.walk(store, onerror=refuse):
-        relative_dir = Path(directory).relative_to(store)
-        depth = len(relative_dir.parts)
-        if depth == 0:
-            subdirs[:] = sorted(d for d in subdirs if d != VALIDATOR_DIR)
-        else:
-            subdirs.sort()
-        for name in sorted(files):
-            relative = (relative_dir / name).as_posix()
-            if name.endswith(OPEN_SEGMENT_SUFFIX):
-                scan.open_segments += 1
-                continue
-            if depth != 2 or not name.endswith(CLOSED_SEGMENT_SUFFIX):
-                why = (
-                    f"not a closed segment (<cluster>/<broker>/<name>{CLOSED_SEGMENT_SUFFIX})"
-                    if depth != 2
-                    else f"name does not end in {CLOSED_SEGMENT_SUFFIX}"
-                )
-                scan.foreign.append((relative, why))
-                continue
-            try:
-                size = (Path(directory) / name).stat().st_size
-            except OSError as error:
-                scan.foreign.append((relative, f"cannot stat: {error.strerror}"))
-                continue
-            if size == 0:
-                scan.empty.append(relative)
-            else:
-                scan.segments.append(Segment(relative, size))
+    for cluster in clusters:
+        if cluster.name == VALIDATOR_DIR:
+            continue
+        for broker in _directories(cluster, cluster.name, scan):
+            for entry in _directories(broker, f"{cluster.name}/{broker.name}", scan):
+                _sort_file(entry, f"{cluster.name}/{broker.name}/{entry.name}", limits, scan)
     return scan
+
+
+def _entries(directory: str | os.DirEntry[str] | Path) -> list[os.DirEntry[str]]:
+    with os.scandir(directory) as listing:
+        return sorted(listing, key=lambda entry: entry.name)
+
+
+def _directories(entry: os.DirEntry[str], relative: str, scan: StoreScan) -> list[os.DirEntry[str]]:
+    """The entries of ``entry`` if it is a real directory we can list; else it is foreign."""
+    if not entry.is_dir(follow_symlinks=False):
+        scan.foreign.append((relative, f"{_kind(entry)} where a directory belongs (<cluster>/<broker>/)"))
+        return []
+    try:
+        return _entries(entry.path)
+    except OSError as error:
+        scan.foreign.append((relative, f"cannot list: {error.strerror}"))
+        return []
+
+
+def _sort_file(entry: os.DirEntry[str], relative: str, limits: ReadLimits, scan: StoreScan) -> None:
+    name = entry.name
+    if not name.endswith((OPEN_SEGMENT_SUFFIX, CLOSED_SEGMENT_SUFFIX)):
+        scan.foreign.append((relative, f"name does not end in {CLOSED_SEGMENT_SUFFIX}"))
+        return
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError as error:
+        scan.foreign.append((relative, f"cannot stat: {error.strerror}"))
+        return
+    if not stat.S_ISREG(info.st_mode):
+        scan.foreign.append((relative, f"{_kind(entry)}, not a regular file: not read"))
+    elif name.endswith(OPEN_SEGMENT_SUFFIX):
+        scan.open_segments += 1
+    elif info.st_size == 0:
+        scan.empty.append(relative)
+    elif info.st_size > limits.max_segment_bytes:
+        scan.foreign.append(
+            (
+                relative,
+                f"{info.st_size} bytes, more than --max-segment-bytes ({limits.max_segment_bytes}): not read",
+            )
+        )
+    else:
+        scan.segments.append(Segment(relative, info.st_size, segment_sha256(name)))
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    """What a store entry is, for people, without following it."""
+    if entry.is_symlink():
+        return "a symbolic link (never followed)"
+    if entry.is_dir(follow_symlinks=False):
+        return "a directory"
+    if entry.is_file(follow_symlinks=False):
+        return "a file"
+    return "a FIFO, socket or device"
 
 
 def checkpoint_path(store: Path) -> Path:

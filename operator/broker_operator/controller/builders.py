@@ -163,7 +163,16 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
             {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
             {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
             {"name": names.BACKEND_TOKEN_VOLUME, "mountPath": names.BACKEND_TOKEN_MOUNT, "readOnly": True},
-            {"name": names.MESSAGE_LOG_VOLUME, "mountPath": spec.message_log_mount},
+            # Only this cluster's part of the shared store (issue 39): every cluster's brokers and
+            # the validator share one claim and one uid, so the mount is the boundary. The broker
+            # writes <message_log_mount>/<cluster>/<broker>/, inside this mount, and sees neither
+            # other clusters' segments nor the validator's checkpoint and reports (.validator/).
+            # The kubelet makes the directory with the claim root's mode and group.
+            {
+                "name": names.MESSAGE_LOG_VOLUME,
+                "mountPath": f"{spec.message_log_mount.rstrip('/')}/{cluster}",
+                "subPath": cluster,
+            },
         ],
     }
 

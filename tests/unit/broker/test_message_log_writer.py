@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+
+import pytest
 
 from broker_contracts import message_log
 from broker_contracts.message_log import Direction, Event
@@ -91,3 +94,66 @@ def test_now_ts_is_the_schemas_timestamp() -> None:
     after = message_log.parse_ts(message_log.format_ts())
     assert before <= message_log.parse_ts(stamp) <= after
     assert len(stamp) == len("2026-11-22T12:00:00.123456Z")
+
+
+# -- the writer's root and checksums (issue 39) --------------------------------------------------
+
+
+def test_every_closed_segment_is_named_with_the_sha256_of_its_bytes(tmp_path: Path) -> None:
+    log = writer(tmp_path, max_bytes=600)
+    for seq in range(1, 12):
+        log.messages(Event.ACCEPTED, 1, Direction.OUTBOUND, [("s", seq, f"m{seq}", "p")])
+    log.flush()  # the last segment stays open: a crash leaves it to the next start
+    log.wait_sealed()  # the size bound's closes run on the sealing thread
+    closed = sorted(tmp_path.glob(message_log.CLOSED_SEGMENT_GLOB))
+    assert len(closed) > 1
+    writer(tmp_path).close_segment()  # the next start closes the leftover, with its checksum too
+    after = sorted(tmp_path.glob(message_log.CLOSED_SEGMENT_GLOB))
+    assert len(after) == len(closed) + 1
+    for segment in after:
+        assert message_log.segment_sha256(segment.name) == hashlib.sha256(segment.read_bytes()).hexdigest()
+    assert [r["seq"] for r in records(tmp_path)] == list(range(1, 12))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "broker"),
+    [("../other", "b0"), ("acme-1000", "../../other/b0"), ("acme-1000", "a/b"), ("..", "b0"), ("", "b0")],
+)
+def test_a_cluster_or_broker_name_that_leaves_the_root_is_refused(
+    tmp_path: Path, cluster: str, broker: str
+) -> None:
+    with pytest.raises(ValueError, match="path component"):
+        MessageLogWriter(
+            tmp_path / "store", cluster=cluster, broker=broker, account="a", company="c",
+            max_bytes=1 << 20, max_seconds=60,
+        )  # fmt: skip
+    assert not (tmp_path / "other").exists()
+
+
+def test_a_broker_directory_that_is_a_link_out_of_the_root_is_refused(tmp_path: Path) -> None:
+    """Another broker of the cluster (it shares the mount) plants a link to somewhere else."""
+    store = tmp_path / "store"
+    elsewhere = tmp_path / "other-cluster" / "acme-1000-0"
+    elsewhere.mkdir(parents=True)
+    (store / "acme-1000").mkdir(parents=True)
+    (store / "acme-1000" / "acme-1000-0").symlink_to(elsewhere)
+    log = MessageLogWriter(
+        store, cluster="acme-1000", broker="acme-1000-0", account="acme", company="1000",
+        max_bytes=1 << 20, max_seconds=60,
+    )  # fmt: skip
+    with pytest.raises(OSError, match="not a directory of its own"):
+        log.start()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_leftover_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_bytes(b'{"keep":"me"}\n{"torn')
+    directory = tmp_path / "acme-1000" / "acme-1000-0"
+    directory.mkdir(parents=True)
+    (directory / ("20261122T120000000000Z-000000-acme-1000-0" + message_log.OPEN_SEGMENT_SUFFIX)).symlink_to(
+        target
+    )
+    writer(tmp_path)
+    assert target.read_bytes() == b'{"keep":"me"}\n{"torn'  # neither truncated nor moved
+    assert not list(tmp_path.glob(message_log.CLOSED_SEGMENT_GLOB))

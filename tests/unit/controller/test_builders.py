@@ -274,12 +274,28 @@ def test_broker_pods_run_as_the_images_non_root_user_on_a_read_only_root() -> No
     # writable volumes (fsGroup makes them the broker's); nothing else is mounted writable.
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
-    assert writable == {names.DATA_MOUNT, "/var/lib/broker/message-log"}
+    # The message-log store is mounted at its cluster's own directory only (see the next test).
+    assert writable == {names.DATA_MOUNT, "/var/lib/broker/message-log/orders"}
     for mount in container["volumeMounts"]:
         if mount["mountPath"] in writable:
             assert {"persistentVolumeClaim", "emptyDir"} & volumes[mount["name"]].keys(), mount
     env = env_of(pod)
-    assert {env["BROKER_DATA_DIR"], env["BROKER_MESSAGE_LOG_DIR"]} == writable
+    assert {env["BROKER_DATA_DIR"], f"{env['BROKER_MESSAGE_LOG_DIR']}/orders"} == writable
+
+
+def test_a_broker_mounts_only_its_own_clusters_part_of_the_message_log_store() -> None:
+    """issue 39: every cluster's brokers share one claim; a broker must not reach another cluster's
+    segments, nor the validator's checkpoint and reports under ``.validator/`` at the claim's root."""
+    spec = parse_spec("orders", {"account": "a", "company": "c", "messageLog": {"claimName": "message-log"}})
+    pod = builders.build_pod(OWNER, 0, spec, active=False)
+    (container,) = pod["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == names.MESSAGE_LOG_VOLUME]
+    assert mount["subPath"] == "orders"
+    # The broker writes <BROKER_MESSAGE_LOG_DIR>/<cluster>/<broker>/: exactly inside the mount.
+    assert mount["mountPath"] == f"{env_of(pod)['BROKER_MESSAGE_LOG_DIR']}/orders"
+    assert "subPathExpr" not in mount and not mount.get("readOnly")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[names.MESSAGE_LOG_VOLUME]["persistentVolumeClaim"] == {"claimName": "message-log"}
 
 
 def test_every_pod_gets_its_own_copy_of_the_default_security_context() -> None:

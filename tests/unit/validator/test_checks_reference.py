@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from broker_contracts.message_log import parse_ts
 from broker_validator.checks import PriorState, find, in_process, read_batch_with
 from broker_validator.messages import LATENCY_BUCKET_BASE
+from broker_validator.segment_reader import SegmentSource
 from tests.validator.logbuilder import History
 
 STREAMS = (("outbound", "s1"), ("inbound", "i1"))
@@ -161,7 +162,8 @@ def reference(records: list[Rec], prior: PriorState) -> dict[str, Any]:
 
 
 def checked(paths: list[str], prior: PriorState, *, drop_copies: bool = False) -> dict[str, Any]:
-    batch = read_batch_with(in_process, 2, paths)
+    sources = [SegmentSource(path, path, None, None, Path(path).stat().st_size) for path in paths]
+    batch = read_batch_with(in_process, 2, sources)
     assert len(list(Path(batch.scratch).glob("*.npz"))) == len(paths)  # pass 1's columnar copies
     if drop_copies:
         batch.release()  # as if pass 2 ran on other executors: each segment is parsed again
@@ -170,7 +172,7 @@ def checked(paths: list[str], prior: PriorState, *, drop_copies: bool = False) -
     finally:
         batch.release()
     position = {path: n for n, path in enumerate(paths)}
-    by_index = {s.index: position[s.path] for s in batch.summaries}
+    by_index = {s.index: position[s.source.path] for s in batch.summaries}
 
     def pos(raw: int) -> tuple[int, int]:
         return (by_index[raw >> 32], raw & 0xFFFFFFFF)

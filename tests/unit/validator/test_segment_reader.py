@@ -6,7 +6,9 @@ lines and read by both paths; the fast path may decline a file (None) but never 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from broker_contracts import message_log
 from broker_contracts.message_log import FIELDS, Direction, Event
 from broker_validator import segment_reader
+from broker_validator.limits import ReadLimits
 from broker_validator.segment_reader import SCHEMA, ParsedSegment, read_segment
 from broker_validator.synthetic import generate_store
 
@@ -131,8 +134,10 @@ HOSTILE: list[tuple[str, bytes, bool, bool]] = [
     ("crlf", dump(record()) + b"\r", True, False),
     ("padded", b"  " + dump(record()) + b"  ", True, False),
     ("spaces inside", json.dumps(record()).encode(), True, True),
-    ("long line", dump(record(stream="s" * 300_000)), True, True),
-    ("long extra field", dump(record(x="y" * 1_000_000)), True, True),
+    # Over --max-record-bytes (64 KiB by default): malformed, and never parsed (issue 39).
+    ("long line", dump(record(stream="s" * 300_000)), False, False),
+    ("long extra field", dump(record(x="y" * 1_000_000)), False, False),
+    ("just short enough", dump(record(stream="s" * 65_000)), True, True),
     ("unknown event", dump(record(event="exploded")), False, True),
     ("event case", dump(record(event="Accepted")), False, True),
     ("unknown direction", dump(record(direction="sideways")), False, True),
@@ -267,9 +272,11 @@ def test_a_torn_last_line_alone_takes_the_slow_path(tmp_path: Path, monkeypatch:
     slow_inputs: list[bytes] = []
     slow_path = segment_reader._read_slow
 
-    def spy(data: bytes, first_line: int = 0) -> ParsedSegment:
+    def spy(
+        data: bytes, first_line: int = 0, rules: segment_reader.Rules = segment_reader.DEFAULT_RULES
+    ) -> ParsedSegment:
         slow_inputs.append(data)
-        return slow_path(data, first_line)
+        return slow_path(data, first_line, rules)
 
     path = tmp_path / "segment.jsonl"
     path.write_bytes(data)
@@ -292,9 +299,11 @@ def test_bad_lines_inside_a_big_segment_send_only_small_pieces_down_the_slow_pat
     slow_lines: list[int] = []
     slow_path = segment_reader._read_slow
 
-    def spy(data: bytes, first_line: int = 0) -> ParsedSegment:
+    def spy(
+        data: bytes, first_line: int = 0, rules: segment_reader.Rules = segment_reader.DEFAULT_RULES
+    ) -> ParsedSegment:
         slow_lines.append(data.count(b"\n"))
-        return slow_path(data, first_line)
+        return slow_path(data, first_line, rules)
 
     path = tmp_path / "segment.jsonl"
     path.write_bytes(data)
@@ -356,3 +365,67 @@ def test_a_generated_segment_reads_the_same_both_ways(generated_store: Path, tmp
     assert fast is not None and fast.lines == 2000 and fast.malformed == 0
     assert 0 < fast.table.num_rows < 2000  # forwarded records dropped
     assert pc.all(pc.greater(fast.table.column("ts_us"), 0)).as_py()
+
+
+# -- bounds, links and checksums (issue 39) ----------------------------------------------------------
+
+
+def test_a_symlink_or_a_fifo_is_refused_without_being_followed_or_blocking(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(b"\n".join(CLEAN) + b"\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(outside)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)  # opened for reading without O_NONBLOCK, this would wait for a writer forever
+    for path in (link, fifo):
+        parsed = read_segment(path)
+        assert parsed.refused == "foreign-file", path
+        assert parsed.table.num_rows == 0 and parsed.lines == 0
+
+
+def test_a_segment_over_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "segment.jsonl"
+    data = b"\n".join(CLEAN) + b"\n"
+    path.write_bytes(data)
+    parsed = read_segment(path, limits=ReadLimits(max_segment_bytes=len(data) - 1, max_record_bytes=4096))
+    assert parsed.refused == "foreign-file" and "--max-segment-bytes" in parsed.why
+    assert parsed.table.num_rows == 0
+    assert read_segment(path, limits=ReadLimits(len(data), 4096)).table.num_rows > 0
+
+
+def test_a_record_over_the_size_bound_is_malformed_on_both_paths(tmp_path: Path) -> None:
+    long = dump(record(stream="s" * 3000))  # valid but for its size
+    data = b"\n".join([*CLEAN, long, *CLEAN]) + b"\n"
+    limits = ReadLimits(max_segment_bytes=1 << 20, max_record_bytes=2048)
+    slow = segment_reader._read_slow(data, 0, segment_reader.Rules(limits.max_record_bytes, None))
+    path = tmp_path / "segment.jsonl"
+    path.write_bytes(data)
+    parsed = read_segment(path, limits=limits)
+    same(parsed, slow)
+    assert (parsed.lines, parsed.malformed) == (2 * len(CLEAN) + 1, 1)
+    assert parsed.first_malformed == long[:200].decode()
+    assert read_segment(path, limits=ReadLimits(1 << 20, 4096)).malformed == 0
+
+
+def test_a_segment_whose_bytes_differ_from_its_checksum_is_corrupt_and_not_read(tmp_path: Path) -> None:
+    data = b"\n".join(CLEAN) + b"\n"
+    path = tmp_path / "segment.jsonl"
+    path.write_bytes(data)
+    good = hashlib.sha256(data).hexdigest()
+    assert read_segment(path, sha256=good).refused == ""
+    path.write_bytes(data.replace(b'"seq":3', b'"seq":4'))  # altered after closing
+    parsed = read_segment(path, sha256=good)
+    assert parsed.refused == "corrupt-segment" and good in parsed.why
+    assert parsed.table.num_rows == 0 and parsed.malformed == 0
+
+
+def test_a_record_naming_another_cluster_than_its_directory_is_malformed(tmp_path: Path) -> None:
+    data = b"\n".join([broker_line(Event.ACTIVATED), broker_line(Event.ACCEPTED, cluster="other")]) + b"\n"
+    path = tmp_path / "segment.jsonl"
+    path.write_bytes(data)
+    parsed = read_segment(path, cluster="bc-000")
+    assert (parsed.lines, parsed.malformed, parsed.table.num_rows) == (2, 1, 1)
+    assert '"cluster":"other"' in parsed.first_malformed
+    rules = segment_reader.Rules(4096, "bc-000")
+    same(parsed, segment_reader._read_slow(data, 0, rules))
+    assert read_segment(path).malformed == 0  # no directory given: no such check

@@ -6,9 +6,10 @@ per cluster, terms of its brokers (``activated`` / ``deactivated``), epochs risi
 failover, and per message in both directions the records a broker writes (``accepted``,
 ``forwarded`` attempt 1, ``delivered``, ``confirmed``), byte for byte as
 :mod:`broker_service.message_log_writer` formats them (schema field order, no spaces), into
-``<store>/<cluster>/<broker>/<segment>.jsonl`` named by
-:func:`broker_contracts.message_log.segment_name`. It lives in the package, not in ``tests/``,
-because ``bench/`` uses it too and must never import tests.
+``<store>/<cluster>/<broker>/<segment>.<sha256>.jsonl`` named by
+:func:`broker_contracts.message_log.segment_name` and sealed with its checksum as brokers seal
+theirs. It lives in the package, not in ``tests/``, because ``bench/`` uses it too and must never
+import tests.
 
 How the history looks, and why:
 

@@ -14,7 +14,7 @@ import dataclasses
 import random
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -24,7 +24,7 @@ from broker_validator.synthetic.history import ClusterGenerator
 from broker_validator.synthetic.manifest import ClusterManifest, GeneratedStore, InjectedAnomaly
 from broker_validator.synthetic.placement import place_injections
 from broker_validator.synthetic.plan import DIRECTIONS, ClusterState, plan_cluster
-from broker_validator.synthetic.segments import Clock, StoreWriter, to_micros
+from broker_validator.synthetic.segments import Clock, StoreWriter, reseal, to_micros
 
 DEFAULT_START: Final = datetime(2026, 11, 22, tzinfo=UTC)  # fixed, so a seed gives the same bytes
 SEGMENT_RECORDS: Final = 50_000
@@ -287,9 +287,10 @@ def _write_part(
 
 
 def _inject_malformed(
-    segments: Sequence[Path], count: int, rng: random.Random, root: Path
+    segments: list[Path], count: int, rng: random.Random, root: Path
 ) -> list[InjectedAnomaly]:
-    """One bad line each in ``count`` different segments, at a random line boundary."""
+    """One bad line each in ``count`` different segments, at a random line boundary (each sealed
+    again, so ``segments`` names the new files)."""
     if count > len(segments):
         raise ValueError(
             f"cannot inject {count} malformed lines: one per segment and only {len(segments)} segments; "
@@ -297,8 +298,8 @@ def _inject_malformed(
         )
     items: list[InjectedAnomaly] = []
     newline = b"\n"
-    for number, path in enumerate(sorted(rng.sample(list(segments), count))):
-        data = path.read_bytes()
+    for number, chosen in enumerate(sorted(rng.sample(list(segments), count))):
+        data = chosen.read_bytes()
         lines = data.count(b"\n")
         cut = 0
         for _ in range(rng.randrange(lines + 1)):
@@ -310,7 +311,8 @@ def _inject_malformed(
         else:
             bad = re.sub(rb'^\{"event":"[a-z]+"', b'{"event":"exploded"', model)
             detail = "a record with an unknown event"
-        path.write_bytes(data[:cut] + bad + b"\n" + data[cut:])
+        path = reseal(chosen, data[:cut] + bad + b"\n" + data[cut:])  # a broker's own bad line: sealed
+        segments[segments.index(chosen)] = path
         cluster, broker = path.relative_to(root).parts[:2]
         items.append(
             InjectedAnomaly(

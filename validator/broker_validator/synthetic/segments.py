@@ -2,21 +2,24 @@
 
 Lines are built as :mod:`broker_service.message_log_writer` builds them (schema field order, no
 spaces): a per-bundle ``head``/``tail`` around cached per-message fragments joined in C, written in
-blocks of about a megabyte, into ``<store>/<cluster>/<broker>/<segment>.jsonl`` named by
-:func:`broker_contracts.message_log.segment_name`. This is where the generator's speed comes from;
+blocks of about a megabyte, into ``<store>/<cluster>/<broker>/<segment>.<sha256>.jsonl`` named by
+:func:`broker_contracts.message_log.segment_name` and sealed with the sha256 of its bytes on close,
+as a broker seals its segments. This is where the generator's speed comes from;
 most of the remaining time is the kernel writing. What it deliberately does not do: decide what a
 record says or when it happens. Times come in as µs since the epoch, already chosen.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from broker_contracts.message_log import segment_name
+from broker_contracts.message_log import sealed_segment_name, segment_name, segment_stem
 
 _UNIX = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -62,6 +65,7 @@ class SegmentWriter:
         self.file: Any = None
         self.path: Path | None = None
         self.parts: list[str] = []
+        self.digest = hashlib.sha256()
         self.segment_records = 0
 
     def _open(self, micros: int) -> None:
@@ -69,6 +73,7 @@ class SegmentWriter:
         self.path = self.directory / segment_name(self.broker, from_micros(micros), self.index)
         self.index += 1
         self.file = open(self.path, "wb")  # noqa: SIM115  # closed in close(), spans many calls
+        self.digest = hashlib.sha256()
         self.segment_records = 0
 
     def messages(
@@ -104,6 +109,7 @@ class SegmentWriter:
             blob = "".join(self.parts).encode()
             self.parts.clear()
             self.file.write(blob)
+            self.digest.update(blob)
             self.store.bytes += len(blob)
 
     def close_if_full(self) -> None:
@@ -117,8 +123,26 @@ class SegmentWriter:
         self.file.close()
         self.file = None
         assert self.path is not None
-        self.store.segments.append(self.path)
+        sealed = self.path.with_name(
+            sealed_segment_name(segment_stem(self.path.name), self.digest.hexdigest())
+        )
+        os.replace(self.path, sealed)
+        self.store.segments.append(sealed)
         self.path = None
+
+
+def sealed_path(path: Path, data: bytes) -> Path:
+    """Where a segment holding ``data`` is closed to: its name with the sha256 of ``data``."""
+    return path.with_name(sealed_segment_name(segment_stem(path.name), hashlib.sha256(data).hexdigest()))
+
+
+def reseal(path: Path, data: bytes) -> Path:
+    """Replace the closed segment ``path`` by one holding ``data``, sealed with its checksum."""
+    sealed = sealed_path(path, data)
+    sealed.write_bytes(data)
+    if sealed != path:
+        path.unlink()
+    return sealed
 
 
 @dataclass
