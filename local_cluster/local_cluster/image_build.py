@@ -46,6 +46,10 @@ CACHE_DIR = Path(
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "broker-failover" / "images"
 )
 TAG = "0.1.0"  # the chart's appVersion and the CRD's default broker image tag
+# Our images are named under "localhost": a name without a registry means Docker Hub, under an owner
+# nobody here controls, so a node missing the image would pull a stranger's. Under localhost nothing
+# public resolves; a real cluster gets them from a registry its user names (charts/README.md, "Images").
+REGISTRY = "localhost"
 BASE_REFERENCE = "docker.io/library/debian:bookworm-slim"
 # Debian's image recipe (debuerreotype's "slim"): minbase, merged /usr without the usrmerge package
 # (which would pull in perl), no docs, man pages, info or locales, and apt told to keep no
@@ -83,7 +87,8 @@ PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private", "--")
 
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
-    """One image: its name (without registry or tag), Dockerfile and optional build target."""
+    """One image: its name (without registry or tag; ``reference`` adds them), Dockerfile and optional
+    build target."""
 
     name: str
     dockerfile: str
@@ -93,7 +98,7 @@ class ImageSpec:
 
     @property
     def reference(self) -> str:
-        return f"docker.io/{self.name}:{TAG}"
+        return f"{REGISTRY}/{self.name}:{TAG}"
 
     @property
     def slug(self) -> str:
