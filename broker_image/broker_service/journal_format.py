@@ -95,8 +95,11 @@ def scan(data: bytes, apply: Callable[[bytes, bytes], None], *, source: str, las
     """
     size = len(data)
     if size < len(FILE_HEADER) and FILE_HEADER.startswith(data):
-        # Created, then the crash came before the header was whole: nothing was ever in it.
-        return _torn(0, data, source=source, number=0, problem="partial file header", last_file=last_file)
+        # Created, then the crash came before the header was whole: nothing was ever in it (the
+        # header and the snapshot go out in one write, before any frame is appended). Recovery
+        # cuts such a file to empty, and a newer file may follow it if the next crash comes
+        # before the rotation deleted it, so this holds in any file, not only the last.
+        return 0
     if data[: len(FILE_HEADER)] != FILE_HEADER:
         raise JournalFormatError(
             f"{source} is not a journal of format {FORMAT_VERSION} (its file header is missing): an "

@@ -333,3 +333,18 @@ async def test_a_torn_looking_frame_in_a_file_that_newer_files_follow_is_refused
 
     with pytest.raises(JournalCorruptError, match=rf"{older.name}: frame 2 at offset .*newer journal files"):
         recover(tmp_path)
+
+
+async def test_an_empty_or_headerless_file_before_a_newer_one_holds_nothing_and_is_no_damage(
+    tmp_path: Path,
+) -> None:
+    # A crash after a rotation created its file but before the header was written, then another
+    # crash after the next rotation's file was durable but before the old files were deleted.
+    await write(tmp_path, accepted_frame(messages("s", 1, 3)))
+    (tmp_path / "journal-000000000002.log").write_bytes(b"")
+    (tmp_path / "journal-000000000003.log").write_bytes(FILE_HEADER[:5])
+    (tmp_path / "journal-000000000004.log").write_bytes(FILE_HEADER + accepted_frame(messages("s", 4, 2)))
+
+    recovered, last = recover(tmp_path)
+
+    assert sorted(recovered.pending["s"]) == [1, 2, 3, 4, 5] and last == 4
