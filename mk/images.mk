@@ -23,3 +23,16 @@ images: image-packages venv tools images-without-tools ## Build every image from
 .PHONY: images-without-tools
 images-without-tools: image-packages venv
 	@$(BIN)/python -m local_cluster.image_build --without-tools >/dev/null
+
+# uv compiles the images' hash locks (hack/images/lock.py says why uv); pinned so a refresh is
+# repeatable, and installed into the project's virtualenv only when a refresh asks for it.
+UV_VERSION := 0.13.8
+
+.PHONY: images-lock
+images-lock: venv ## Recompile the images' Python locks with hashes (hack/images/locks/) from pyproject.toml.
+	@$(BIN)/uv --version 2>/dev/null | grep -qx "uv $(UV_VERSION)" || $(BIN)/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+	UV=$(BIN)/uv $(BIN)/python hack/images/lock.py
+
+.PHONY: images-base-lock
+images-base-lock: image-packages venv ## Record the Debian base's packages and versions (hack/images/debian-base-<arch>.lock) after reviewing a change.
+	@$(BIN)/python -m local_cluster.image_build --lock-base

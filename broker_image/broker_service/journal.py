@@ -1,8 +1,9 @@
 """The broker's write-ahead journal: accepted messages are durable before they are acknowledged.
 
-Layout: ``<data-dir>/journal/journal-<n>.log``, append-only. Each record is a
-frame ``<u32 length><u32 crc32><kind byte><JSON body>`` (little endian; the
-length and the CRC cover kind and body). The kinds:
+Layout: ``<data-dir>/journal/journal-<n>.log``, append-only: a file header with the format
+version, then frames ``<u32 length><u32 crc32><u32 header crc32><kind byte><JSON body>``; the
+bytes, and how recovery tells a torn tail from damage, are :mod:`broker_service.journal_format`'s.
+The kinds:
 
 * ``B`` (bundle): a SendMessages request body exactly as received, after a
   JSON line listing which of its messages were accepted. The hot path encodes
@@ -39,10 +40,12 @@ queued so far without adding a frame.
 Recovery (:func:`recover`) reads the files in order and stops at the first bad
 frame. A bad frame at the very end of the last file, or followed only by zero
 bytes, is a torn write from a crash: it was never fsynced, so never
-acknowledged, and it is cut off. A bad frame with good data after it is real
-corruption; we refuse to guess and raise :class:`JournalCorruptError` (the broker
-then reports ``JOURNAL_ERROR`` and stays out of service) rather than drop
-acknowledged records silently.
+acknowledged, and it is cut off. A bad frame with anything else after it is real
+corruption (the frame's length is under its own CRC, so a damaged length cannot pass for a
+torn tail); we refuse to guess and raise :class:`JournalCorruptError` naming the file, the
+offset and the frame (the broker then reports ``JOURNAL_ERROR`` and stays out of service)
+rather than drop acknowledged records silently. A file of an older format is refused too
+(:class:`JournalFormatError`), with what to do.
 
 Compaction: on open and whenever a file passes ``rotate_bytes``, the journal
 starts a new file with a snapshot of what is still unconfirmed (supplied by the
@@ -58,8 +61,6 @@ import asyncio
 import contextlib
 import os
 import re
-import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,38 +68,49 @@ from pathlib import Path
 from broker_contracts.message_log import Direction
 from broker_contracts.relay import dumps, loads
 from broker_service.holds import HeldEntry, Release
+from broker_service.journal_format import (
+    FILE_HEADER,
+    KIND_ACCEPTED,
+    KIND_BUNDLE,
+    KIND_CONFIRMED,
+    KIND_HELD,
+    KIND_RELEASED,
+    JournalCorruptError,
+    JournalError,
+    JournalFormatError,
+    frame,
+    scan,
+)
 from broker_service.soap_codec import SendMessagesRequest, SoapFaultError, parse_request
 
-_HEADER = struct.Struct("<II")
-KIND_ACCEPTED = b"A"
-KIND_BUNDLE = b"B"
-KIND_CONFIRMED = b"C"
-KIND_HELD = b"H"
-KIND_RELEASED = b"R"
-_KINDS = (KIND_ACCEPTED, KIND_BUNDLE, KIND_CONFIRMED, KIND_HELD, KIND_RELEASED)
 _FILE_RE = re.compile(r"^journal-(\d{12})\.log$")
 
 JournalMessage = tuple[str, int, str, str]
 """``(stream, seq, msgId, payload)``."""
 
 
-class JournalError(RuntimeError):
-    """The journal cannot be written or read; the broker must not acknowledge anything."""
-
-
-class JournalCorruptError(JournalError):
-    """A damaged record with intact records after it: not a torn tail, so not safe to cut."""
-
-
-def frame(kind: bytes, *parts: bytes) -> bytes:
-    """One frame whose body is ``parts`` concatenated; the CRC is chained over them, so the
-    (often 60 KB) body is copied once, into the frame, instead of once per concatenation."""
-    crc = zlib.crc32(kind)
-    length = len(kind)
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-        length += len(part)
-    return b"".join((_HEADER.pack(length, crc), kind, *parts))
+__all__ = [
+    "FILE_HEADER",
+    "KIND_ACCEPTED",
+    "KIND_BUNDLE",
+    "KIND_CONFIRMED",
+    "KIND_HELD",
+    "KIND_RELEASED",
+    "Journal",
+    "JournalCorruptError",
+    "JournalError",
+    "JournalFormatError",
+    "JournalMessage",
+    "RecoveredJournal",
+    "accepted_frame",
+    "bundle_frame",
+    "confirmed_frame",
+    "frame",
+    "held_frame",
+    "recover",
+    "released_frame",
+    "scan",
+]
 
 
 def accepted_frame(messages: list[JournalMessage]) -> bytes:
@@ -241,44 +253,6 @@ def _accepted_messages(kind: bytes, body: bytes) -> list[JournalMessage]:
     ]
 
 
-def scan(data: bytes, recovered: RecoveredJournal, *, source: str) -> int:
-    """Apply every good frame of ``data``; return the length of its good prefix."""
-    offset = 0
-    size = len(data)
-    while offset < size:
-        bad = ""
-        end = size
-        if size - offset < _HEADER.size:
-            bad = "partial header"
-        else:
-            length, crc = _HEADER.unpack_from(data, offset)
-            end = offset + _HEADER.size + length
-            if end > size:
-                bad = f"frame of {length} bytes runs past the end"
-            else:
-                payload = data[offset + _HEADER.size : end]
-                if length == 0 or zlib.crc32(payload) != crc or payload[:1] not in _KINDS:
-                    bad = "checksum mismatch"
-                else:
-                    try:
-                        recovered.apply(payload[:1], payload[1:])
-                    except (ValueError, TypeError, AttributeError, LookupError) as error:
-                        raise JournalCorruptError(
-                            f"{source} offset {offset}: checksummed record has an unreadable body ({error})"
-                        ) from None
-                    offset = end
-                    continue
-        # A torn tail ends the file (or is followed only by zeros the filesystem padded).
-        is_last_frame = bad != "checksum mismatch" or end == size
-        if is_last_frame or not data[end:].strip(b"\x00"):
-            return offset
-        raise JournalCorruptError(
-            f"{source} offset {offset}: {bad} with {size - end} bytes of records after it; this is damage, "
-            "not a torn write. Keep the volume for inspection; the broker will not serve from it"
-        )
-    return offset
-
-
 def _journal_files(directory: Path) -> list[tuple[int, Path]]:
     found = []
     for path in directory.iterdir():
@@ -295,12 +269,8 @@ def recover(directory: Path) -> tuple[RecoveredJournal, int]:
     files = _journal_files(directory)
     for index, (_, path) in enumerate(files):
         data = path.read_bytes()
-        good = scan(data, recovered, source=str(path))
+        good = scan(data, recovered.apply, source=str(path), last_file=index == len(files) - 1)
         if good < len(data):
-            if index != len(files) - 1:
-                raise JournalCorruptError(
-                    f"{path} is damaged at offset {good} but newer journal files follow it"
-                )
             recovered.torn_bytes = len(data) - good
             os.truncate(path, good)
     return recovered, files[-1][0] if files else 0
@@ -344,11 +314,11 @@ class Journal:
     def _rotate_sync(self, number: int, snapshot: bytes) -> None:
         path = self.directory / f"journal-{number:012d}.log"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o640)
-        os.write(fd, snapshot)
+        os.write(fd, FILE_HEADER + snapshot)
         os.fsync(fd)
         _fsync_dir(self.directory)
         old_fd = self._fd
-        self._fd, self._number, self._size = fd, number, len(snapshot)
+        self._fd, self._number, self._size = fd, number, len(FILE_HEADER) + len(snapshot)
         if old_fd >= 0:
             os.close(old_fd)
         # Only after the new file is durable may the old ones go.

@@ -91,7 +91,7 @@ CRI = """\
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
 """
-SANDBOX_IMAGE = "docker.io/broker-failover/pause:0.1.0"
+SANDBOX_IMAGE = "localhost/broker-failover/pause:0.1.0"
 
 
 class ContainerdError(RuntimeError):

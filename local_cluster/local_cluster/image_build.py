@@ -38,6 +38,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from local_cluster import debian_base
+from local_cluster.debian_base import PRIVATE_MOUNTS, mmdebstrap_command
 from local_cluster.image_keys import content_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,44 +48,19 @@ CACHE_DIR = Path(
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "broker-failover" / "images"
 )
 TAG = "0.1.0"  # the chart's appVersion and the CRD's default broker image tag
+# Our images are named under "localhost": a name without a registry means Docker Hub, under an owner
+# nobody here controls, so a node missing the image would pull a stranger's. Under localhost nothing
+# public resolves; a real cluster gets them from a registry its user names (charts/README.md, "Images").
+REGISTRY = "localhost"
 BASE_REFERENCE = "docker.io/library/debian:bookworm-slim"
-# Debian's image recipe (debuerreotype's "slim"): minbase, merged /usr without the usrmerge package
-# (which would pull in perl), no docs, man pages, info or locales, and apt told to keep no
-# package files or caches, so a Dockerfile's `rm -rf /var/lib/apt/lists/*` leaves nothing behind.
-DEBIAN_MIRRORS = (
-    "deb http://deb.debian.org/debian bookworm main",
-    "deb http://deb.debian.org/debian bookworm-updates main",
-    "deb http://deb.debian.org/debian-security bookworm-security main",
-)
-APT_CLEAN = (
-    'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb'
-    ' /var/cache/apt/*.bin || true"; };\n'
-    'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb'
-    ' /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
-    'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\n'
-)
-MMDEBSTRAP_OPTIONS = (
-    "--variant=minbase",
-    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-    "--dpkgopt=path-exclude=/usr/share/man/*",
-    "--dpkgopt=path-exclude=/usr/share/doc/*",
-    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-    "--dpkgopt=path-exclude=/usr/share/locale/*",
-    "--dpkgopt=path-include=/usr/share/locale/locale.alias",
-    "--dpkgopt=path-exclude=/usr/share/info/*",
-    "--customize-hook=printf '%s' '" + APT_CLEAN + '\' > "$1/etc/apt/apt.conf.d/docker-clean"',
-    '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log',
-)
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap"}
-# buildah mounts layers (overlay) while it works and can leave some mounted; in a mount namespace
-# of its own, every mount it makes goes when it exits, and the machine's mount table stays as it was.
-PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private", "--")
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
-    """One image: its name (without registry or tag), Dockerfile and optional build target."""
+    """One image: its name (without registry or tag; ``reference`` adds them), Dockerfile and optional
+    build target."""
 
     name: str
     dockerfile: str
@@ -93,7 +70,7 @@ class ImageSpec:
 
     @property
     def reference(self) -> str:
-        return f"docker.io/{self.name}:{TAG}"
+        return f"{REGISTRY}/{self.name}:{TAG}"
 
     @property
     def slug(self) -> str:
@@ -137,8 +114,17 @@ def say(text: str) -> None:
 
 
 def base_key() -> str:
+    # The lock is part of the recipe: recording a new package set rebuilds the base to match it.
+    lock = debian_base.lock_path(debian_base.architecture())
     recipe = json.dumps(
-        [BASE_REFERENCE, MMDEBSTRAP_OPTIONS, DEBIAN_MIRRORS, PATH_ENV, _version("mmdebstrap")]
+        [
+            BASE_REFERENCE,
+            debian_base.MMDEBSTRAP_OPTIONS,
+            debian_base.DEBIAN_MIRRORS,
+            PATH_ENV,
+            _version("mmdebstrap"),
+            lock.read_text() if lock.exists() else "",
+        ]
     )
     return hashlib.sha256(recipe.encode()).hexdigest()[:20]
 
@@ -212,15 +198,13 @@ class Builder:
             return key
         say(f"{self.elapsed()} making {BASE_REFERENCE} from Debian's packages with mmdebstrap (a minute)")
         scratch = self.cache / "base-rootfs.tar"
-        command = [
-            *PRIVATE_MOUNTS,
-            "mmdebstrap",
-            *MMDEBSTRAP_OPTIONS,
-            "bookworm",
-            str(scratch),
-            *DEBIAN_MIRRORS,
-        ]
-        self._run_logged(command, self.logs / "base.log", "the base image (mmdebstrap)")
+        self._run_logged(mmdebstrap_command(scratch), self.logs / "base.log", "the base image (mmdebstrap)")
+        try:  # the packages must be the ones the lock records (debian_base.py says why)
+            arch = debian_base.architecture()
+            debian_base.check(debian_base.installed_packages(scratch), debian_base.lock_path(arch))
+        except debian_base.BaseLockError as error:
+            scratch.unlink(missing_ok=True)
+            raise ImageBuildError(str(error)) from None
         container = self.buildah("from", "scratch")
         try:
             self.buildah("add", container, str(scratch), "/")
@@ -419,7 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with one image named: also push it to REFERENCE (docker://registry/name:tag); skaffold's"
         " custom builder (hack/images/skaffold-build.sh) passes its $IMAGE here",
     )
+    parser.add_argument(
+        "--lock-base",
+        action="store_true",
+        help="make the Debian base with mmdebstrap and record its packages in hack/images (and exit)",
+    )
     options = parser.parse_args(argv)
+    if options.lock_base:
+        return debian_base.lock_base_main()
     if options.print_archives:
         print(options.cache / "archives")
         return 0

@@ -56,8 +56,8 @@ def message_log_claim() -> dict[str, Any]:
 
 SIM_PORT = 8080
 # The simulators' images, as `make images` tags them (imported into the node; never pulled).
-CLOUD_IMAGE = f"docker.io/broker-failover/cloud-simulator:{IMAGE_TAG}"
-BACKEND_IMAGE = f"docker.io/broker-failover/backend-simulator:{IMAGE_TAG}"
+CLOUD_IMAGE = f"localhost/broker-failover/cloud-simulator:{IMAGE_TAG}"
+BACKEND_IMAGE = f"localhost/broker-failover/backend-simulator:{IMAGE_TAG}"
 
 
 class RelayError(RuntimeError):

@@ -27,8 +27,8 @@ from local_cluster.sealed_cluster import SealedCluster
 
 # Images for test pods, from `make images` (the sealed cluster's kubelet runs them): Python with
 # the kubernetes client, and Debian's sh and coreutils.
-PYTHON_IMAGE = "docker.io/broker-failover/operator:0.1.0"
-SHELL_IMAGE = "docker.io/broker-failover/broker:0.1.0"
+PYTHON_IMAGE = "localhost/broker-failover/operator:0.1.0"
+SHELL_IMAGE = "localhost/broker-failover/broker:0.1.0"
 
 WAIT_SECONDS = 60.0
 CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"

@@ -223,7 +223,7 @@ def _broker_pod(name: str, cluster: str) -> str:
                 "containers": [
                     {
                         "name": "broker",
-                        "image": "broker-failover/broker:0.1.0",
+                        "image": "localhost/broker-failover/broker:0.1.0",
                         "env": [{"name": key, "value": value} for key, value in env.items()],
                         "volumeMounts": [{"name": "journal", "mountPath": "/var/lib/broker"}],
                         "ports": [{"name": "admin", "containerPort": 8081}],

@@ -162,7 +162,7 @@ def test_a_pod_naming_an_image_never_built_shows_the_kubelets_reason(
             "containers": [
                 {
                     "name": "ghost",
-                    "image": "docker.io/broker-failover/never-built:0.1.0",
+                    "image": "localhost/broker-failover/never-built:0.1.0",
                     "imagePullPolicy": "Never",
                 }
             ],

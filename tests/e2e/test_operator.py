@@ -838,7 +838,7 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
     # registry would serve it): the operator sees a new pod template and must replace both pods,
     # the active last.
     sealed_cluster.tag_image(
-        "docker.io/broker-failover/broker:0.1.0", "docker.io/broker-failover/broker:0.1.1"
+        "localhost/broker-failover/broker:0.1.0", "localhost/broker-failover/broker:0.1.1"
     )
     sealed_cluster.kubectl(
         "-n",
@@ -848,7 +848,7 @@ def test_a_spec_change_rolls_standbys_first_then_switches_over(
         "upgrade",
         "--type=merge",
         "-p",
-        '{"spec": {"image": "broker-failover/broker:0.1.1"}}',
+        '{"spec": {"image": "localhost/broker-failover/broker:0.1.1"}}',
     )
     actives_seen: list[int] = []
 
@@ -948,7 +948,7 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "bare"},
-        "spec": {"containers": [{"name": "main", "image": "broker-failover/broker:0.1.0"}]},
+        "spec": {"containers": [{"name": "main", "image": "localhost/broker-failover/broker:0.1.0"}]},
     }
     refused = sealed_cluster.kubectl(
         "-n", namespace, "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(bare), check=False

@@ -141,7 +141,7 @@ def test_the_default_class_is_local_path_and_binds_a_claim_on_the_node_of_its_fi
     assert (default["volumeBindingMode"], default["reclaimPolicy"]) == ("WaitForFirstConsumer", "Delete")
     running = sealed_cluster.get_json("local-path-storage", "deployment", "local-path-provisioner")
     (container,) = running["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "docker.io/broker-failover/local-path-provisioner:0.1.0", container
+    assert container["image"] == "localhost/broker-failover/local-path-provisioner:0.1.0", container
 
     apply(sealed_cluster, namespace, claim("journal"))
     # No class in the claim: the DefaultStorageClass admission plugin gave it `standard`, and its

@@ -37,7 +37,7 @@ def relay(sealed_cluster: SealedCluster) -> Iterator[Relay]:
     # serve them (the node pulls nothing).
     for image in ("broker", "operator"):
         sealed_cluster.tag_image(
-            f"docker.io/broker-failover/{image}:0.1.0", f"docker.io/broker-failover/{image}:0.1.1"
+            f"localhost/broker-failover/{image}:0.1.0", f"localhost/broker-failover/{image}:0.1.1"
         )
     # Manual failback: a failback after the roll would be a second, unrelated switchover.
     # A 15 s lease: with one replica the chart's strategy is Recreate, and replacing the operator
@@ -102,7 +102,7 @@ def test_a_new_broker_image_rolls_the_standby_first_and_switches_over_once(relay
         before = event_counts(relay)
         relay.cluster.kubectl(
             "-n", relay.namespace, "patch", "brokercluster", CLUSTER_NAME, "--type=merge",
-            "-p", json.dumps({"spec": {"image": "broker-failover/broker:0.1.1"}}),
+            "-p", json.dumps({"spec": {"image": "localhost/broker-failover/broker:0.1.1"}}),
         )  # fmt: skip
         samples: list[int] = []
 

@@ -324,9 +324,9 @@ def test_a_broken_dockerfile_fails_with_its_step_and_output(
 
 def test_an_image_never_built_is_a_clear_error(images: ImageRunner) -> None:
     with pytest.raises(ContainerdError, match="make images"):
-        images.sandbox.run("ghost", "docker.io/broker-failover/never-built:0.1.0")
+        images.sandbox.run("ghost", "localhost/broker-failover/never-built:0.1.0")
     with pytest.raises(ImageBuildError, match="not one that `make images` builds"):
-        archive_for("docker.io/broker-failover/never-built:0.1.0")
+        archive_for("localhost/broker-failover/never-built:0.1.0")
 
 
 def test_a_second_build_with_nothing_changed_rebuilds_nothing(built_images: dict[str, Any]) -> None:

@@ -39,9 +39,9 @@ REGISTRY = "127.0.0.1:5000"
 TAG = "skaffold-test"
 # skaffold.yaml's artifacts and the `make images` image each one is.
 ARTIFACTS = {
-    "broker-failover/operator": "operator",
-    "broker-failover/broker": "broker",
-    "broker-failover/validator": "validator",
+    "localhost/broker-failover/operator": "operator",
+    "localhost/broker-failover/broker": "broker",
+    "localhost/broker-failover/validator": "validator",
 }
 MANIFEST_TYPES = ", ".join(
     ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
@@ -215,11 +215,13 @@ def test_skaffold_render_points_the_chart_and_the_examples_at_the_built_images(
     operators = [doc for doc in documents if doc["kind"] == "Deployment"]
     assert len(operators) == 1, [doc["kind"] for doc in documents]
     images = {c["image"] for c in operators[0]["spec"]["template"]["spec"]["containers"]}
-    assert images == {build_output["broker-failover/operator"]}
+    assert images == {build_output["localhost/broker-failover/operator"]}
     clusters = {doc["metadata"]["name"]: doc for doc in documents if doc["kind"] == "BrokerCluster"}
     assert set(clusters) == {"orders", "payments"}, sorted(clusters)
     for cluster in clusters.values():
-        assert cluster["spec"]["image"] == build_output["broker-failover/broker"], cluster["metadata"]["name"]
+        assert cluster["spec"]["image"] == build_output["localhost/broker-failover/broker"], cluster[
+            "metadata"
+        ]["name"]
 
 
 def test_a_push_the_registry_refuses_fails_skaffold_build(skaffold: Skaffold) -> None:
@@ -227,9 +229,9 @@ def test_a_push_the_registry_refuses_fails_skaffold_build(skaffold: Skaffold) ->
     # skaffold must fail naming the artifact rather than record an image that is nowhere.
     nowhere = "127.0.0.1:5999"
     output = skaffold.workdir / "refused.json"
-    result = skaffold.build(nowhere, output, "--build-image=broker-failover/broker")
+    result = skaffold.build(nowhere, output, "--build-image=localhost/broker-failover/broker")
     text = result.stdout + result.stderr
     assert result.returncode != 0, text
-    assert "broker-failover/broker" in text and "connection refused" in text, text
+    assert "localhost/broker-failover/broker" in text and "connection refused" in text, text
     builds: Any = json.loads(output.read_text())["builds"] if output.exists() else None
     assert not builds, builds

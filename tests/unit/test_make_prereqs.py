@@ -37,6 +37,7 @@ KINDS = {
     },
     "control plane only (Go tools)": {"bench-operator-k8s"},
     "image build (buildah, mmdebstrap, Go tools for CoreDNS)": {"images"},
+    "the Debian base's package lock (mmdebstrap only)": {"images-base-lock"},
 }
 # Programs that import local_cluster but start nothing that needs an install: they act on a cluster
 # already up (cluster-down, shell), or are a step of another target (images-without-tools).

@@ -134,7 +134,7 @@ REPLICAS: Final = IntegerField("replicas", 1, 9)
 DEFAULT_REPLICAS: Final = 2
 ENDPOINT_PRIORITY: Final = IntegerField("endpoints[].priority", 0, 1000)
 
-IMAGE: Final = TextField("image", "broker-failover/broker:0.1.0")
+IMAGE: Final = TextField("image", "localhost/broker-failover/broker:0.1.0")
 IMAGE_PULL_POLICY: Final = ChoiceField("imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent")
 STORAGE_SIZE: Final = TextField("storage.size", "1Gi")
 # Retain first and default: a journal may hold acknowledged messages, held messages and the

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from broker_service.journal import FILE_HEADER, accepted_frame
 from broker_simulators.backend import build_envelope
 from broker_simulators.local_processes import ProcessSet
 from tests.integration.broker.conftest import reserve_address, start_relay
@@ -96,7 +97,7 @@ def test_torn_journal_tail_is_cut_and_corruption_inside_is_refused(
     relay.cloud.kill(signal.SIGCONT)
     journal = next((tmp_path / "broker-0" / "data" / "journal").glob("journal-*.log"))
     with journal.open("ab") as handle:  # a write the crash tore: a header promising more than is there
-        handle.write(b"\x00\x10\x00\x00\xde\xad\xbe\xefA[[")
+        handle.write(accepted_frame([("s", 21, "m21", "payload")] * 40)[:60])
     relay.broker.restart()
 
     assert get_text(relay.broker.url + "/readyz")[0] == 200
@@ -110,13 +111,19 @@ def test_torn_journal_tail_is_cut_and_corruption_inside_is_refused(
     relay.broker.kill(signal.SIGKILL)
     journal = next((tmp_path / "broker-0" / "data" / "journal").glob("journal-*.log"))
     data = bytearray(journal.read_bytes())
-    assert len(data) > 40
-    data[12] ^= 0xFF
-    journal.write_bytes(bytes(data) + data[: len(data)])  # good-looking records after the damage
+    first = len(FILE_HEADER)
+    assert len(data) > first + 40
+    data[first + 1] ^= 0xFF  # the first frame's length field: format 1 took this for a torn tail
+    journal.write_bytes(bytes(data))
     relay.broker.restart()
     assert get_text(relay.broker.url + "/readyz")[0] == 503
     reply = heartbeat(relay.broker, active=True, epoch=3)
     assert (reply.state, reply.unavailabilityCode) == ("Unavailable", "JOURNAL_ERROR")
+    # Where and what kind of damage, never the bytes: the message reaches the BrokerCluster's status.
+    assert f"{journal.name}: frame 1 at offset {first}" in reply.unavailabilityMessage
+    assert "payload" not in reply.unavailabilityMessage and "m1" not in reply.unavailabilityMessage
+    assert journal.read_bytes() == bytes(data)  # nothing was cut
+    assert "journal cannot be used" in relay.broker.log_text()
 
 
 def test_failover_to_second_broker_replays_unconfirmed_without_gap_or_duplicate(

@@ -13,6 +13,7 @@ import pytest
 from broker_contracts.message_log import Direction
 from broker_service.holds import HeldEntry, Release
 from broker_service.journal import (
+    FILE_HEADER,
     KIND_BUNDLE,
     KIND_HELD,
     Journal,
@@ -94,9 +95,11 @@ async def test_corrupt_last_record_and_zero_padding_count_as_torn(tmp_path: Path
 
 async def test_damage_followed_by_good_records_is_refused(tmp_path: Path) -> None:
     await write(tmp_path, *(accepted_frame(messages("s", 1 + 3 * i, 3)) for i in range(3)))
-    flip_byte(journal_files(tmp_path)[0], 10)  # inside the first record's body
+    path = journal_files(tmp_path)[0]
+    first = path.read_bytes().find(accepted_frame(messages("s", 1, 3)))
+    flip_byte(path, first + 20)  # inside the first record's body
 
-    with pytest.raises(JournalCorruptError, match="offset 0"):
+    with pytest.raises(JournalCorruptError, match=f"frame 1 at offset {first}"):
         recover(tmp_path)
 
 
@@ -135,7 +138,8 @@ def test_a_frame_of_several_parts_is_the_frame_of_their_concatenation() -> None:
     body = [b"[0,2]", b"\n", b"<soap:Envelope/>" * 100]
     joined = b"".join(body)
     payload = KIND_BUNDLE + joined
-    assert frame(KIND_BUNDLE, *body) == struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
+    fields = struct.pack("<II", len(payload), zlib.crc32(payload))
+    assert frame(KIND_BUNDLE, *body) == fields + struct.pack("<I", zlib.crc32(fields)) + payload
     assert frame(KIND_BUNDLE, *body) == frame(KIND_BUNDLE, joined)
 
 
@@ -220,5 +224,127 @@ async def test_a_torn_hold_record_is_cut_and_a_damaged_one_is_refused(tmp_path: 
     assert recovered.torn_bytes > 0
 
     append_bytes(path, frame(KIND_HELD, b'{"direction": "sideways"}') + accepted_frame(messages("s", 4, 1)))
-    with pytest.raises(JournalCorruptError, match="unreadable body"):
+    with pytest.raises(JournalCorruptError, match="record cannot be read"):
         recover(tmp_path)  # a checksummed record that makes no sense is damage, not a torn write
+
+
+# ---- corruption in the middle versus a torn tail (issue 39) -------------------------------------
+
+
+async def one_file_of_five_frames(directory: Path) -> tuple[Path, list[bytes], list[int]]:
+    frames = [accepted_frame(messages("s", 1 + 3 * i, 3)) for i in range(5)]
+    await write(directory, *frames)
+    path = journal_files(directory)[0]
+    data = path.read_bytes()
+    offsets = [data.find(one) for one in frames]
+    assert all(offset >= 0 for offset in offsets) and offsets == sorted(offsets)
+    return path, frames, offsets
+
+
+async def test_a_flipped_length_byte_mid_file_is_refused_not_cut_as_a_torn_tail(tmp_path: Path) -> None:
+    path, _, offsets = await one_file_of_five_frames(tmp_path)
+    # The length field opens the frame; its second byte flipped makes frame 2 claim ~64 KB.
+    # Before issue 39 the length was outside the CRC, so recovery took this for a torn tail
+    # and silently dropped frames 2 to 5, all fsynced and acknowledged.
+    flip_byte(path, offsets[1] + 1)
+
+    with pytest.raises(JournalCorruptError) as raised:
+        recover(tmp_path)
+
+    text = str(raised.value)
+    assert path.name in text and f"offset {offsets[1]}" in text and "frame 2" in text
+    assert path.stat().st_size == offsets[-1] + len(accepted_frame(messages("s", 13, 3)))  # nothing cut
+
+
+async def test_a_flipped_payload_byte_mid_file_is_refused_naming_the_frame(tmp_path: Path) -> None:
+    path, frames, offsets = await one_file_of_five_frames(tmp_path)
+    flip_byte(path, offsets[2] + len(frames[2]) - 5)  # inside frame 3's JSON body
+
+    with pytest.raises(JournalCorruptError) as raised:
+        recover(tmp_path)
+
+    text = str(raised.value)
+    assert path.name in text and f"offset {offsets[2]}" in text and "frame 3" in text
+
+
+async def test_a_damaged_last_frame_with_nothing_after_it_is_a_torn_tail(tmp_path: Path) -> None:
+    path, frames, offsets = await one_file_of_five_frames(tmp_path)
+    flip_byte(path, offsets[4] + len(frames[4]) - 2)  # the last frame's body: never fsynced whole
+
+    recovered, _ = recover(tmp_path)
+
+    assert sorted(recovered.pending["s"]) == list(range(1, 13))
+    assert recovered.torn_bytes == len(frames[4])
+    assert path.stat().st_size == offsets[4]
+
+
+async def test_a_damaged_header_followed_only_by_zeros_is_a_torn_tail(tmp_path: Path) -> None:
+    path, _, offsets = await one_file_of_five_frames(tmp_path)
+    # The filesystem kept the file's new size but not the last write's blocks: zeros.
+    data = path.read_bytes()[: offsets[4]] + b"\x00" * 4096
+    path.write_bytes(data)
+
+    recovered, _ = recover(tmp_path)
+
+    assert sorted(recovered.pending["s"]) == list(range(1, 13))
+    assert path.stat().st_size == offsets[4]
+
+
+async def test_an_unreadable_checksummed_body_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    secret = "s3cr3t-payload-text"
+    await write(
+        tmp_path,
+        frame(KIND_HELD, f'{{"direction": "{secret}"}}'.encode()),
+        accepted_frame(messages("s", 1, 1)),
+    )
+
+    with pytest.raises(JournalCorruptError) as raised:
+        recover(tmp_path)
+
+    # The error reaches logs and the heartbeat's unavailabilityMessage: where, never what.
+    assert "frame 1" in str(raised.value) and secret not in str(raised.value)
+
+
+async def test_a_journal_file_of_the_old_format_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # Format 1 (before issue 39): <u32 length><u32 crc32 of kind+body><kind><body>, no file header.
+    body = b'A[["s",1,"s-1","p"]]'
+    (tmp_path / "journal-000000000001.log").write_bytes(
+        struct.pack("<II", len(body), zlib.crc32(body)) + body
+    )
+
+    with pytest.raises(JournalError, match="format") as raised:
+        recover(tmp_path)
+
+    assert "journal-000000000001.log" in str(raised.value) and "move" in str(raised.value)
+
+
+async def test_a_checksummed_last_frame_of_an_unknown_kind_is_refused_not_cut(tmp_path: Path) -> None:
+    await write(tmp_path, accepted_frame(messages("s", 1, 3)), frame(b"Z", b"{}"))
+
+    with pytest.raises(JournalCorruptError, match=r"frame 2 at offset .*unknown record kind"):
+        recover(tmp_path)  # written whole, by something this broker does not understand
+
+
+async def test_a_torn_looking_frame_in_a_file_that_newer_files_follow_is_refused(tmp_path: Path) -> None:
+    await write(tmp_path, accepted_frame(messages("s", 1, 3)))
+    older = journal_files(tmp_path)[0]
+    append_bytes(older, accepted_frame(messages("s", 4, 3))[:20])
+    (tmp_path / "journal-000000000009.log").write_bytes(FILE_HEADER)
+
+    with pytest.raises(JournalCorruptError, match=rf"{older.name}: frame 2 at offset .*newer journal files"):
+        recover(tmp_path)
+
+
+async def test_an_empty_or_headerless_file_before_a_newer_one_holds_nothing_and_is_no_damage(
+    tmp_path: Path,
+) -> None:
+    # A crash after a rotation created its file but before the header was written, then another
+    # crash after the next rotation's file was durable but before the old files were deleted.
+    await write(tmp_path, accepted_frame(messages("s", 1, 3)))
+    (tmp_path / "journal-000000000002.log").write_bytes(b"")
+    (tmp_path / "journal-000000000003.log").write_bytes(FILE_HEADER[:5])
+    (tmp_path / "journal-000000000004.log").write_bytes(FILE_HEADER + accepted_frame(messages("s", 4, 2)))
+
+    recovered, last = recover(tmp_path)
+
+    assert sorted(recovered.pending["s"]) == [1, 2, 3, 4, 5] and last == 4

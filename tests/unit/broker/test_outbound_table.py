@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker_contracts.soap import AcceptStatus
-from broker_service.journal import RecoveredJournal, scan
+from broker_service.journal import FILE_HEADER, RecoveredJournal, scan
 from broker_service.outbound import OutboundTable
 from broker_service.settings import PoisonPolicy
 
@@ -123,15 +123,21 @@ def test_resend_cursors_drop_what_another_broker_delivered() -> None:
     assert accept(t, "fresh", [40]) == [("fresh", 40, AcceptStatus.ACCEPTED, None)]
 
 
+def read_back(frames: list[bytes]) -> RecoveredJournal:
+    """What recovery makes of ``frames`` as a journal file (the same scan)."""
+    recovered = RecoveredJournal()
+    scan(FILE_HEADER + b"".join(frames), recovered.apply, source="snapshot", last_file=True)
+    return recovered
+
+
 def test_snapshot_reproduces_unconfirmed_messages() -> None:
-    from broker_service.journal import recover, scan
+    from broker_service.journal import recover
 
     t, _ = table()
     accept(t, "s", [1, 2, 3])
     t.settle(t.take_bundle(10), ["ok", "ok", "ok"], {})
     t.confirmed({"s": 2})
-    recovered = RecoveredJournal()
-    scan(b"".join(t.snapshot_frames()), recovered, source="snapshot")
+    recovered = read_back(t.snapshot_frames())
     assert sorted(recovered.pending["s"]) == [3]
     assert recovered.confirmed == {"s": 2}
     assert callable(recover)  # imported for the reader: recovery uses the same scan
@@ -178,8 +184,7 @@ def test_a_duplicate_answer_is_settled_as_delivered_and_reported_as_deduplicated
 
 def restarted(t: OutboundTable, policy: PoisonPolicy = PoisonPolicy.BLOCK_STREAM) -> OutboundTable:
     """A new table loaded from ``t``'s compaction snapshot, as a restarted broker's would be."""
-    recovered = RecoveredJournal()
-    scan(b"".join(t.snapshot_frames()), recovered, source="snapshot")
+    recovered = read_back(t.snapshot_frames())
     again, _ = table(policy)
     again.load(recovered)
     return again
@@ -241,6 +246,5 @@ def test_the_backends_cursor_ends_holds_and_discards_another_broker_resolved() -
     assert t.apply_resend_cursors({"s": 4}) == {"s": 3}  # the backend had it all confirmed elsewhere
     assert t.holds.entries() == []
     frames = t.snapshot_frames()
-    recovered = RecoveredJournal()
-    scan(b"".join(frames), recovered, source="snapshot")
+    recovered = read_back(frames)
     assert recovered.holds == {} and recovered.pending.get("s", {}) == {}

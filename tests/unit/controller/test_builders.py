@@ -70,7 +70,7 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     assert labels[names.LABEL_ORDINAL] == "1"
     container = pod["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["image"] == "broker-failover/broker:0.1.0"
+    assert container["image"] == "localhost/broker-failover/broker:0.1.0"
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["journal"]["persistentVolumeClaim"]["claimName"] == "journal-orders-1"
     assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
