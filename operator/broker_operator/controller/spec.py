@@ -33,6 +33,7 @@ from broker_operator.core.model import HeartbeatSettings, SettingsError
 DEFAULT_IMAGE: Final = fields.IMAGE.default
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _URL: Final = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+_URL_USERINFO: Final = re.compile(r"^https?://[^/?#]*@")  # as the CRD's CEL rule
 
 
 class SpecError(ValueError):
@@ -58,10 +59,12 @@ class SecretRef:
 
 @dataclass(frozen=True)
 class Connection:
-    """How brokers reach the backend or the cloud: a plain URL or a Secret key holding one."""
+    """How brokers reach the backend or the cloud: a plain URL or a Secret key holding one, and
+    the Secret whose keys they present to it (``credentialsSecretRef``: mounted, never in a URL)."""
 
     url: str | None
     url_secret: SecretRef | None
+    credentials_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -389,7 +392,25 @@ def _connection(
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         problems.append(f"spec.{field}.url ({url!r}) must be an http:// or https:// URL")
         url = None
+    if url is not None and _URL_USERINFO.match(url):
+        # The CRD's rule says the same; the value itself is never repeated.
+        problems.append(
+            f"spec.{field}.url carries credentials (user:password@); a spec is no place for them: put "
+            f"them in a Secret named by spec.{field}.credentialsSecretRef"
+        )
+        url = None
     secret = _secret_ref(raw.get("urlSecretRef"), url_key, problems)
     if url is not None and secret is not None:
         problems.append(f"spec.{field}.url and spec.{field}.urlSecretRef are exclusive; set one")
-    return Connection(url, secret)
+    credentials = raw.get("credentialsSecretRef")
+    credentials_name: str | None = None
+    if credentials is not None:
+        if (
+            isinstance(credentials, Mapping)
+            and isinstance(credentials.get("name"), str)
+            and credentials["name"]
+        ):
+            credentials_name = credentials["name"]
+        else:
+            problems.append(f"spec.{field}.credentialsSecretRef must name a Secret: {{name}}")
+    return Connection(url, secret, credentials_name)
