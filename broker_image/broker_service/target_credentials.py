@@ -57,7 +57,10 @@ def _read_key(directory: Path, key: str) -> str | None:
         raise TargetCredentialError(f"{path} cannot be read: {error.strerror}") from None
     if len(data) > _MAX_CREDENTIAL_BYTES:
         raise TargetCredentialError(f"{path} is larger than {_MAX_CREDENTIAL_BYTES} bytes")
-    return data.decode("utf-8", errors="strict").strip() or None
+    try:
+        return data.decode("utf-8").strip() or None
+    except UnicodeDecodeError:
+        raise TargetCredentialError(f"{path} is not UTF-8 text") from None
 
 
 def _authorization_from_dir(directory: Path, flag: str) -> tuple[str, tuple[str, ...]]:
