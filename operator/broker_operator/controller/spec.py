@@ -33,7 +33,6 @@ from broker_operator.core.model import HeartbeatSettings, SettingsError
 DEFAULT_IMAGE: Final = fields.IMAGE.default
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _URL: Final = re.compile(r"^https?://[^\s/]+(/\S*)?$")
-_URL_USERINFO: Final = re.compile(r"^https?://[^/?#]*@")  # as the CRD's CEL rule
 
 
 class SpecError(ValueError):
@@ -391,13 +390,6 @@ def _connection(
     url = raw.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         problems.append(f"spec.{field}.url ({url!r}) must be an http:// or https:// URL")
-        url = None
-    if url is not None and _URL_USERINFO.match(url):
-        # The CRD's rule says the same; the value itself is never repeated.
-        problems.append(
-            f"spec.{field}.url carries credentials (user:password@); a spec is no place for them: put "
-            f"them in a Secret named by spec.{field}.credentialsSecretRef"
-        )
         url = None
     secret = _secret_ref(raw.get("urlSecretRef"), url_key, problems)
     if url is not None and secret is not None:
