@@ -45,6 +45,7 @@ from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnre
 from broker_service.send_messages import BundleIntake
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import AcceptResult, HeartbeatRequest, SendMessagesRequest
+from broker_service.target_credentials import relay_target
 from broker_service.term import (
     Activate,
     Effect,
@@ -86,11 +87,25 @@ class Broker:
             max_bytes=settings.segment_max_bytes,
             max_seconds=settings.segment_max_seconds,
         )
+        # The targets' credentials are read (and checked) here; parse_settings checked them already.
         self.relay = RelayClient(
-            backend_url=settings.backend_url,
-            cloud_url=settings.cloud_url,
+            backend=relay_target(
+                "backend",
+                settings.backend_url,
+                settings.backend_credentials_dir,
+                flag="--backend-url",
+                dir_flag="--backend-credentials-dir",
+            ),
+            cloud=relay_target(
+                "cloud",
+                settings.cloud_url,
+                settings.cloud_credentials_dir,
+                flag="--cloud-url",
+                dir_flag="--cloud-credentials-dir",
+            ),
             broker_name=settings.name,
             timeout_seconds=settings.relay_timeout_seconds,
+            reply_limit_bytes=settings.relay_reply_limit_bytes,
         )
         self._lock = asyncio.Lock()
         self._background: list[asyncio.Task[None]] = []
@@ -170,6 +185,14 @@ class Broker:
     def ready(self) -> bool:
         """``/readyz``: the process is up and its journal is open (independent of Active)."""
         return self.journal.is_open and self.journal_error is None and not self.term.shutting_down
+
+    @property
+    def not_ready_code(self) -> UnavailabilityCode:
+        """Why ``/readyz`` says not ready, as a code and nothing more: it answers anyone who
+        reaches the port, and the journal's error (paths, errno) is for the log, where it went."""
+        if self.term.shutting_down:
+            return UnavailabilityCode.SHUTTING_DOWN
+        return UnavailabilityCode.JOURNAL_ERROR
 
     # ---- process lifetime --------------------------------------------------------------------
 

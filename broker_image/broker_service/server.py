@@ -201,8 +201,8 @@ async def readyz(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     if broker.ready:
         return web.Response(text="ready\n")
-    reason = broker.journal_error or "journal not open"
-    return web.Response(status=503, text=f"not ready: {reason}\n")
+    # Anyone who reaches the port may ask: a stable code, never the error (the broker's log has it).
+    return web.Response(status=503, text=f"not ready: {broker.not_ready_code}\n")
 
 
 async def metrics(request: web.Request) -> web.Response:

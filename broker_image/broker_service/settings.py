@@ -21,6 +21,8 @@ from pathlib import Path
 
 from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
+from broker_contracts.redact import redact
+from broker_service.target_credentials import TargetCredentialError, relay_target
 
 
 class PoisonPolicy(StrEnum):
@@ -51,6 +53,11 @@ class BrokerSettings:
     message_log_dir: Path | None = None
     backend_url: str = ""
     cloud_url: str = ""
+    # Mounted Secret keys the broker presents to each target (target_credentials.py): a `token`
+    # (Bearer) or `username` and `password` (Basic); the way to give them a credential without
+    # putting it in a URL.
+    backend_credentials_dir: Path | None = None
+    cloud_credentials_dir: Path | None = None
     token: str = ""  # the operator's credential: Heartbeat and the admin operations
     backend_token: str = ""  # the backend's credential: SendMessages only
     # The files they were read from (None: given as a value in the environment, never re-read).
@@ -73,6 +80,9 @@ class BrokerSettings:
     retry_base_seconds: float = 0.05
     retry_max_seconds: float = 2.0
     relay_timeout_seconds: float = 5.0
+    # The most of one backend or cloud reply the broker reads; a cloud poll of poll_max messages
+    # is far below it. A target that sends more gets a retried error, not the broker's memory.
+    relay_reply_limit_bytes: int = 16 * 1024 * 1024
     journal_rotate_bytes: int = 64 * 1024 * 1024
     segment_max_bytes: int = 32 * 1024 * 1024
     segment_max_seconds: float = 30.0
@@ -116,6 +126,8 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--message-log-dir", environment.BROKER_MESSAGE_LOG_DIR, None),
     ("--backend-url", environment.BROKER_BACKEND_URL, ""),
     ("--cloud-url", environment.BROKER_CLOUD_URL, ""),
+    ("--backend-credentials-dir", environment.BROKER_BACKEND_CREDENTIALS_DIR, None),
+    ("--cloud-credentials-dir", environment.BROKER_CLOUD_CREDENTIALS_DIR, None),
     ("--token-file", environment.BROKER_TOKEN_FILE, None),
     ("--backend-token-file", environment.BROKER_BACKEND_TOKEN_FILE, None),
     ("--token-grace-seconds", environment.BROKER_TOKEN_GRACE_SECONDS, "30"),
@@ -140,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-base-seconds", type=float, default=BrokerSettings.retry_base_seconds)
     parser.add_argument("--retry-max-seconds", type=float, default=BrokerSettings.retry_max_seconds)
     parser.add_argument("--relay-timeout-seconds", type=float, default=BrokerSettings.relay_timeout_seconds)
+    parser.add_argument("--relay-reply-limit-bytes", type=int, default=BrokerSettings.relay_reply_limit_bytes)
     parser.add_argument("--journal-rotate-bytes", type=int, default=BrokerSettings.journal_rotate_bytes)
     parser.add_argument("--segment-max-bytes", type=int, default=BrokerSettings.segment_max_bytes)
     parser.add_argument("--segment-max-seconds", type=float, default=BrokerSettings.segment_max_seconds)
@@ -182,6 +195,17 @@ def parse_settings(
             "send bundles could also switch the broker"
         )
     port = int(_number(str(raw["port"]), "--port", environment.BROKER_PORT, int, 0))
+    if args.relay_reply_limit_bytes < 1024:
+        raise SettingsError(
+            f"--relay-reply-limit-bytes = {args.relay_reply_limit_bytes} must be at least 1024 (a target's "
+            "smallest reply is a few hundred bytes)"
+        )
+    backend_url = str(raw["backend_url"]).rstrip("/")
+    cloud_url = str(raw["cloud_url"]).rstrip("/")
+    backend_credentials_dir = Path(raw["backend_credentials_dir"]) if raw["backend_credentials_dir"] else None
+    cloud_credentials_dir = Path(raw["cloud_credentials_dir"]) if raw["cloud_credentials_dir"] else None
+    _check_target("--backend-url", backend_url, "--backend-credentials-dir", backend_credentials_dir)
+    _check_target("--cloud-url", cloud_url, "--cloud-credentials-dir", cloud_credentials_dir)
     admin_port = _admin_port(str(raw["admin_port"] or ""), port)
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
@@ -200,8 +224,10 @@ def parse_settings(
         company=str(raw["company"]),
         data_dir=Path(raw["data_dir"]),
         message_log_dir=Path(raw["message_log_dir"]) if raw["message_log_dir"] else None,
-        backend_url=str(raw["backend_url"]).rstrip("/"),
-        cloud_url=str(raw["cloud_url"]).rstrip("/"),
+        backend_url=backend_url,
+        cloud_url=cloud_url,
+        backend_credentials_dir=backend_credentials_dir,
+        cloud_credentials_dir=cloud_credentials_dir,
         token=token,
         backend_token=backend_token,
         token_file=Path(raw["token_file"]) if raw["token_file"] else None,
@@ -226,12 +252,23 @@ def parse_settings(
         retry_base_seconds=args.retry_base_seconds,
         retry_max_seconds=args.retry_max_seconds,
         relay_timeout_seconds=args.relay_timeout_seconds,
+        relay_reply_limit_bytes=args.relay_reply_limit_bytes,
         journal_rotate_bytes=args.journal_rotate_bytes,
         segment_max_bytes=args.segment_max_bytes,
         segment_max_seconds=args.segment_max_seconds,
         drain_seconds=args.drain_seconds,
         token_check_seconds=args.token_check_seconds,
     )
+
+
+def _check_target(url_flag: str, url: str, dir_flag: str, directory: Path | None) -> None:
+    """A target's URL and credentials directory can be used together (read once, here, so that a
+    wrong one stops the broker at start with the flag named, not at its first activation)."""
+    try:
+        relay_target("check", url, directory, flag=url_flag, dir_flag=dir_flag)
+    except (TargetCredentialError, ValueError) as error:
+        text = str(error) if isinstance(error, TargetCredentialError) else f"{url_flag} is not a URL: {error}"
+        raise SettingsError(redact(text)) from None
 
 
 def _admin_port(text: str, port: int) -> int | None:

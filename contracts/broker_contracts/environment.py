@@ -23,6 +23,10 @@ BROKER_DATA_DIR: Final = "BROKER_DATA_DIR"
 BROKER_MESSAGE_LOG_DIR: Final = "BROKER_MESSAGE_LOG_DIR"
 BROKER_BACKEND_URL: Final = "BROKER_BACKEND_URL"
 BROKER_CLOUD_URL: Final = "BROKER_CLOUD_URL"
+# Directories holding the Secret keys (token, or username and password) the broker presents to
+# the backend and the cloud: spec.backend/cloud.credentialsSecretRef, mounted.
+BROKER_BACKEND_CREDENTIALS_DIR: Final = "BROKER_BACKEND_CREDENTIALS_DIR"
+BROKER_CLOUD_CREDENTIALS_DIR: Final = "BROKER_CLOUD_CREDENTIALS_DIR"
 BROKER_TOKEN_FILE: Final = "BROKER_TOKEN_FILE"
 BROKER_BACKEND_TOKEN_FILE: Final = "BROKER_BACKEND_TOKEN_FILE"
 # How long an Active broker stays Active without an active=true heartbeat: spec.heartbeat.leaseSeconds.
@@ -48,6 +52,8 @@ POD_ENVIRONMENT: Final = (
     BROKER_MESSAGE_LOG_DIR,
     BROKER_BACKEND_URL,
     BROKER_CLOUD_URL,
+    BROKER_BACKEND_CREDENTIALS_DIR,
+    BROKER_CLOUD_CREDENTIALS_DIR,
     BROKER_TOKEN_FILE,
     BROKER_BACKEND_TOKEN_FILE,
     BROKER_LEASE_SECONDS,

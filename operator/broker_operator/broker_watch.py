@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+from broker_contracts.redact import redact_url
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME
 from broker_operator.core import BrokerTarget, ConnectionLost, Observation, ProcessGone
 from broker_operator.heartbeat_client import HeartbeatClient
@@ -134,7 +135,7 @@ class BrokerWatches:
             token = self._client.watch_token(url)
             lines = [
                 f"GET {WATCH_PATH} HTTP/1.0",
-                f"Host: {parts.netloc}",
+                f"Host: {parts.netloc.rpartition('@')[2]}",  # never the userinfo of an endpoint URL
                 f"{AUTH_HEADER}: {AUTH_SCHEME} {token}",
             ]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -148,7 +149,7 @@ class BrokerWatches:
                 logger.info("%s serves no %s (HTTP %s): not watched", name, WATCH_PATH, status)
                 return _Quiet.UNSUPPORTED
             self._held.add(name)
-            logger.info("%s: watching its process at %s", name, url)
+            logger.info("%s: watching its process at %s", name, redact_url(url))
             try:
                 while True:
                     async with asyncio.timeout(READ_TIMEOUT_SECONDS):

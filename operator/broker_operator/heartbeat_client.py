@@ -44,6 +44,7 @@ from yarl import URL
 from zeep.transports import Transport
 
 import broker_contracts
+from broker_contracts.redact import redact, redact_url
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState, FaultCode
 from broker_operator.core.model import BrokerTarget, HeartbeatReply
 
@@ -71,7 +72,8 @@ class HeartbeatError(Exception):
         code: str | None = None,
         peer_closed: bool = False,
     ) -> None:
-        super().__init__(f"heartbeat to {target.name} at {target.url}: {reason}")
+        # The URL as shown (an endpoint's may carry userinfo); ``reason`` comes redacted from the client.
+        super().__init__(f"heartbeat to {target.name} at {redact_url(target.url)}: {reason}")
         self.target = target
         self.reason = reason
         self.reached = reached
@@ -94,8 +96,10 @@ class _ReplyShim:
 @functools.lru_cache(maxsize=_REPLY_CACHE_SIZE)  # pods come and go with new addresses
 def _parsed_url(url: str) -> URL:
     # Parsed once per broker: aiohttp parses a str URL on every request, and at 2,000
-    # clusters that was 5% of the operator's CPU (docs/benchmarks.md).
-    return URL(url)
+    # clusters that was 5% of the operator's CPU (docs/benchmarks.md). Without userinfo: the
+    # operator authenticates with its token, and aiohttp refuses a URL's credentials beside an
+    # Authorization header (a ValueError that no heartbeat survived).
+    return URL(url).with_user(None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -165,9 +169,17 @@ class HeartbeatClient:
             try:
                 token = await self._refresh()
             except Exception as error:  # an unreadable Secret must not stop the heartbeats
-                logger.warning("re-reading the operator token failed (%s); keeping the current one", error)
+                logger.warning(
+                    "re-reading the operator token failed (%s); keeping the current one",
+                    self._redact(str(error)),
+                )
                 return False
             return self.update_token(token or "")
+
+    def _redact(self, text: str) -> str:
+        """Text from or about a broker, as it may be shown: this is where a broker's words enter
+        the operator's status, events and logs, so no token or URL credential gets past here."""
+        return redact(text, [t for t in (self._token, self._previous_token) if t])
 
     def _headers(self, token: str) -> dict[str, str]:
         headers = self._header_cache.get(token)
@@ -259,7 +271,8 @@ class HeartbeatClient:
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
         except aiohttp.ClientConnectorError as error:
-            raise HeartbeatError(target, f"cannot connect: {error.os_error}", reached=False) from error
+            reason = self._redact(f"cannot connect: {error.os_error}")
+            raise HeartbeatError(target, reason, reached=False) from error
         except TimeoutError as error:
             raise HeartbeatError(target, f"timeout after {limit.total:g}s", reached=True) from error
         except aiohttp.ClientError as error:
@@ -267,7 +280,7 @@ class HeartbeatClient:
                 isinstance(error, aiohttp.ClientOSError) and error.errno in _PEER_CLOSED_ERRNOS
             )
             raise HeartbeatError(
-                target, f"connection failed: {error!r}", reached=True, peer_closed=closed
+                target, self._redact(f"connection failed: {error!r}"), reached=True, peer_closed=closed
             ) from error
         if len(content) > _MAX_REPLY_BYTES:
             raise HeartbeatError(target, f"reply larger than {_MAX_REPLY_BYTES} bytes", reached=True)
@@ -296,19 +309,24 @@ class HeartbeatClient:
         except zeep.exceptions.Fault as fault:
             code = _fault_code(fault)
             raise HeartbeatError(
-                target, f"SOAP fault {code}: {fault.message}", reached=True, code=code
+                target, self._redact(f"SOAP fault {code}: {fault.message}"), reached=True, code=code
             ) from None
         except (zeep.exceptions.Error, etree.LxmlError, ValueError) as error:
-            raise HeartbeatError(target, f"unusable reply (HTTP {status}): {error}", reached=True) from None
+            reason = self._redact(f"unusable reply (HTTP {status}): {error}")
+            raise HeartbeatError(target, reason, reached=True) from None
         try:
             state = BrokerState(result.state)
             epoch = int(result.epoch)
         except (AttributeError, TypeError, ValueError) as error:
-            raise HeartbeatError(target, f"reply does not follow the WSDL: {error}", reached=True) from None
+            reason = self._redact(f"reply does not follow the WSDL: {error}")
+            raise HeartbeatError(target, reason, reached=True) from None
+        message = result.unavailabilityMessage
         return HeartbeatReply(
             state=state,
-            unavailability_code=result.unavailabilityCode or None,
-            unavailability_message=result.unavailabilityMessage or None,
+            unavailability_code=self._redact(result.unavailabilityCode)
+            if result.unavailabilityCode
+            else None,
+            unavailability_message=self._redact(message) if message else None,
             epoch=epoch,
         )
 

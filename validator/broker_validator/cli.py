@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker_contracts.redact import redact, redact_url
 from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 from broker_validator.report_schema import EXIT_COULD_NOT_VALIDATE, EXIT_PASSED, EXIT_VIOLATIONS, Report
 
@@ -111,10 +112,12 @@ def validate(args: argparse.Namespace) -> Report:
     try:
         spark = session_for(args.master, settings)
     except Exception as error:  # no session, no validation: say why
+        # A master URL may carry credentials (userinfo, a token in its query): never printed.
         raise CouldNotValidateError(
-            f"could not start Spark ({args.master or 'local[*]'}): {error}"
+            redact(f"could not start Spark ({args.master or 'local[*]'}): {error}")
         ) from error
-    logger.info("Spark ready in %.1f s (%s)", time.monotonic() - started, spark.sparkContext.master)
+    master = redact_url(spark.sparkContext.master or "")
+    logger.info("Spark ready in %.1f s (%s)", time.monotonic() - started, master)
     try:
         from broker_validator.job import validate_store
 

@@ -90,6 +90,30 @@ def _connection_env(variable: str, connection: Connection) -> list[Manifest]:
     return []
 
 
+def _credential_mounts(spec: ClusterSpec) -> list[tuple[str, str, str, Connection]]:
+    """(env variable, mount path, volume, connection) for each target given a credentials Secret.
+
+    The whole Secret is mounted (no ``items``): the broker takes ``token`` or ``username`` and
+    ``password``, whichever it holds. Only targets that name one get a volume, so the pods of a
+    cluster without them (and their template hash) are as before.
+    """
+    given = (
+        (
+            environment.BROKER_BACKEND_CREDENTIALS_DIR,
+            names.BACKEND_CREDENTIALS_MOUNT,
+            names.BACKEND_CREDENTIALS_VOLUME,
+            spec.backend,
+        ),
+        (
+            environment.BROKER_CLOUD_CREDENTIALS_DIR,
+            names.CLOUD_CREDENTIALS_MOUNT,
+            names.CLOUD_CREDENTIALS_VOLUME,
+            spec.cloud,
+        ),
+    )
+    return [entry for entry in given if entry[3].credentials_secret]
+
+
 def pod_security_context(spec: ClusterSpec) -> Manifest:
     """The broker pod's securityContext: ``spec.podSecurityContext`` if given, else the default."""
     given = spec.pod_security_context
@@ -129,6 +153,10 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         {"name": environment.BROKER_ON_POISON, "value": spec.on_poison},
         *_connection_env(environment.BROKER_BACKEND_URL, spec.backend),
         *_connection_env(environment.BROKER_CLOUD_URL, spec.cloud),
+        *(
+            {"name": variable, "value": mount}
+            for variable, mount, _volume, _connection in _credential_mounts(spec)
+        ),
     ]
     probe_port = names.BROKER_PORT_NAME
     return {
@@ -173,6 +201,10 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
                 "mountPath": f"{spec.message_log_mount.rstrip('/')}/{cluster}",
                 "subPath": cluster,
             },
+            *(
+                {"name": volume, "mountPath": mount, "readOnly": True}
+                for _variable, mount, volume, _connection in _credential_mounts(spec)
+            ),
         ],
     }
 
@@ -202,6 +234,10 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]
             },
         },
         {"name": names.MESSAGE_LOG_VOLUME, **message_log},
+        *(
+            {"name": volume, "secret": {"secretName": connection.credentials_secret}}
+            for _variable, _mount, volume, connection in _credential_mounts(spec)
+        ),
     ]
 
 

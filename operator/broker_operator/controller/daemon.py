@@ -35,6 +35,7 @@ from typing import Any
 
 import kopf
 
+from broker_contracts.redact import redact_url
 from broker_operator import metrics
 from broker_operator.controller import names
 from broker_operator.controller.conflicts import PairClaim
@@ -247,7 +248,7 @@ async def _run_engine(
         preferred = observations.switchover_target or fresh.preferred_active
         logger.info(
             "heartbeat targets: %s; preferred active: %s",
-            ", ".join(f"{t.name}={t.url}" for t in targets) or "none yet",
+            ", ".join(f"{t.name}={redact_url(t.url)}" for t in targets) or "none yet",
             preferred or "by priority",
         )
         loop.update(targets, fresh_settings, preferred)

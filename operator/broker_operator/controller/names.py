@@ -71,6 +71,11 @@ TOKEN_VOLUME: Final = "operator-token"
 # reaches the backend. A sibling of TOKEN_MOUNT, not inside it (a Secret volume is read-only).
 BACKEND_TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover-backend"
 BACKEND_TOKEN_VOLUME: Final = "backend-token"
+# The Secrets of spec.backend/cloud.credentialsSecretRef: what the brokers present to each target.
+BACKEND_CREDENTIALS_MOUNT: Final = "/var/run/secrets/broker-failover-backend-credentials"
+BACKEND_CREDENTIALS_VOLUME: Final = "backend-credentials"
+CLOUD_CREDENTIALS_MOUNT: Final = "/var/run/secrets/broker-failover-cloud-credentials"
+CLOUD_CREDENTIALS_VOLUME: Final = "cloud-credentials"
 MESSAGE_LOG_VOLUME: Final = "message-log"
 
 

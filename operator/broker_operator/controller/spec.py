@@ -58,10 +58,12 @@ class SecretRef:
 
 @dataclass(frozen=True)
 class Connection:
-    """How brokers reach the backend or the cloud: a plain URL or a Secret key holding one."""
+    """How brokers reach the backend or the cloud: a plain URL or a Secret key holding one, and
+    the Secret whose keys they present to it (``credentialsSecretRef``: mounted, never in a URL)."""
 
     url: str | None
     url_secret: SecretRef | None
+    credentials_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -392,4 +394,15 @@ def _connection(
     secret = _secret_ref(raw.get("urlSecretRef"), url_key, problems)
     if url is not None and secret is not None:
         problems.append(f"spec.{field}.url and spec.{field}.urlSecretRef are exclusive; set one")
-    return Connection(url, secret)
+    credentials = raw.get("credentialsSecretRef")
+    credentials_name: str | None = None
+    if credentials is not None:
+        if (
+            isinstance(credentials, Mapping)
+            and isinstance(credentials.get("name"), str)
+            and credentials["name"]
+        ):
+            credentials_name = credentials["name"]
+        else:
+            problems.append(f"spec.{field}.credentialsSecretRef must name a Secret: {{name}}")
+    return Connection(url, secret, credentials_name)

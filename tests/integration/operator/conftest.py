@@ -134,12 +134,13 @@ class BrokerTrio:
         state_name: str = "state.json",
         targets: list[BrokerTarget] | None = None,
         status_grace_seconds: float = 0.0,
+        token: str = DEFAULT_TOKEN,
     ) -> tuple[ClusterLoop, ProcessShell]:
         """Run a ClusterLoop over all three brokers, or over ``targets`` (possibly none) if given."""
         state = StateFile(self.tmp_path / state_name)
         _epoch, status = state.load()
         shell = ProcessShell(state, self.brokers, pods)
-        client = HeartbeatClient(DEFAULT_TOKEN, "integration-test", settings.timeout_seconds)
+        client = HeartbeatClient(token, "integration-test", settings.timeout_seconds)
         brokers = self.targets() if targets is None else targets
         loop = ClusterLoop(
             "acme-1000",
