@@ -56,6 +56,7 @@ from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
 from broker_service.credentials import BrokerCredentials, Role
 from broker_service.lifecycle import Broker
+from broker_service.listener import ListenerRunner
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
     MAX_NAMESPACES_IN_SCOPE,
@@ -277,7 +278,7 @@ def build_app(broker: Broker) -> web.Application:
     app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    admin_runner: web.AppRunner | None = None
+    admin_runner: ListenerRunner | None = None
 
     async def on_startup(app: web.Application) -> None:
         nonlocal admin_runner
@@ -286,7 +287,13 @@ def build_app(broker: Broker) -> web.Application:
             admin_app = build_admin_app(broker, credentials)
             # No signal handling of its own: the main listener's runner owns SIGTERM and stops this
             # one first thing on shutdown (below), as it stops its own sites.
-            admin_runner = web.AppRunner(admin_app, access_log=None, shutdown_timeout=settings.drain_seconds)
+            admin_runner = ListenerRunner(
+                admin_app,
+                max_connections=settings.max_connections,
+                keepalive_timeout=settings.admin_header_timeout_seconds,
+                access_log=None,
+                shutdown_timeout=settings.drain_seconds,
+            )
             await admin_runner.setup()
             await web.TCPSite(admin_runner, settings.host, admin_port).start()
             logger.info(
