@@ -66,6 +66,7 @@ from broker_service.soap_codec import (
     ListHeldRequest,
     SendMessagesRequest,
     SoapFaultError,
+    SoapRequest,
 )
 from broker_service.watch import add_watch
 
@@ -96,6 +97,7 @@ CREDENTIALS_KEY: web.AppKey[BrokerCredentials] = web.AppKey("credentials", Broke
 # The roles whose operations this listener does not serve, each with its WRONG_PORT message; empty
 # when one port serves everything.
 REFUSED_KEY: web.AppKey[Mapping[Role, str]] = web.AppKey("refused_roles", Mapping)
+PARSE_TURN_KEY: web.AppKey[asyncio.Lock] = web.AppKey("parse_turn", asyncio.Lock)
 _SEND_MESSAGES = frozenset({"SendMessages"})
 _ROLE_OPERATIONS = {Role.BACKEND: _SEND_MESSAGES, Role.OPERATOR: OPERATIONS - _SEND_MESSAGES}
 
@@ -151,6 +153,35 @@ def _other_roles_operation(operation: str) -> SoapFaultError:
     )
 
 
+def _parse(body: bytes, role: Role, settings: BrokerSettings) -> SoapRequest:
+    return soap_codec.parse_request(
+        body,
+        operations=_ROLE_OPERATIONS[role],
+        refused=_other_roles_operation,
+        max_namespaces=MAX_NAMESPACES_IN_SCOPE,
+        max_messages=settings.bundle_max_messages,
+    )
+
+
+async def _parse_in_turn(
+    turn: asyncio.Lock, body: bytes, role: Role, settings: BrokerSettings
+) -> SoapRequest:
+    """Parse a backend request in its turn: one such parse per event-loop iteration.
+
+    Bodies whose last bytes arrive together wake their handlers in one loop iteration, and those
+    would parse back to back ahead of the lease watcher's tick and the operator's heartbeat: N
+    bodies of the largest size could stall the loop N times as long as one. Holding the turn
+    across one yield makes the next backend parse wait for a later iteration, after any timer
+    that fell due and any heartbeat that arrived, so the loop never goes more than about two
+    parses without them, however many bundles come at once (docs/broker.md, "Request limits").
+    """
+    async with turn:
+        try:
+            return _parse(body, role, settings)
+        finally:
+            await asyncio.sleep(0)
+
+
 class _BodyDeadlineError(Exception):
     """The body did not arrive within --body-timeout-seconds."""
 
@@ -198,13 +229,10 @@ async def soap_post(request: web.Request) -> web.Response:
                 "seconds (--body-timeout-seconds)",
             )
             return _fault_response(fault, close=True)
-        parsed = soap_codec.parse_request(
-            body,
-            operations=_ROLE_OPERATIONS[role],
-            refused=_other_roles_operation,
-            max_namespaces=MAX_NAMESPACES_IN_SCOPE,
-            max_messages=settings.bundle_max_messages,
-        )
+        if role is Role.BACKEND:
+            parsed = await _parse_in_turn(request.app[PARSE_TURN_KEY], body, role, settings)
+        else:
+            parsed = _parse(body, role, settings)  # 64 KiB at most: under a millisecond
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
             payload = soap_codec.render_send_messages(epoch, results)
@@ -262,6 +290,7 @@ def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[R
     app[BROKER_KEY] = broker
     app[CREDENTIALS_KEY] = credentials
     app[REFUSED_KEY] = refused
+    app[PARSE_TURN_KEY] = asyncio.Lock()
     app.router.add_post(SOAP_PATH, soap_post)
     app.router.add_get(SOAP_PATH, soap_get)
     # On both ports: a scraper admitted to either (the NetworkPolicy admits the operator's pods to
