@@ -163,6 +163,10 @@ def _parse(body: bytes, role: Role, settings: BrokerSettings) -> SoapRequest:
     )
 
 
+_LONG_PARSE_SECONDS = 0.005
+_AFTER_LONG_PARSE_SECONDS = 0.001
+
+
 async def _parse_in_turn(
     turn: asyncio.Lock, body: bytes, role: Role, settings: BrokerSettings
 ) -> SoapRequest:
@@ -171,15 +175,21 @@ async def _parse_in_turn(
     Bodies whose last bytes arrive together wake their handlers in one loop iteration, and those
     would parse back to back ahead of the lease watcher's tick and the operator's heartbeat: N
     bodies of the largest size could stall the loop N times as long as one. Holding the turn
-    across one yield makes the next backend parse wait for a later iteration, after any timer
-    that fell due and any heartbeat that arrived, so the loop never goes more than about two
-    parses without them, however many bundles come at once (docs/broker.md, "Request limits").
+    across a yield makes the next backend parse wait for a later iteration, after the timers
+    that fell due and the heartbeats that arrived, so the loop goes about one parse at most
+    without them, however many bundles come at once (docs/broker.md, "Request limits"). A yield
+    alone was not enough after a long parse: the watcher then saw two parses between its ticks.
     """
     async with turn:
+        started = time.perf_counter()
         try:
             return _parse(body, role, settings)
         finally:
-            await asyncio.sleep(0)
+            # After a long parse the lease watcher's timer is overdue; a timer of our own that
+            # falls due after it makes this task resume (and hand the turn on) only once the
+            # watcher has run. A short parse yields once, so the hot path pays no timer.
+            long = time.perf_counter() - started > _LONG_PARSE_SECONDS
+            await asyncio.sleep(_AFTER_LONG_PARSE_SECONDS if long else 0)
 
 
 class _BodyDeadlineError(Exception):

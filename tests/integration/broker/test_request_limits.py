@@ -12,6 +12,7 @@ the lease margin, and the active fenced itself.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,32 @@ def _heartbeat_body(epoch: int) -> bytes:
         f'xmlns:t="{soap.NAMESPACE}"><soap:Body><t:Heartbeat><t:active>true</t:active>'
         f"<t:epoch>{epoch}</t:epoch><t:operatorId>x</t:operatorId></t:Heartbeat></soap:Body></soap:Envelope>"
     ).encode()
+
+
+def test_many_hostile_bodies_at_once_leave_the_active_in_its_term(
+    processes: ProcessSet, tmp_path: Path
+) -> None:
+    """Each body is under every limit and slow to parse; sent together, they are parsed one per loop
+    iteration, with the lease watcher and the heartbeats in between, never back to back."""
+    relay = start_relay(processes, tmp_path, streams=0)
+    broker = relay.broker
+    assert heartbeat(broker, active=True, epoch=4).state == "Active"
+    # The slowest body the limits let through to the parse: the byte limit filled with
+    # namespace declarations, refused only after the parse.
+    room = soap.BUNDLE_MAX_BYTES - len(GOOD) - 100
+    filler = b" ".join(b'xmlns:n%d="u"' % i for i in range(room // 14))[:room]
+    slow = GOOD.replace(b"<soap:Envelope", b"<soap:Envelope " + filler[: filler.rfind(b" ")], 1)
+    assert len(slow) <= soap.BUNDLE_MAX_BYTES
+
+    with Renewals(broker, epoch=4), ThreadPoolExecutor(max_workers=16) as pool:
+        replies = list(
+            pool.map(lambda _: post_raw(broker.soap_url, slow, token=DEFAULT_BACKEND_TOKEN), range(16))
+        )
+
+    for status, reply in replies:
+        assert (status, raw_fault_code(reply)) == (500, "HOSTILE_XML"), reply[:300]
+        assert b"namespace declarations" in reply
+    reply_state = heartbeat(broker, active=True, epoch=4)
+    assert (reply_state.state, reply_state.epoch) == ("Active", 4)
+    assert metric(broker, "broker_epoch") == 4
+    assert "fencing itself" not in broker.log_path.read_text(errors="replace")
