@@ -7,10 +7,10 @@ slow clients have to be stopped here, at the connection:
 * **Header deadline**: aiohttp's keep-alive timer. It starts when a connection opens and again
   after each response, is not reset by incoming bytes, and closes the connection if no complete
   request has arrived by then. So ``keepalive_timeout`` is the deadline for a request's headers
-  as well as for an idle connection (``--header-timeout-seconds``: 20 s on the main port, above
-  the backend client's 15 s keep-alive; ``--admin-header-timeout-seconds``: 45 s on the admin
-  port, above the operator client's 30 s, so that the client closes an idle connection first
-  and never sends on one the broker is closing). aiohttp's own default is 3,630 s.
+  as well as for an idle connection (``--header-timeout-seconds``, 40 s on both ports: above
+  the operator client's 30 s keep-alive and the backend simulator's 15 s, so that the client
+  closes an idle connection first and never sends on one the broker is closing). aiohttp's own
+  default is 3,630 s, ``run_app``'s 75 s.
 * **Body deadline**: in the handler (``server.py``), ``asyncio.timeout`` around the read.
 * **Connection cap**: aiohttp has no option for it (``backlog`` bounds only the kernel's queue
   of connections not yet accepted), so :class:`ListenerRunner` counts the connections of its

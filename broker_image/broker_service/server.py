@@ -329,7 +329,7 @@ def build_app(broker: Broker) -> web.Application:
             admin_runner = ListenerRunner(
                 admin_app,
                 max_connections=settings.max_connections,
-                keepalive_timeout=settings.admin_header_timeout_seconds,
+                keepalive_timeout=settings.header_timeout_seconds,
                 access_log=None,
                 shutdown_timeout=settings.drain_seconds,
             )

@@ -73,10 +73,10 @@ class BrokerSettings:
     operator_body_limit_bytes: int = OPERATOR_REQUEST_MAX_BYTES  # Heartbeat and the admin calls
     bundle_max_messages: int = BUNDLE_MAX_MESSAGES
     # A connection must complete a request's headers this long after it opened or after its last
-    # response (aiohttp's keep-alive timer), or it is closed. The admin port's exceeds the
-    # operator's client keep-alive (30 s), so that the client, not the broker, closes idle ones.
-    header_timeout_seconds: float = 20.0
-    admin_header_timeout_seconds: float = 45.0
+    # response (aiohttp's keep-alive timer), or it is closed; on both ports. It exceeds the
+    # operator's client keep-alive (30 s; the operator calls the main port when there is no admin
+    # port) and the backend simulator's (15 s), so that the client, not the broker, closes idle ones.
+    header_timeout_seconds: float = 40.0
     body_timeout_seconds: float = 15.0  # to receive a whole body once its headers arrived
     max_connections: int = 128  # per listener; more are closed as they open
     forward_bundle_max: int = 2000
@@ -151,9 +151,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--bundle-max-messages", type=int, default=BrokerSettings.bundle_max_messages)
     parser.add_argument("--header-timeout-seconds", type=float, default=BrokerSettings.header_timeout_seconds)
-    parser.add_argument(
-        "--admin-header-timeout-seconds", type=float, default=BrokerSettings.admin_header_timeout_seconds
-    )
     parser.add_argument("--body-timeout-seconds", type=float, default=BrokerSettings.body_timeout_seconds)
     parser.add_argument("--max-connections", type=int, default=BrokerSettings.max_connections)
     parser.add_argument("--forward-bundle-max", type=int, default=BrokerSettings.forward_bundle_max)
@@ -245,7 +242,6 @@ def parse_settings(
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,
         header_timeout_seconds=args.header_timeout_seconds,
-        admin_header_timeout_seconds=args.admin_header_timeout_seconds,
         body_timeout_seconds=args.body_timeout_seconds,
         max_connections=args.max_connections,
         forward_bundle_max=args.forward_bundle_max,
