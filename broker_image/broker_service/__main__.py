@@ -1,11 +1,12 @@
 """``broker-service``: run one broker process (one per pod).
 
 Reads :class:`~broker_service.settings.BrokerSettings` from flags and
-environment, builds the aiohttp application and serves it until SIGTERM or
-SIGINT; aiohttp's runner then calls the broker's shutdown, which deactivates
-and drains, and the process exits 0. A settings error exits 2 with the message
-that names the flag. The broker object is built inside the running loop
-because its tasks and locks belong to that loop.
+environment, builds the aiohttp application and serves it (``listener.py``:
+connections bounded in number and time) until SIGTERM or SIGINT; aiohttp's
+runner then calls the broker's shutdown, which deactivates and drains, and the
+process exits 0. A settings error exits 2 with the message that names the flag.
+The broker object is built inside the running loop because its tasks and locks
+belong to that loop.
 
 The loop is uvloop's when it is installed (libuv's loop and its C transports
 take a large share off the per-request cost of aiohttp), else asyncio's own;
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker_service import listener
 from broker_service.lifecycle import Broker
 from broker_service.server import build_app
 from broker_service.settings import SettingsError, parse_settings
@@ -49,14 +51,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def make_app() -> web.Application:
         return build_app(Broker(settings))
 
-    web.run_app(
-        make_app(),
-        host=settings.host,
-        port=settings.port,
-        access_log=None,
-        print=None,
-        shutdown_timeout=settings.drain_seconds + 5,
-        handle_signals=True,
+    # web.run_app's work, through a runner that caps connections (listener.py).
+    listener.run(
+        listener.serve(
+            make_app,
+            host=settings.host,
+            port=settings.port,
+            max_connections=settings.max_connections,
+            header_timeout_seconds=settings.header_timeout_seconds,
+            shutdown_timeout=settings.drain_seconds + 5,
+        )
     )
     return 0
 

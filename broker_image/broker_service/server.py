@@ -11,24 +11,31 @@ operations on held messages). Order of checks on ``POST /soap``:
    compares and a ``stat`` of the credential files, and never reaches the XML parser.
    The credentials follow their mounted Secret files, with a grace window for the
    value a rotation replaced (``credentials.py``).
-2. Body size: aiohttp's ``client_max_size`` caps what it reads; an oversized
-   body becomes a ``HOSTILE_XML`` fault before any parsing.
-3. Hardened parse (:func:`broker_service.soap_codec.parse_request`).
-4. The credential must be the operation's: the backend's for ``SendMessages``,
-   the operator's for ``Heartbeat`` and the admin operations. Each role can do
-   only its own calls: a backend cannot switch a broker, and the operator's
-   token cannot append to a stream. A mismatch is ``UNAUTHENTICATED`` too and
-   changes nothing.
+2. The role's port, before the body is read: with ``--admin-port``, the operator's credential
+   opens nothing on the main port and the backend's nothing on the admin port (``WRONG_PORT``).
+3. Body size and time, by role: the backend's up to the contract's largest bundle
+   (``--body-limit-bytes``), the operator's up to what its calls need
+   (``--operator-body-limit-bytes``), each within ``--body-timeout-seconds``; a Content-Length
+   over the limit is refused unread. Over either is a ``HOSTILE_XML`` fault naming the limit.
+4. Hardened parse (:func:`broker_service.soap_codec.parse_request`), told the role's
+   operations and the bounds: namespace declarations, the operation against the role (the
+   backend's credential opens ``SendMessages`` only, the operator's the rest; a mismatch is
+   ``UNAUTHENTICATED``), and the bundle's message count are all checked before the schema
+   validation. So a backend cannot switch a broker, the operator's token cannot append to a
+   stream, and no single request holds the event loop that answers heartbeats for more than a
+   small part of the lease margin (docs/broker.md, "Request limits").
 5. Dispatch to the :class:`~broker_service.lifecycle.Broker`.
+
+Connections are bounded by :mod:`broker_service.listener` (count, header deadline).
 
 With ``--admin-port`` the broker listens twice, so that a NetworkPolicy (which sees ports, never
 SOAP operations) can admit the operator's calls from the operator alone and ``SendMessages`` from
 the backend: the main port serves ``SendMessages``, the WSDL, ``/healthz``, ``/readyz`` and
 ``/metrics``; the admin port serves ``Heartbeat``, the admin operations, the WSDL, ``/metrics`` and
 the operator's ``/watch`` stream (``watch.py``), and stays open until the broker has deactivated.
-An operation sent to the other port is a ``WRONG_PORT`` fault naming the right one, checked after
-the parse (one lookup of the request's type, and only an empty-dict test without an admin port,
-where both surfaces are one). The admin listener is a second aiohttp application on the same
+A credential sent to the other role's port is a ``WRONG_PORT`` fault naming the right one, checked
+before the body is read (one lookup of the role, and only an empty-dict test without an admin
+port, where both surfaces are one). The admin listener is a second aiohttp application on the same
 :class:`~broker_service.lifecycle.Broker`, started and stopped by the main one, so that the broker
 is started and drained once whichever port a call arrives on.
 
@@ -37,6 +44,7 @@ Not here: any broker state or rules.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -48,7 +56,11 @@ from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
 from broker_service.credentials import BrokerCredentials, Role
 from broker_service.lifecycle import Broker
+from broker_service.listener import ListenerRunner
+from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
+    MAX_NAMESPACES_IN_SCOPE,
+    OPERATIONS,
     HeartbeatRequest,
     HeldRefRequest,
     ListHeldRequest,
@@ -64,14 +76,16 @@ BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker", Broker)
 _XML = "text/xml; charset=utf-8"
 
 
-def _fault_response(fault: SoapFaultError) -> web.Response:
+def _fault_response(fault: SoapFaultError, *, close: bool = False) -> web.Response:
     response = web.Response(
         status=fault.http_status,
         body=soap_codec.render_fault(fault),
         content_type="text/xml",
         charset="utf-8",
     )
-    if fault.code == FaultCode.BROKER_INACTIVE:
+    if close:
+        response.force_close()  # what is left of a body that did not arrive in time stays unread
+    elif fault.code == FaultCode.BROKER_INACTIVE:
         # Close the connection: kube-proxy pins a keep-alive connection to the pod it first
         # chose, so a backend that kept it would hear "inactive" from this broker forever
         # instead of reconnecting through the <cluster>-active Service to the new active.
@@ -80,28 +94,27 @@ def _fault_response(fault: SoapFaultError) -> web.Response:
 
 
 CREDENTIALS_KEY: web.AppKey[BrokerCredentials] = web.AppKey("credentials", BrokerCredentials)
-# The operations this listener refuses, by request type, each with its WRONG_PORT message; empty
+# The roles whose operations this listener does not serve, each with its WRONG_PORT message; empty
 # when one port serves everything.
-REFUSED_KEY: web.AppKey[Mapping[type, str]] = web.AppKey("refused_operations", Mapping)
-_ADMIN_REQUESTS = (HeartbeatRequest, ListHeldRequest, HeldRefRequest)
+REFUSED_KEY: web.AppKey[Mapping[Role, str]] = web.AppKey("refused_roles", Mapping)
+PARSE_TURN_KEY: web.AppKey[asyncio.Lock] = web.AppKey("parse_turn", asyncio.Lock)
+_SEND_MESSAGES = frozenset({"SendMessages"})
+_ROLE_OPERATIONS = {Role.BACKEND: _SEND_MESSAGES, Role.OPERATOR: OPERATIONS - _SEND_MESSAGES}
 
 
-def _refused_on_main(admin_port: int) -> dict[type, str]:
-    message = (
-        "{} is served on this broker's admin port {} (--admin-port / BROKER_ADMIN_PORT), not on this "
-        "port, which serves SendMessages; send it to the pod's 'admin' port"
-    )
-    names = {
-        HeartbeatRequest: "Heartbeat",
-        ListHeldRequest: "ListHeld",
-        HeldRefRequest: "ReplayHeld/DiscardHeld",
-    }
-    return {kind: message.format(names[kind], admin_port) for kind in _ADMIN_REQUESTS}
-
-
-def _refused_on_admin(main_port: int) -> dict[type, str]:
+def _refused_on_main(admin_port: int) -> dict[Role, str]:
     return {
-        SendMessagesRequest: (
+        Role.OPERATOR: (
+            f"Heartbeat, ListHeld, ReplayHeld and DiscardHeld are served on this broker's admin port "
+            f"{admin_port} (--admin-port / BROKER_ADMIN_PORT), not on this port, which serves "
+            "SendMessages; send them to the pod's 'admin' port"
+        )
+    }
+
+
+def _refused_on_admin(main_port: int) -> dict[Role, str]:
+    return {
+        Role.BACKEND: (
             f"SendMessages is served on this broker's main port {main_port} (--port / BROKER_PORT, "
             "the <cluster>-active Service), not on its admin port, which serves the operator's calls only"
         )
@@ -125,41 +138,111 @@ def _caller_role(request: web.Request, credentials: BrokerCredentials) -> Role:
     )
 
 
-def _check_role(parsed: SoapRequest, role: Role) -> None:
+def _other_roles_operation(operation: str) -> SoapFaultError:
     """Each role may call only its own operations; the other role's credential changes nothing."""
-    if isinstance(parsed, SendMessagesRequest):
-        if role is not Role.BACKEND:
-            raise SoapFaultError(
-                FaultCode.UNAUTHENTICATED,
-                "SendMessages needs the backend's credential (the broker's --backend-token-file "
-                "Secret); the operator's token is not accepted for it",
-            )
-    elif role is not Role.OPERATOR:
-        operation = type(parsed).__name__.removesuffix("Request")
-        raise SoapFaultError(
+    if operation == "SendMessages":
+        return SoapFaultError(
             FaultCode.UNAUTHENTICATED,
-            f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential "
-            "(the broker's --token-file Secret); the backend's credential is accepted for SendMessages only",
+            "SendMessages needs the backend's credential (the broker's --backend-token-file "
+            "Secret); the operator's token is not accepted for it",
         )
+    return SoapFaultError(
+        FaultCode.UNAUTHENTICATED,
+        f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential "
+        "(the broker's --token-file Secret); the backend's credential is accepted for SendMessages only",
+    )
+
+
+def _parse(body: bytes, role: Role, settings: BrokerSettings) -> SoapRequest:
+    return soap_codec.parse_request(
+        body,
+        operations=_ROLE_OPERATIONS[role],
+        refused=_other_roles_operation,
+        max_namespaces=MAX_NAMESPACES_IN_SCOPE,
+        max_messages=settings.bundle_max_messages,
+    )
+
+
+_LONG_PARSE_SECONDS = 0.005
+_AFTER_LONG_PARSE_SECONDS = 0.001
+
+
+async def _parse_in_turn(
+    turn: asyncio.Lock, body: bytes, role: Role, settings: BrokerSettings
+) -> SoapRequest:
+    """Parse a backend request in its turn: one such parse per event-loop iteration.
+
+    Bodies whose last bytes arrive together wake their handlers in one loop iteration, and those
+    would parse back to back ahead of the lease watcher's tick and the operator's heartbeat: N
+    bodies of the largest size could stall the loop N times as long as one. Holding the turn
+    across a yield makes the next backend parse wait for a later iteration, after the timers
+    that fell due and the heartbeats that arrived, so the loop goes about one parse at most
+    without them, however many bundles come at once (docs/broker.md, "Request limits"). A yield
+    alone was not enough after a long parse: the watcher then saw two parses between its ticks.
+    """
+    async with turn:
+        started = time.perf_counter()
+        try:
+            return _parse(body, role, settings)
+        finally:
+            # After a long parse the lease watcher's timer is overdue; a timer of our own that
+            # falls due after it makes this task resume (and hand the turn on) only once the
+            # watcher has run. A short parse yields once, so the hot path pays no timer.
+            long = time.perf_counter() - started > _LONG_PARSE_SECONDS
+            await asyncio.sleep(_AFTER_LONG_PARSE_SECONDS if long else 0)
+
+
+class _BodyDeadlineError(Exception):
+    """The body did not arrive within --body-timeout-seconds."""
+
+
+async def _read_body(request: web.Request, role: Role, settings: BrokerSettings) -> bytes:
+    """The body, within the role's size limit and the body deadline, or a ``HOSTILE_XML`` fault."""
+    if role is Role.BACKEND:
+        limit, flag = settings.body_limit_bytes, "--body-limit-bytes"
+    else:
+        limit, flag = settings.operator_body_limit_bytes, "--operator-body-limit-bytes"
+    too_large = SoapFaultError(
+        FaultCode.HOSTILE_XML,
+        f"request body exceeds the broker's limit of {limit} bytes for the {role.value}'s requests ({flag})",
+    )
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise too_large  # refused unread
+    try:
+        async with asyncio.timeout(settings.body_timeout_seconds):
+            body = await request.read()  # aiohttp stops at client_max_size, the larger limit
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except TimeoutError:
+        raise _BodyDeadlineError from None
+    if len(body) > limit:
+        raise too_large
+    return body
 
 
 async def soap_post(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
+    settings = broker.settings
     started = time.perf_counter()
     try:
         role = _caller_role(request, request.app[CREDENTIALS_KEY])
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise SoapFaultError(
-                FaultCode.HOSTILE_XML,
-                f"request body exceeds the broker's limit of {broker.settings.body_limit_bytes} bytes",
-            ) from None
-        parsed = soap_codec.parse_request(body)
         refused = request.app[REFUSED_KEY]
-        if refused and type(parsed) in refused:
-            raise SoapFaultError(FaultCode.WRONG_PORT, refused[type(parsed)])
-        _check_role(parsed, role)
+        if refused and role in refused:
+            raise SoapFaultError(FaultCode.WRONG_PORT, refused[role])
+        try:
+            body = await _read_body(request, role, settings)
+        except _BodyDeadlineError:
+            fault = SoapFaultError(
+                FaultCode.HOSTILE_XML,
+                f"request body not received within the broker's limit of {settings.body_timeout_seconds} "
+                "seconds (--body-timeout-seconds)",
+            )
+            return _fault_response(fault, close=True)
+        if role is Role.BACKEND:
+            parsed = await _parse_in_turn(request.app[PARSE_TURN_KEY], body, role, settings)
+        else:
+            parsed = _parse(body, role, settings)  # 64 KiB at most: under a millisecond
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
             payload = soap_codec.render_send_messages(epoch, results)
@@ -211,11 +294,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=broker.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[type, str]) -> web.Application:
-    app = web.Application(client_max_size=broker.settings.body_limit_bytes)
+def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[Role, str]) -> web.Application:
+    settings = broker.settings
+    app = web.Application(client_max_size=max(settings.body_limit_bytes, settings.operator_body_limit_bytes))
     app[BROKER_KEY] = broker
     app[CREDENTIALS_KEY] = credentials
     app[REFUSED_KEY] = refused
+    app[PARSE_TURN_KEY] = asyncio.Lock()
     app.router.add_post(SOAP_PATH, soap_post)
     app.router.add_get(SOAP_PATH, soap_get)
     # On both ports: a scraper admitted to either (the NetworkPolicy admits the operator's pods to
@@ -232,7 +317,7 @@ def build_app(broker: Broker) -> web.Application:
     app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    admin_runner: web.AppRunner | None = None
+    admin_runner: ListenerRunner | None = None
 
     async def on_startup(app: web.Application) -> None:
         nonlocal admin_runner
@@ -241,7 +326,13 @@ def build_app(broker: Broker) -> web.Application:
             admin_app = build_admin_app(broker, credentials)
             # No signal handling of its own: the main listener's runner owns SIGTERM and stops this
             # one first thing on shutdown (below), as it stops its own sites.
-            admin_runner = web.AppRunner(admin_app, access_log=None, shutdown_timeout=settings.drain_seconds)
+            admin_runner = ListenerRunner(
+                admin_app,
+                max_connections=settings.max_connections,
+                keepalive_timeout=settings.header_timeout_seconds,
+                access_log=None,
+                shutdown_timeout=settings.drain_seconds,
+            )
             await admin_runner.setup()
             await web.TCPSite(admin_runner, settings.host, admin_port).start()
             logger.info(

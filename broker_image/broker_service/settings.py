@@ -22,6 +22,7 @@ from pathlib import Path
 from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
 from broker_contracts.redact import redact
+from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_service.target_credentials import TargetCredentialError, relay_target
 
 
@@ -72,7 +73,19 @@ class BrokerSettings:
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
-    body_limit_bytes: int = 16 * 1024 * 1024
+    # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
+    # that answers the operator's heartbeats, and every connection holds memory and a task, so each
+    # is bounded before the expensive work. The byte and message limits are the contract's.
+    body_limit_bytes: int = BUNDLE_MAX_BYTES  # the backend's SendMessages
+    operator_body_limit_bytes: int = OPERATOR_REQUEST_MAX_BYTES  # Heartbeat and the admin calls
+    bundle_max_messages: int = BUNDLE_MAX_MESSAGES
+    # A connection must complete a request's headers this long after it opened or after its last
+    # response (aiohttp's keep-alive timer), or it is closed; on both ports. It exceeds the
+    # operator's client keep-alive (30 s; the operator calls the main port when there is no admin
+    # port) and the backend simulator's (15 s), so that the client, not the broker, closes idle ones.
+    header_timeout_seconds: float = 40.0
+    body_timeout_seconds: float = 15.0  # to receive a whole body once its headers arrived
+    max_connections: int = 128  # per listener; more are closed as they open
     forward_bundle_max: int = 2000
     forward_concurrency: int = 4
     poll_max: int = 500
@@ -145,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     for flag, env, default in _ENV_FLAGS:
         parser.add_argument(flag, default=None, help=f"(env {env}, default {default!r})")
     parser.add_argument("--body-limit-bytes", type=int, default=BrokerSettings.body_limit_bytes)
+    parser.add_argument(
+        "--operator-body-limit-bytes", type=int, default=BrokerSettings.operator_body_limit_bytes
+    )
+    parser.add_argument("--bundle-max-messages", type=int, default=BrokerSettings.bundle_max_messages)
+    parser.add_argument("--header-timeout-seconds", type=float, default=BrokerSettings.header_timeout_seconds)
+    parser.add_argument("--body-timeout-seconds", type=float, default=BrokerSettings.body_timeout_seconds)
+    parser.add_argument("--max-connections", type=int, default=BrokerSettings.max_connections)
     parser.add_argument("--forward-bundle-max", type=int, default=BrokerSettings.forward_bundle_max)
     parser.add_argument("--forward-concurrency", type=int, default=BrokerSettings.forward_concurrency)
     parser.add_argument("--poll-max", type=int, default=BrokerSettings.poll_max)
@@ -245,6 +265,11 @@ def parse_settings(
         ),
         on_poison=on_poison,
         body_limit_bytes=args.body_limit_bytes,
+        operator_body_limit_bytes=args.operator_body_limit_bytes,
+        bundle_max_messages=args.bundle_max_messages,
+        header_timeout_seconds=args.header_timeout_seconds,
+        body_timeout_seconds=args.body_timeout_seconds,
+        max_connections=args.max_connections,
         forward_bundle_max=args.forward_bundle_max,
         forward_concurrency=args.forward_concurrency,
         poll_max=args.poll_max,

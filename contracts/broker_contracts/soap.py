@@ -22,6 +22,17 @@ credential for ``SendMessages``, the operator's for ``Heartbeat`` and the admin 
 
 UNAVAILABILITY_CODE_MAX_LEN: Final = 30
 
+# The contract's largest SendMessages bundle, and the most an operator's call may carry. Each
+# request is parsed and validated on the broker's event loop, which also answers the operator's
+# heartbeats, so these bound how long one request can hold it (docs/broker.md, "Request limits"):
+# a bundle of BUNDLE_MAX_MESSAGES messages of 500 bytes parses in about 13 ms, and the slowest
+# BUNDLE_MAX_BYTES body measured (the smallest messages) in about 60 ms, against a lease margin of
+# at least 250 ms (bench/bench_request_bounds.py). A backend with more to send
+# sends more bundles; the broker refuses a larger one with HOSTILE_XML naming the limit.
+BUNDLE_MAX_MESSAGES: Final = 1000
+BUNDLE_MAX_BYTES: Final = 1024 * 1024
+OPERATOR_REQUEST_MAX_BYTES: Final = 64 * 1024  # a Heartbeat is under 1 KB; ListHeld et al. too
+
 
 class BrokerState(StrEnum):
     """What a broker says it is in its Heartbeat reply."""
