@@ -157,6 +157,10 @@ def build_envelope(account: str, company: str, messages: Sequence[tuple[str, int
     return "".join(parts).encode()
 
 
+# The XML around one message's payload in a bundle (tags, stream name, seq, msgId), generously.
+_MESSAGE_OVERHEAD_BYTES = 256
+
+
 class BackendSimulator:
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
@@ -169,6 +173,15 @@ class BackendSimulator:
         record = settings.record_dir / "inbound-received.log" if settings.record_dir else None
         self.inbound = Receiver(record)
         self._filler = ("x" * settings.payload_bytes)[: max(0, settings.payload_bytes - 40)]
+        # As many messages as the broker takes in one bundle (the contract's count and byte bounds):
+        # a large --payload-bytes makes smaller bundles rather than bundles the broker refuses.
+        per_message = settings.payload_bytes + _MESSAGE_OVERHEAD_BYTES
+        self._bundle_room = max(
+            1,
+            min(
+                settings.bundle_size, soap.BUNDLE_MAX_MESSAGES, (soap.BUNDLE_MAX_BYTES - 4096) // per_message
+            ),
+        )
         self._poison = {(s, q): n for s, q, n in settings.poison}
         self._broker_index = 0
         self._lanes: list[asyncio.Task[None]] = []
@@ -234,7 +247,7 @@ class BackendSimulator:
     ) -> list[tuple[StreamSource, int, int]]:
         """Pick ``(source, first seq, count)`` slices, rotating the starting stream for fairness."""
         picked = []
-        room = self.settings.bundle_size
+        room = self._bundle_room
         count = len(lane_sources)
         for offset in range(count):
             source = lane_sources[(start + offset) % count]

@@ -20,7 +20,7 @@ import pytest
 from lxml import etree
 
 from broker_contracts import relay
-from broker_contracts.soap import AcceptStatus
+from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, AcceptStatus
 from broker_service import soap_codec
 from broker_service.__main__ import use_fastest_event_loop
 from broker_simulators import target_rules
@@ -147,3 +147,23 @@ def test_the_backend_builds_the_same_envelope_on_its_fast_path(
     assert (body, count) == (build_envelope("acme", "1000", messages), 6)
     parsed = soap_codec.parse_request(body)
     assert isinstance(parsed, soap_codec.SendMessagesRequest) and parsed.seqs == [1, 2, 1, 2, 1, 2]
+
+
+@pytest.mark.parametrize(("payload_bytes", "bundle_size"), [(20_000, 100), (100, 5_000)])
+def test_the_backend_never_builds_a_bundle_past_the_contracts_bounds(
+    payload_bytes: int, bundle_size: int
+) -> None:
+    """Large payloads or a large --bundle-size make smaller bundles, not bundles the broker refuses."""
+    sim = BackendSimulator(
+        BackendSettings(
+            broker_urls=["http://u"],
+            streams=2,
+            messages_per_stream=10_000,
+            bundle_size=bundle_size,
+            per_stream_in_bundle=10_000,
+            payload_bytes=payload_bytes,
+        )
+    )
+    body, count = sim._bundle_body(sim._bundle_for(sim.sources, 0))
+    assert 1 < count <= BUNDLE_MAX_MESSAGES
+    assert len(body) <= BUNDLE_MAX_BYTES
