@@ -4,11 +4,12 @@ One aiohttp application per process. The SOAP endpoint is the only way in for
 the backend (``SendMessages``) and the operator (``Heartbeat`` and the admin
 operations on held messages). Order of checks on ``POST /soap``:
 
-1. Credentials, before the body is read: the ``Authorization: Bearer`` value
-   must be one of the broker's two credentials, the operator's (``--token-file``)
-   or the backend's (``--backend-token-file``). Anything else is an
-   ``UNAUTHENTICATED`` fault, so an anonymous caller costs a few constant-time
-   compares and a ``stat`` of the credential files, and never reaches the XML parser.
+1. Credentials, before the body is read: the SHA-256 of the ``Authorization: Bearer``
+   value must be one of the broker's two verifiers, the operator's token's
+   (``--token-verifier-file``) or the backend's (``--backend-token-verifier-file``).
+   Anything else is an ``UNAUTHENTICATED`` fault, counted and logged (rate-limited), so
+   an anonymous caller costs one hash, a few constant-time compares and a ``stat`` of
+   the verifier files, and never reaches the XML parser.
    The credentials follow their mounted Secret files, with a grace window for the
    value a rotation replaced (``credentials.py``).
 2. Body size: aiohttp's ``client_max_size`` caps what it reads; an oversized
@@ -46,7 +47,7 @@ from aiohttp import web
 from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
-from broker_service.credentials import BrokerCredentials, Role
+from broker_service.credentials import AuthFailure, AuthFailureLog, BrokerCredentials, Role
 from broker_service.lifecycle import Broker
 from broker_service.soap_codec import (
     HeartbeatRequest,
@@ -84,6 +85,12 @@ CREDENTIALS_KEY: web.AppKey[BrokerCredentials] = web.AppKey("credentials", Broke
 # when one port serves everything.
 REFUSED_KEY: web.AppKey[Mapping[type, str]] = web.AppKey("refused_operations", Mapping)
 _ADMIN_REQUESTS = (HeartbeatRequest, ListHeldRequest, HeldRefRequest)
+# The role a listener's calls need, known from what it refuses (before the body is parsed):
+# the admin port serves the operator, a main port beside it the backend, a single port either.
+_NEEDED_ROLE = {
+    frozenset(_ADMIN_REQUESTS): Role.BACKEND.value,
+    frozenset({SendMessagesRequest}): Role.OPERATOR.value,
+}
 
 
 def _refused_on_main(admin_port: int) -> dict[type, str]:
@@ -109,37 +116,50 @@ def _refused_on_admin(main_port: int) -> dict[type, str]:
 
 
 def _caller_role(request: web.Request, credentials: BrokerCredentials) -> Role:
-    """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault."""
+    """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault (counted
+    and logged, rate-limited, by ``credentials.failures``)."""
     scheme, _, presented = request.headers.get(AUTH_HEADER, "").partition(" ")
-    if scheme == AUTH_SCHEME and presented:
-        # Compared in constant time, the backend's first (the hot path); a value that matches
-        # neither makes the credentials look at their files at once (a rotation may be under way).
+    reason = AuthFailure.MISSING
+    if scheme == AUTH_SCHEME and presented.strip():
+        # Hashed once and compared in constant time, the backend's first (the hot path); a value
+        # that matches neither makes the credentials look at their files at once (a rotation may
+        # be under way).
         role = credentials.role_of(presented.strip().encode())
         if role is not None:
             return role
+        reason = AuthFailure.UNKNOWN
+    refused: Mapping[type, str] = request.app[REFUSED_KEY]
+    needed = _NEEDED_ROLE.get(frozenset(refused), "any")
+    credentials.failures.record(needed, reason, request.remote, f"{request.method} {request.path}")
     raise SoapFaultError(
         FaultCode.UNAUTHENTICATED,
         f"missing or unknown credential: send 'Authorization: {AUTH_SCHEME} <token>' with the backend's "
-        "credential for SendMessages (the broker's --backend-token-file Secret) or the operator's for "
-        "Heartbeat and the admin operations (its --token-file Secret)",
+        "token for SendMessages (verified by the broker's --backend-token-verifier-file) or the operator's "
+        "for Heartbeat and the admin operations (verified by its --token-verifier-file)",
     )
 
 
-def _check_role(parsed: SoapRequest, role: Role) -> None:
+def _check_role(parsed: SoapRequest, role: Role, request: web.Request) -> None:
     """Each role may call only its own operations; the other role's credential changes nothing."""
+    needed = Role.BACKEND if isinstance(parsed, SendMessagesRequest) else Role.OPERATOR
+    if role is not needed:
+        operation = type(parsed).__name__.removesuffix("Request")
+        request.app[CREDENTIALS_KEY].failures.record(
+            needed.value, AuthFailure.WRONG_ROLE, request.remote, f"SOAP {operation}"
+        )
     if isinstance(parsed, SendMessagesRequest):
         if role is not Role.BACKEND:
             raise SoapFaultError(
                 FaultCode.UNAUTHENTICATED,
-                "SendMessages needs the backend's credential (the broker's --backend-token-file "
-                "Secret); the operator's token is not accepted for it",
+                "SendMessages needs the backend's token (verified by the broker's "
+                "--backend-token-verifier-file); the operator's token is not accepted for it",
             )
     elif role is not Role.OPERATOR:
         operation = type(parsed).__name__.removesuffix("Request")
         raise SoapFaultError(
             FaultCode.UNAUTHENTICATED,
-            f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential "
-            "(the broker's --token-file Secret); the backend's credential is accepted for SendMessages only",
+            f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's token (verified "
+            "by the broker's --token-verifier-file); the backend's is accepted for SendMessages only",
         )
 
 
@@ -159,7 +179,7 @@ async def soap_post(request: web.Request) -> web.Response:
         refused = request.app[REFUSED_KEY]
         if refused and type(parsed) in refused:
             raise SoapFaultError(FaultCode.WRONG_PORT, refused[type(parsed)])
-        _check_role(parsed, role)
+        _check_role(parsed, role, request)
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
             payload = soap_codec.render_send_messages(epoch, results)
@@ -227,7 +247,9 @@ def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[t
 def build_app(broker: Broker) -> web.Application:
     """The main listener's application; with an admin port, it also runs the admin listener."""
     settings = broker.settings
-    credentials = BrokerCredentials.from_settings(settings)
+    credentials = BrokerCredentials.from_settings(
+        settings, failures=AuthFailureLog(broker.metrics.auth_failures)
+    )
     admin_port = settings.admin_port
     app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)
