@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from broker_contracts.token_verifier import MIN_TOKEN_BYTES, token_verifier
 from broker_operator.controller import names
@@ -120,10 +121,25 @@ async def sync_verifiers(
     if problem is not None or operator_token is None or backend_token is None:
         return VerifierSync(operator_token if operator_problem is None else None, problem)
     wanted = build_verifier_secret(owner, operator_token, backend_token)
-    current = await api.read_secret_data(namespace, wanted["metadata"]["name"])
+    name = wanted["metadata"]["name"]
+    current = await api.read_secret_data(namespace, name)
     if current == wanted["stringData"]:
         return VerifierSync(operator_token, None)
-    if current is None and await api.create(wanted):
-        return VerifierSync(operator_token, None, written=True)
-    await api.patch_secret_data(namespace, wanted["metadata"]["name"], wanted["stringData"])
+    try:
+        if current is None and await api.create(wanted):
+            return VerifierSync(operator_token, None, written=True)
+        await api.patch_secret_data(namespace, name, wanted["stringData"])
+    except ApiException as error:
+        if error.status not in _WRITE_REFUSED:
+            raise
+        # Said, not raised: the brokers keep the verifiers they have, which still open their calls
+        # for the tokens the operator held until now.
+        return VerifierSync(
+            operator_token,
+            f"Secret {namespace}/{name} (the brokers' verifiers) could not be written: the API server "
+            f"answered {error.status} {error.reason}; the operator's RBAC needs secrets create and patch",
+        )
     return VerifierSync(operator_token, None, written=True)
+
+
+_WRITE_REFUSED = {403, 422}  # forbidden (an RBAC from before verifiers), or refused as invalid

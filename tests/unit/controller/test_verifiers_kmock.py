@@ -5,7 +5,10 @@ nothing, and a rotated token reaches the verifiers through the heartbeat daemon'
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
+from collections.abc import Callable
 from typing import Any
 
 import kmock
@@ -46,6 +49,17 @@ async def put_token(api: kmock.KubernetesEmulator, name: str, token: str, *, cre
     else:
         response = await api.patch(f"{SECRETS_URL}/{name}", json={"data": data, "stringData": None})
     assert response.status < 300, await response.text()
+
+
+async def eventually_in_real_time(check: Callable[[], bool], *, seconds: float = 20.0) -> None:
+    """Like ``eventually``, but bounded by the real clock as well: the daemon's token re-read is
+    due by ``time.monotonic`` and throttled to once a real second (heartbeat_client), which loop
+    time, faked by looptime, would otherwise outrun."""
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(time.sleep, 0.02)  # let real time pass too, without spinning
+    assert check(), "condition never held"
 
 
 def tokens_condition(api: kmock.KubernetesEmulator, cluster: str) -> dict[str, Any] | None:
@@ -121,7 +135,7 @@ async def test_a_rotated_token_reaches_the_verifiers_through_the_daemons_re_read
         # Endpoints mode: the engine runs (its brokers refuse connections), so its daemon re-reads.
         await eventually(lambda: (cluster_status(kmock, "ext").get("epoch") or 0) >= 1)
         await put_token(kmock, "user-token", second, create=False)
-        await eventually(
+        await eventually_in_real_time(
             lambda: (
                 secret_value(kmock, "ext-broker-verifiers", "operator-token.sha256") == token_verifier(second)
             )
