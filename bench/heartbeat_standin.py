@@ -20,7 +20,7 @@ import time
 
 __all__ = ["TOKEN", "Renewals", "StandinProtocol", "address", "serve_standin"]
 
-TOKEN = "bench-operator-token"
+TOKEN = "bench-operator-token-of-32-bytes"  # the operator refuses a token under 32 bytes
 _ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
 _EPOCH = re.compile(rb"<(?:\w+:)?epoch>(\d+)</")
 _LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")

@@ -51,6 +51,14 @@ class BrokerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
+        # Refused credentials by the role the call needed and why (credentials.AuthFailure): a
+        # rising count is someone guessing or a rotation gone wrong. Never the presented value.
+        self.auth_failures = Counter(
+            "broker_auth_failures",
+            "Calls refused for their credential, by the role the call needed and the reason",
+            ["role", "reason"],
+            registry=r,
+        )
         self.relay_failures = Counter(
             "broker_relay_failures", "Calls to a target that failed in transport", ["target"], registry=r
         )

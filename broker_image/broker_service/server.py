@@ -4,11 +4,12 @@ One aiohttp application per process. The SOAP endpoint is the only way in for
 the backend (``SendMessages``) and the operator (``Heartbeat`` and the admin
 operations on held messages). Order of checks on ``POST /soap``:
 
-1. Credentials, before the body is read: the ``Authorization: Bearer`` value
-   must be one of the broker's two credentials, the operator's (``--token-file``)
-   or the backend's (``--backend-token-file``). Anything else is an
-   ``UNAUTHENTICATED`` fault, so an anonymous caller costs a few constant-time
-   compares and a ``stat`` of the credential files, and never reaches the XML parser.
+1. Credentials, before the body is read: the SHA-256 of the ``Authorization: Bearer``
+   value must be one of the broker's two verifiers, the operator's token's
+   (``--token-verifier-file``) or the backend's (``--backend-token-verifier-file``).
+   Anything else is an ``UNAUTHENTICATED`` fault, counted and logged (rate-limited), so
+   an anonymous caller costs one hash, a few constant-time compares and a ``stat`` of
+   the verifier files, and never reaches the XML parser.
    The credentials follow their mounted Secret files, with a grace window for the
    value a rotation replaced (``credentials.py``).
 2. The role's port, before the body is read: with ``--admin-port``, the operator's credential
@@ -47,14 +48,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
 from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
 from broker_service import soap_codec
-from broker_service.credentials import BrokerCredentials, Role
+from broker_service.credentials import AuthFailure, AuthFailureLog, BrokerCredentials, Role
 from broker_service.lifecycle import Broker
 from broker_service.listener import ListenerRunner
 from broker_service.settings import BrokerSettings
@@ -121,43 +122,66 @@ def _refused_on_admin(main_port: int) -> dict[Role, str]:
     }
 
 
+def _needed_role(refused: Mapping[Role, str]) -> str:
+    """The role a listener's calls need, known before the body is read from the role it refuses:
+    the admin port serves the operator, a main port beside it the backend, a single port either."""
+    if len(refused) != 1:
+        return "any"
+    return (Role.BACKEND if Role.OPERATOR in refused else Role.OPERATOR).value
+
+
 def _caller_role(request: web.Request, credentials: BrokerCredentials) -> Role:
-    """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault."""
+    """The role whose credential the request carries, or an ``UNAUTHENTICATED`` fault (counted
+    and logged, rate-limited, by ``credentials.failures``)."""
     scheme, _, presented = request.headers.get(AUTH_HEADER, "").partition(" ")
-    if scheme == AUTH_SCHEME and presented:
-        # Compared in constant time, the backend's first (the hot path); a value that matches
-        # neither makes the credentials look at their files at once (a rotation may be under way).
+    reason = AuthFailure.MISSING
+    if scheme == AUTH_SCHEME and presented.strip():
+        # Hashed once and compared in constant time, the backend's first (the hot path); a value
+        # that matches neither makes the credentials look at their files at once (a rotation may
+        # be under way).
         role = credentials.role_of(presented.strip().encode())
         if role is not None:
             return role
+        reason = AuthFailure.UNKNOWN
+    needed = _needed_role(request.app[REFUSED_KEY])
+    credentials.failures.record(needed, reason, request.remote, f"{request.method} {request.path}")
     raise SoapFaultError(
         FaultCode.UNAUTHENTICATED,
         f"missing or unknown credential: send 'Authorization: {AUTH_SCHEME} <token>' with the backend's "
-        "credential for SendMessages (the broker's --backend-token-file Secret) or the operator's for "
-        "Heartbeat and the admin operations (its --token-file Secret)",
+        "token for SendMessages (verified by the broker's --backend-token-verifier-file) or the operator's "
+        "for Heartbeat and the admin operations (verified by its --token-verifier-file)",
     )
 
 
-def _other_roles_operation(operation: str) -> SoapFaultError:
-    """Each role may call only its own operations; the other role's credential changes nothing."""
-    if operation == "SendMessages":
+def _other_roles_operation(request: web.Request) -> Callable[[str], SoapFaultError]:
+    """Each role may call only its own operations; the other role's credential changes nothing,
+    and its use is counted and logged as a refused credential."""
+
+    def refused(operation: str) -> SoapFaultError:
+        needed = Role.BACKEND if operation == "SendMessages" else Role.OPERATOR
+        request.app[CREDENTIALS_KEY].failures.record(
+            needed.value, AuthFailure.WRONG_ROLE, request.remote, f"SOAP {operation}"
+        )
+        if needed is Role.BACKEND:
+            return SoapFaultError(
+                FaultCode.UNAUTHENTICATED,
+                "SendMessages needs the backend's token (verified by the broker's "
+                "--backend-token-verifier-file); the operator's token is not accepted for it",
+            )
         return SoapFaultError(
             FaultCode.UNAUTHENTICATED,
-            "SendMessages needs the backend's credential (the broker's --backend-token-file "
-            "Secret); the operator's token is not accepted for it",
+            f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's token (verified "
+            "by the broker's --token-verifier-file); the backend's is accepted for SendMessages only",
         )
-    return SoapFaultError(
-        FaultCode.UNAUTHENTICATED,
-        f"{operation} needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential "
-        "(the broker's --token-file Secret); the backend's credential is accepted for SendMessages only",
-    )
+
+    return refused
 
 
-def _parse(body: bytes, role: Role, settings: BrokerSettings) -> SoapRequest:
+def _parse(body: bytes, role: Role, settings: BrokerSettings, request: web.Request) -> SoapRequest:
     return soap_codec.parse_request(
         body,
         operations=_ROLE_OPERATIONS[role],
-        refused=_other_roles_operation,
+        refused=_other_roles_operation(request),
         max_namespaces=MAX_NAMESPACES_IN_SCOPE,
         max_messages=settings.bundle_max_messages,
     )
@@ -168,7 +192,7 @@ _AFTER_LONG_PARSE_SECONDS = 0.001
 
 
 async def _parse_in_turn(
-    turn: asyncio.Lock, body: bytes, role: Role, settings: BrokerSettings
+    turn: asyncio.Lock, body: bytes, role: Role, settings: BrokerSettings, request: web.Request
 ) -> SoapRequest:
     """Parse a backend request in its turn: one such parse per event-loop iteration.
 
@@ -183,7 +207,7 @@ async def _parse_in_turn(
     async with turn:
         started = time.perf_counter()
         try:
-            return _parse(body, role, settings)
+            return _parse(body, role, settings, request)
         finally:
             # After a long parse the lease watcher's timer is overdue; a timer of our own that
             # falls due after it makes this task resume (and hand the turn on) only once the
@@ -240,9 +264,9 @@ async def soap_post(request: web.Request) -> web.Response:
             )
             return _fault_response(fault, close=True)
         if role is Role.BACKEND:
-            parsed = await _parse_in_turn(request.app[PARSE_TURN_KEY], body, role, settings)
+            parsed = await _parse_in_turn(request.app[PARSE_TURN_KEY], body, role, settings, request)
         else:
-            parsed = _parse(body, role, settings)  # 64 KiB at most: under a millisecond
+            parsed = _parse(body, role, settings, request)  # 64 KiB at most: under a millisecond
         if isinstance(parsed, SendMessagesRequest):
             epoch, results = await broker.send_messages(parsed)
             payload = soap_codec.render_send_messages(epoch, results)
@@ -312,7 +336,9 @@ def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[R
 def build_app(broker: Broker) -> web.Application:
     """The main listener's application; with an admin port, it also runs the admin listener."""
     settings = broker.settings
-    credentials = BrokerCredentials.from_settings(settings)
+    credentials = BrokerCredentials.from_settings(
+        settings, failures=AuthFailureLog(broker.metrics.auth_failures)
+    )
     admin_port = settings.admin_port
     app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)

@@ -24,6 +24,7 @@ from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
 from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_service.target_credentials import TargetCredentialError, relay_target
+from broker_contracts.token_verifier import VerifierError, parse_verifier
 
 
 class PoisonPolicy(StrEnum):
@@ -59,14 +60,16 @@ class BrokerSettings:
     # putting it in a URL.
     backend_credentials_dir: Path | None = None
     cloud_credentials_dir: Path | None = None
-    token: str = ""  # the operator's credential: Heartbeat and the admin operations
-    backend_token: str = ""  # the backend's credential: SendMessages only
+    # Verifiers ("sha256:<hex>", broker_contracts.token_verifier), never the tokens themselves:
+    # the operator's token opens Heartbeat and the admin operations, the backend's SendMessages.
+    token_verifier: str = ""
+    backend_token_verifier: str = ""
     # The files they were read from (None: given as a value in the environment, never re-read).
-    # The broker re-reads a file when it changes and accepts the value it replaced for
+    # The broker re-reads a file when it changes and accepts the token it replaced for
     # token_grace_seconds more (credentials.py: a rotated Secret reaches pods and the operator
     # at different instants).
-    token_file: Path | None = None
-    backend_token_file: Path | None = None
+    token_verifier_file: Path | None = None
+    backend_token_verifier_file: Path | None = None
     token_grace_seconds: float = 30.0
     lease_seconds: float = 5.0
     max_deliveries: int = 5
@@ -141,8 +144,8 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--cloud-url", environment.BROKER_CLOUD_URL, ""),
     ("--backend-credentials-dir", environment.BROKER_BACKEND_CREDENTIALS_DIR, None),
     ("--cloud-credentials-dir", environment.BROKER_CLOUD_CREDENTIALS_DIR, None),
-    ("--token-file", environment.BROKER_TOKEN_FILE, None),
-    ("--backend-token-file", environment.BROKER_BACKEND_TOKEN_FILE, None),
+    ("--token-verifier-file", environment.BROKER_TOKEN_VERIFIER_FILE, None),
+    ("--backend-token-verifier-file", environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE, None),
     ("--token-grace-seconds", environment.BROKER_TOKEN_GRACE_SECONDS, "30"),
     ("--lease-seconds", BROKER_LEASE_SECONDS, "5"),
     ("--max-deliveries", environment.BROKER_MAX_DELIVERIES, "5"),
@@ -206,13 +209,13 @@ def parse_settings(
     name = raw["name"] or environ.get("HOSTNAME", "broker")
     if raw["data_dir"] is None:
         raise SettingsError("--data-dir / BROKER_DATA_DIR is required: the journal and the epoch live there")
-    token = _read_credential(raw["token_file"], environ, _OPERATOR_CREDENTIAL)
-    backend_token = _read_credential(raw["backend_token_file"], environ, _BACKEND_CREDENTIAL)
-    if backend_token == token:
+    token_verifier = _read_verifier(raw["token_verifier_file"], environ, _OPERATOR_CREDENTIAL)
+    backend_token_verifier = _read_verifier(raw["backend_token_verifier_file"], environ, _BACKEND_CREDENTIAL)
+    if backend_token_verifier == token_verifier:
         raise SettingsError(
-            "--backend-token-file / BROKER_BACKEND_TOKEN holds the same value as the operator's token "
-            "(--token-file / BROKER_TOKEN); give the backend a credential of its own, or whoever can "
-            "send bundles could also switch the broker"
+            "--backend-token-verifier-file / BROKER_BACKEND_TOKEN_VERIFIER holds the operator's verifier "
+            "(--token-verifier-file / BROKER_TOKEN_VERIFIER); give the backend a token of its own, or "
+            "whoever can send bundles could also switch the broker"
         )
     port = int(_number(str(raw["port"]), "--port", environment.BROKER_PORT, int, 0))
     if args.relay_reply_limit_bytes < 1024:
@@ -248,10 +251,12 @@ def parse_settings(
         cloud_url=cloud_url,
         backend_credentials_dir=backend_credentials_dir,
         cloud_credentials_dir=cloud_credentials_dir,
-        token=token,
-        backend_token=backend_token,
-        token_file=Path(raw["token_file"]) if raw["token_file"] else None,
-        backend_token_file=Path(raw["backend_token_file"]) if raw["backend_token_file"] else None,
+        token_verifier=token_verifier,
+        backend_token_verifier=backend_token_verifier,
+        token_verifier_file=Path(raw["token_verifier_file"]) if raw["token_verifier_file"] else None,
+        backend_token_verifier_file=(
+            Path(raw["backend_token_verifier_file"]) if raw["backend_token_verifier_file"] else None
+        ),
         token_grace_seconds=_number(
             str(raw["token_grace_seconds"]),
             "--token-grace-seconds",
@@ -318,38 +323,61 @@ class _Credential:
     file_flag: str
     file_env: str
     value_env: str
+    token_env: str  # where the token itself would be: refused in the broker's environment
     used_for: str
 
 
 _OPERATOR_CREDENTIAL = _Credential(
-    "--token-file",
-    environment.BROKER_TOKEN_FILE,
+    "--token-verifier-file",
+    environment.BROKER_TOKEN_VERIFIER_FILE,
+    environment.BROKER_TOKEN_VERIFIER,
     environment.BROKER_TOKEN,
     "Heartbeat and the admin operations refuse",
 )
 _BACKEND_CREDENTIAL = _Credential(
-    "--backend-token-file",
-    environment.BROKER_BACKEND_TOKEN_FILE,
+    "--backend-token-verifier-file",
+    environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE,
+    environment.BROKER_BACKEND_TOKEN_VERIFIER,
     environment.BROKER_BACKEND_TOKEN,
     "SendMessages refuses",
 )
 
 
-def _read_credential(path: str | None, environ: Mapping[str, str], credential: _Credential) -> str:
-    """A bearer credential: the mounted Secret file wins over the value in the environment."""
+def _read_verifier(path: str | None, environ: Mapping[str, str], credential: _Credential) -> str:
+    """A token's verifier: the mounted Secret file wins over the value in the environment.
+
+    The broker holds verifiers only, so a token in its environment is refused rather than
+    ignored: it would sit in ``/proc/<pid>/environ`` for anyone who reads the process. There is
+    no minimum token length here: a digest says nothing of the token's length or entropy, so that
+    check is made where the token is (the operator refuses a short one from a user's Secret).
+    """
+    if environ.get(credential.token_env, "").strip():
+        raise SettingsError(
+            f"{credential.token_env} is set in the broker's environment: a broker holds only the token's "
+            f"verifier, never the token; unset it and give {credential.value_env} or {credential.file_flag} "
+            "(python -m broker_contracts.token_verifier prints one from a token on stdin)"
+        )
     names = f"{credential.file_flag} / {credential.file_env}"
     if path:
         try:
-            value = Path(path).read_text(encoding="utf-8").strip()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise SettingsError(f"{names} = {path!r} cannot be read: {error}") from None
-        if not value:
+        if not text.strip():
             raise SettingsError(f"{names} = {path!r} is empty")
-        return value
-    value = environ.get(credential.value_env, "").strip()
-    if not value:
+        return _verifier(text, f"{names} = {path!r}")
+    value = environ.get(credential.value_env, "")
+    if not value.strip():
         raise SettingsError(
-            f"no credential: set {names} (the mounted Secret) or {credential.value_env}; "
+            f"no credential: set {names} (the mounted verifier Secret) or {credential.value_env}; "
             f"{credential.used_for} every call without it"
         )
-    return value
+    return _verifier(value, credential.value_env)
+
+
+def _verifier(text: str, source: str) -> str:
+    try:
+        parse_verifier(text)
+    except VerifierError as error:  # the message never holds the text: it may be a token
+        raise SettingsError(f"{source}: {error}") from None
+    return text.strip()

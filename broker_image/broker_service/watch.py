@@ -27,7 +27,7 @@ import os
 from aiohttp import web
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME
-from broker_service.credentials import BrokerCredentials, Role
+from broker_service.credentials import AuthFailure, BrokerCredentials, Role
 
 WATCH_PATH = "/watch"
 KEEPALIVE_SECONDS = 5.0
@@ -46,7 +46,16 @@ def add_watch(app: web.Application, credentials: BrokerCredentials, broker_name:
     async def watch(request: web.Request) -> web.StreamResponse:
         scheme, _, presented = request.headers.get(AUTH_HEADER, "").partition(" ")
         given = presented.strip().encode() if scheme == AUTH_SCHEME else b""
-        if not given or credentials.role_of(given) is not Role.OPERATOR:
+        role = credentials.role_of(given) if given else None
+        if role is not Role.OPERATOR:
+            reason = (
+                AuthFailure.MISSING
+                if not given
+                else AuthFailure.UNKNOWN
+                if role is None
+                else AuthFailure.WRONG_ROLE
+            )
+            credentials.failures.record(Role.OPERATOR.value, reason, request.remote, f"GET {WATCH_PATH}")
             raise web.HTTPUnauthorized(
                 text=f"/watch needs 'Authorization: {AUTH_SCHEME} <token>' with the operator's credential\n"
             )

@@ -27,18 +27,26 @@ BROKER_CLOUD_URL: Final = "BROKER_CLOUD_URL"
 # the backend and the cloud: spec.backend/cloud.credentialsSecretRef, mounted.
 BROKER_BACKEND_CREDENTIALS_DIR: Final = "BROKER_BACKEND_CREDENTIALS_DIR"
 BROKER_CLOUD_CREDENTIALS_DIR: Final = "BROKER_CLOUD_CREDENTIALS_DIR"
-BROKER_TOKEN_FILE: Final = "BROKER_TOKEN_FILE"
-BROKER_BACKEND_TOKEN_FILE: Final = "BROKER_BACKEND_TOKEN_FILE"
+# The tokens' verifiers (broker_contracts.token_verifier) as files: a broker never holds a token.
+BROKER_TOKEN_VERIFIER_FILE: Final = "BROKER_TOKEN_VERIFIER_FILE"
+BROKER_BACKEND_TOKEN_VERIFIER_FILE: Final = "BROKER_BACKEND_TOKEN_VERIFIER_FILE"
 # How long an Active broker stays Active without an active=true heartbeat: spec.heartbeat.leaseSeconds.
 BROKER_LEASE_SECONDS: Final = "BROKER_LEASE_SECONDS"
 BROKER_MAX_DELIVERIES: Final = "BROKER_MAX_DELIVERIES"
 BROKER_ON_POISON: Final = "BROKER_ON_POISON"
 
-# Read by the broker (and the simulators) but never set by the operator in a pod, which mounts
-# the credentials as files (the *_FILE names above) and leaves the grace period at its default.
-BROKER_TOKEN: Final = "BROKER_TOKEN"  # the operator's credential as a value (local runs)
-BROKER_BACKEND_TOKEN: Final = "BROKER_BACKEND_TOKEN"  # the backend's credential as a value
+# Read by the broker but never set by the operator in a pod, which mounts the verifiers as files
+# (the *_FILE names above) and leaves the grace period at its default.
+BROKER_TOKEN_VERIFIER: Final = "BROKER_TOKEN_VERIFIER"  # the operator's token's verifier as a value
+BROKER_BACKEND_TOKEN_VERIFIER: Final = "BROKER_BACKEND_TOKEN_VERIFIER"
 BROKER_TOKEN_GRACE_SECONDS: Final = "BROKER_TOKEN_GRACE_SECONDS"
+
+# The tokens themselves, read by their holders only: the local runner (the operator's token) and
+# the backend simulator (the backend's, with its file in BROKER_BACKEND_TOKEN_FILE). A broker that
+# finds either in its environment refuses to start: it holds verifiers only.
+BROKER_TOKEN: Final = "BROKER_TOKEN"
+BROKER_BACKEND_TOKEN: Final = "BROKER_BACKEND_TOKEN"
+BROKER_BACKEND_TOKEN_FILE: Final = "BROKER_BACKEND_TOKEN_FILE"
 
 POD_ENVIRONMENT: Final = (
     BROKER_HOST,
@@ -54,8 +62,8 @@ POD_ENVIRONMENT: Final = (
     BROKER_CLOUD_URL,
     BROKER_BACKEND_CREDENTIALS_DIR,
     BROKER_CLOUD_CREDENTIALS_DIR,
-    BROKER_TOKEN_FILE,
-    BROKER_BACKEND_TOKEN_FILE,
+    BROKER_TOKEN_VERIFIER_FILE,
+    BROKER_BACKEND_TOKEN_VERIFIER_FILE,
     BROKER_LEASE_SECONDS,
     BROKER_MAX_DELIVERIES,
     BROKER_ON_POISON,

@@ -22,9 +22,10 @@ module-level functions (then call :func:`stop_all_started` in teardown)::
 A broker activates only if its backend and cloud answer (the activation sends
 the resend request and probes the cloud), so start both simulators for a
 broker you want to heartbeat into Active. Heartbeat it with zeep built from
-``broker.soap_url + "?wsdl"`` and ``Authorization: Bearer <token>``. The broker
-and the backend simulator share the backend's credential (:data:`DEFAULT_BACKEND_TOKEN`
-unless ``backend_token`` says otherwise); ``SendMessages`` needs it, not the operator's token.
+``broker.soap_url + "?wsdl"`` and ``Authorization: Bearer <token>``. The backend simulator
+holds the backend's credential (:data:`DEFAULT_BACKEND_TOKEN` unless ``backend_token`` says
+otherwise) and the broker its verifier only, as it does the operator token's;
+``SendMessages`` needs the backend's, not the operator's token.
 
 Not here: assertions or SOAP clients; see ``tests/integration/broker/helpers.py``.
 """
@@ -47,10 +48,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker_contracts.environment import BROKER_BACKEND_TOKEN, BROKER_TOKEN
+from broker_contracts.token_verifier import token_verifier
+
 PYTHON = sys.executable
+_TOKEN_VARIABLES = frozenset({BROKER_TOKEN, BROKER_BACKEND_TOKEN})
 DEFAULT_TOKEN = "integration-test-token"
 DEFAULT_BACKEND_TOKEN = "integration-backend-token"
 """The backend's credential for SendMessages; brokers refuse it for anything else."""
+TOKEN_VERIFIER_FILE = "token.sha256"
+BACKEND_TOKEN_VERIFIER_FILE = "backend-token.sha256"
+"""Where :meth:`ProcessSet.start_broker` writes the verifiers, in the broker's work directory."""
 
 
 def loopback_host() -> str:
@@ -154,7 +162,9 @@ class RunningProcess:
 def _launch(name: str, argv: list[str], host: str, port: int, workdir: Path) -> RunningProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name}.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # No token from the caller's environment: a broker refuses to start with one there.
+    full_env = {key: value for key, value in os.environ.items() if key not in _TOKEN_VARIABLES}
+    full_env["PYTHONUNBUFFERED"] = "1"
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
     log.close()
@@ -171,8 +181,8 @@ def broker_argv(
     data_dir: Path,
     backend_url: str,
     cloud_url: str,
-    token_file: Path,
-    backend_token_file: Path,
+    token_verifier_file: Path,
+    backend_token_verifier_file: Path,
     cluster: str,
     account: str,
     company: str,
@@ -204,10 +214,10 @@ def broker_argv(
         backend_url,
         "--cloud-url",
         cloud_url,
-        "--token-file",
-        str(token_file),
-        "--backend-token-file",
-        str(backend_token_file),
+        "--token-verifier-file",
+        str(token_verifier_file),
+        "--backend-token-verifier-file",
+        str(backend_token_verifier_file),
         "--lease-seconds",
         str(lease_seconds),
         "--max-deliveries",
@@ -257,10 +267,11 @@ class ProcessSet:
         """A ``broker-service`` process, Inactive, with its own data dir under ``tmp_path/name``."""
         workdir = (tmp_path or self.root) / name
         workdir.mkdir(parents=True, exist_ok=True)
-        token_file = workdir / "token"
-        token_file.write_text(token + "\n")
-        backend_token_file = workdir / "backend-token"
-        backend_token_file.write_text(backend_token + "\n")
+        # The broker gets the tokens' verifiers, never the tokens (broker_contracts.token_verifier).
+        token_verifier_file = workdir / TOKEN_VERIFIER_FILE
+        token_verifier_file.write_text(token_verifier(token) + "\n")
+        backend_token_verifier_file = workdir / BACKEND_TOKEN_VERIFIER_FILE
+        backend_token_verifier_file.write_text(token_verifier(backend_token) + "\n")
         host = host or loopback_host()
         port = port or free_port(host)
         argv = broker_argv(
@@ -270,8 +281,8 @@ class ProcessSet:
             data_dir=data_dir or workdir / "data",
             backend_url=backend_url,
             cloud_url=cloud_url,
-            token_file=token_file,
-            backend_token_file=backend_token_file,
+            token_verifier_file=token_verifier_file,
+            backend_token_verifier_file=backend_token_verifier_file,
             cluster=cluster,
             account=account,
             company=company,

@@ -45,10 +45,11 @@ def test_bench_operator_k8s_smoke(tmp_path_factory: pytest.TempPathFactory) -> N
     )
     assert re.search(rf"^N={CLUSTERS} clusters, 2 operator shards ", run.stdout, re.MULTILINE), run.explain()
     # Read from the audit log, so attributed to the operator's ServiceAccount: each cluster's
-    # generated backend token, created once (the operator remembers what it created per generation),
-    # by the one shard that drives it (a second shard driving it too would try a second create).
+    # generated backend token and its brokers' verifier Secret, each created once (the operator
+    # remembers what it created per generation), by the one shard that drives it (a second shard
+    # driving it too would try a second create).
     created = counts(run, r"^  whole run, operator writes: .*\bcreate secrets (?P<secrets>\d+)")
-    assert created == {"secrets": CLUSTERS}, run.explain()
+    assert created == {"secrets": 2 * CLUSTERS}, run.explain()
     # After the window the operator is restarted and every cluster's active renewed by the new
     # process: the stand-ins report one longest gap per active broker (how long is a timing, read
     # and not judged; the bench fails if any is never renewed).

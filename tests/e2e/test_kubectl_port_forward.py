@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from broker_contracts.token_verifier import token_verifier
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import PYTHON_IMAGE, installed_crd, wait_for
@@ -210,8 +211,9 @@ def _broker_pod(name: str, cluster: str) -> str:
         "BROKER_CLUSTER": cluster,
         "BROKER_DATA_DIR": "/var/lib/broker",
         "BROKER_ADMIN_PORT": "8081",
-        "BROKER_TOKEN": OPERATOR_TOKEN,
-        "BROKER_BACKEND_TOKEN": "port-forward-test-backend-token",
+        # Verifiers only: a broker refuses to start with a token in its environment.
+        "BROKER_TOKEN_VERIFIER": token_verifier(OPERATOR_TOKEN),
+        "BROKER_BACKEND_TOKEN_VERIFIER": token_verifier("port-forward-test-backend-token"),
     }
     return json.dumps(
         {

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from broker_operator.controller import builders, names
+from broker_operator.controller import builders, names, verifiers
 from broker_operator.controller.spec import parse_spec
 from broker_operator.engine import BrokerTarget, HeartbeatClient
 from local_cluster.containerd_sandbox import BRIDGE_ADDRESS, ContainerdError, Volume
@@ -46,11 +46,12 @@ def owned_dir(path: Path, mode: int = 0o755) -> Path:
     return path
 
 
-def secret_dir(path: Path, value: str) -> Path:
-    """A Secret volume: one ``token`` file the pod's user can read."""
+def secret_dir(path: Path, files: dict[str, str]) -> Path:
+    """A Secret volume: ``files`` (key to content) the pod's user can read."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / names.TOKEN_FILE_KEY).write_text(value + "\n")
-    (path / names.TOKEN_FILE_KEY).chmod(0o444)
+    for key, value in files.items():
+        (path / key).write_text(value + "\n")
+        (path / key).chmod(0o444)
     return path
 
 
@@ -128,8 +129,10 @@ class RelayRun:
         self.volumes = {
             names.JOURNAL_VOLUME: self.data,
             names.MESSAGE_LOG_VOLUME: self.message_log,
-            names.TOKEN_VOLUME: secret_dir(root / "token", TOKEN),
-            names.BACKEND_TOKEN_VOLUME: secret_dir(root / "backend-token", BACKEND_TOKEN),
+            # What the operator's <cluster>-broker-verifiers holds: the tokens' verifiers, no token.
+            names.VERIFIER_VOLUME: secret_dir(
+                root / "verifiers", verifiers.verifier_data(TOKEN, BACKEND_TOKEN)
+            ),
         }
 
     def start(self) -> None:
@@ -143,7 +146,7 @@ class RelayRun:
             volumes=[Volume(owned_dir(self.root / "cloud-tmp"), "/tmp")],
         )
         backend = images.prepare("backend-simulator")
-        backend_secret = secret_dir(self.root / "backend-secret", BACKEND_TOKEN)
+        backend_secret = secret_dir(self.root / "backend-secret", {names.TOKEN_FILE_KEY: BACKEND_TOKEN})
         sandbox.run(
             "backend",
             backend,

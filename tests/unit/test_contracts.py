@@ -12,6 +12,7 @@ import zeep
 
 from broker_contracts import environment, message_log, soap, wsdl_path
 from broker_contracts.message_log import Event, MessageLogError
+from broker_contracts.token_verifier import token_verifier
 from broker_operator import heartbeat_client
 from broker_operator.controller import builders
 from broker_operator.controller.spec import parse_spec
@@ -166,15 +167,15 @@ def test_every_variable_the_operator_sets_in_a_broker_pod_is_read_by_the_broker(
     assert {env for _, env, _ in broker_settings._ENV_FLAGS} <= declared
     # And the values round-trip: the broker reads what the operator meant (files and fields
     # resolved here as the kubelet would).
-    (tmp_path / "token").write_text("operator")
-    (tmp_path / "backend").write_text("backend")
+    (tmp_path / "token").write_text(token_verifier("operator"))
+    (tmp_path / "backend").write_text(token_verifier("backend"))
     resolved = {variable["name"]: variable.get("value", "orders-1") for variable in container["env"]}
     resolved |= {
         environment.BROKER_HOST: "127.0.0.1",
         environment.BROKER_DATA_DIR: str(tmp_path),
         environment.BROKER_MESSAGE_LOG_DIR: str(tmp_path / "log"),
-        environment.BROKER_TOKEN_FILE: str(tmp_path / "token"),
-        environment.BROKER_BACKEND_TOKEN_FILE: str(tmp_path / "backend"),
+        environment.BROKER_TOKEN_VERIFIER_FILE: str(tmp_path / "token"),
+        environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE: str(tmp_path / "backend"),
     }
     settings = broker_settings.parse_settings([], resolved)
     assert settings.lease_seconds == spec.heartbeat.lease_seconds == 7

@@ -1,5 +1,5 @@
-"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services, token Secrets,
-and the NetworkPolicy.
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services and the
+NetworkPolicy (the token and verifier Secrets are ``verifiers.py``'s).
 
 Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
 takes, so every field can be unit-tested without Kubernetes. Pods are built
@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -141,10 +140,14 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         {"name": environment.BROKER_COMPANY, "value": spec.company},
         {"name": environment.BROKER_DATA_DIR, "value": names.DATA_MOUNT},
         {"name": environment.BROKER_MESSAGE_LOG_DIR, "value": spec.message_log_mount},
-        {"name": environment.BROKER_TOKEN_FILE, "value": f"{names.TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}"},
+        # The tokens' verifiers, never the tokens (verifiers.py): a broker cannot call its peers.
         {
-            "name": environment.BROKER_BACKEND_TOKEN_FILE,
-            "value": f"{names.BACKEND_TOKEN_MOUNT}/{names.TOKEN_FILE_KEY}",
+            "name": environment.BROKER_TOKEN_VERIFIER_FILE,
+            "value": f"{names.TOKEN_MOUNT}/{names.OPERATOR_VERIFIER_KEY}",
+        },
+        {
+            "name": environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE,
+            "value": f"{names.TOKEN_MOUNT}/{names.BACKEND_VERIFIER_KEY}",
         },
         # "5", not "5.0" (the value is part of the template hash), and every digit of a decimal
         # lease such as 2.5 (":g" would keep six).
@@ -189,8 +192,7 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         "securityContext": container_security_context(spec),
         "volumeMounts": [
             {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
-            {"name": names.TOKEN_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
-            {"name": names.BACKEND_TOKEN_VOLUME, "mountPath": names.BACKEND_TOKEN_MOUNT, "readOnly": True},
+            {"name": names.VERIFIER_VOLUME, "mountPath": names.TOKEN_MOUNT, "readOnly": True},
             # Only this cluster's part of the shared store (issue 39): every cluster's brokers and
             # the validator share one claim and one uid, so the mount is the boundary. The broker
             # writes <message_log_mount>/<cluster>/<broker>/, inside this mount, and sees neither
@@ -210,8 +212,7 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
 
 
 def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]:
-    token = spec.token_ref(cluster)
-    backend_token = spec.backend_token_ref(cluster)
+    verifier_keys = (names.OPERATOR_VERIFIER_KEY, names.BACKEND_VERIFIER_KEY)
     message_log: Manifest = (
         {"persistentVolumeClaim": {"claimName": spec.message_log_claim}}
         if spec.message_log_claim
@@ -223,14 +224,10 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]
             "persistentVolumeClaim": {"claimName": names.journal_claim_name(cluster, ordinal)},
         },
         {
-            "name": names.TOKEN_VOLUME,
-            "secret": {"secretName": token.name, "items": [{"key": token.key, "path": names.TOKEN_FILE_KEY}]},
-        },
-        {
-            "name": names.BACKEND_TOKEN_VOLUME,
+            "name": names.VERIFIER_VOLUME,
             "secret": {
-                "secretName": backend_token.name,
-                "items": [{"key": backend_token.key, "path": names.TOKEN_FILE_KEY}],
+                "secretName": names.verifier_secret_name(cluster),
+                "items": [{"key": key, "path": key} for key in verifier_keys],
             },
         },
         {"name": names.MESSAGE_LOG_VOLUME, **message_log},
@@ -318,6 +315,9 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
             "restartPolicy": "Always",
             # SIGTERM makes the broker deactivate and drain before it exits 0.
             "terminationGracePeriodSeconds": 30,
+            # The broker never calls the Kubernetes API: a mounted ServiceAccount token would only
+            # be a credential for whoever took the pod over.
+            "automountServiceAccountToken": False,
             "securityContext": pod_security_context(spec),
             **pod_scheduling(cluster, spec),
             "containers": [broker_container(cluster, spec)],
@@ -491,16 +491,31 @@ def build_active_disruption_budget(owner: Mapping[str, Any], *, evictable: bool)
     }
 
 
+# Where brokers may send when spec.networkPolicy.egressTo lists nothing: the backend, the cloud and
+# an S3 message-log store may be anywhere, in the cluster (any pod: the peers' own policies decide)
+# or outside it, so every address except the link-local ranges, where clouds serve instance
+# metadata and with it the node's credentials (169.254.169.254, fd00:ec2::254).
+DEFAULT_EGRESS_PEERS: Final[tuple[Manifest, ...]] = (
+    {"namespaceSelector": {}},
+    {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}},
+    {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]}},
+)
+# DNS to any address: CoreDNS behind its Service, or a node-local cache on a link-local address.
+DNS_EGRESS: Final[Manifest] = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
 def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: OperatorPods) -> Manifest:
     """``<cluster>-brokers-ingress``: the admin port from the operator only, the main port from the
-    listed sources (``spec.networkPolicy.sendMessagesFrom``; every source when it is absent).
+    listed sources (``spec.networkPolicy.sendMessagesFrom``; every source when it is absent); and
+    egress to DNS and, over TCP, to ``spec.networkPolicy.egressTo`` (the backend, the cloud, an S3
+    message-log store), or when that is absent to :data:`DEFAULT_EGRESS_PEERS`.
 
-    Ingress only: brokers call the backend, the cloud and DNS, and a policy on their egress would
-    have to know all three. The operator is admitted to the main port too when sources are listed:
-    it sends nothing there (its token opens no SendMessages), but a pod created before brokers had
-    an admin port takes its heartbeats there until the rollout replaces it. Ports are named, so the
-    policy follows the container's ports. Probes come from the kubelet on the node, which most
-    network plugins admit whatever the policy says (docs/crd.md).
+    The operator is admitted to the main port too when sources are listed: it sends nothing there
+    (its token opens no SendMessages), but a pod created before brokers had an admin port takes
+    its heartbeats there until the rollout replaces it. Ports are named, so the policy follows the
+    container's ports. Probes come from the kubelet on the node, which most network plugins admit
+    whatever the policy says (docs/crd.md). A message-log volume (RWX) is mounted by the kubelet,
+    not reached by the pod, so it needs no egress rule.
     """
     cluster = owner["metadata"]["name"]
     policy = spec.network_policy
@@ -509,13 +524,14 @@ def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: 
     main_rule: Manifest = {"ports": [{"protocol": "TCP", "port": names.BROKER_PORT_NAME}]}
     if policy.send_messages_from is not None:
         main_rule["from"] = [*(dict(peer) for peer in policy.send_messages_from), operator.peer()]
+    destinations = DEFAULT_EGRESS_PEERS if policy.egress_to is None else policy.egress_to
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _owned_meta(owner, names.network_policy_name(cluster), cluster_labels(cluster)),
         "spec": {
             "podSelector": {"matchLabels": cluster_labels(cluster)},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {
                     "from": [operator.peer()],
@@ -523,28 +539,9 @@ def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: 
                 },
                 main_rule,
             ],
+            "egress": [
+                copy.deepcopy(DNS_EGRESS),
+                {"to": copy.deepcopy([dict(peer) for peer in destinations]), "ports": [{"protocol": "TCP"}]},
+            ],
         },
     }
-
-
-def _random_token_secret(owner: Mapping[str, Any], name: str) -> Manifest:
-    cluster = owner["metadata"]["name"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": _owned_meta(owner, name, cluster_labels(cluster)),
-        "stringData": {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)},
-    }
-
-
-def build_token_secret(owner: Mapping[str, Any]) -> Manifest:
-    """``<cluster>-broker-token`` with a fresh random token, for clusters without ``auth.tokenSecretRef``."""
-    return _random_token_secret(owner, names.generated_token_secret_name(owner["metadata"]["name"]))
-
-
-def build_backend_token_secret(owner: Mapping[str, Any]) -> Manifest:
-    """``<cluster>-backend-token``, the backend's credential, for clusters without
-    ``auth.backendTokenSecretRef``. Give its value to the backend: brokers refuse SendMessages
-    without it, and it opens nothing else."""
-    return _random_token_secret(owner, names.generated_backend_token_secret_name(owner["metadata"]["name"]))

@@ -13,7 +13,9 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
 - reads the token Secret again every ``token_recheck_seconds`` (less often with many clusters:
   ``token_reads_per_second`` over all of them) and hands a new value to the
   heartbeat client (which also re-reads it when a broker refuses every token it knows), so a
-  rotated token is used without a restart. Not a Secret watch: that would stream every Secret
+  rotated token is used without a restart; the same read writes the brokers' verifiers when a
+  token changed (``verifiers.sync_verifiers``), which is how the brokers learn it. Not a Secret
+  watch: that would stream every Secret
   of the namespace through the operator, and a user-named Secret carries no label to filter on;
 - once the engine has stopped because the BrokerCluster was deleted, drops the
   cluster's metric series (``metrics.forget_cluster``). Here rather than in the
@@ -37,7 +39,7 @@ import kopf
 
 from broker_contracts.redact import redact_url
 from broker_operator import metrics
-from broker_operator.controller import names
+from broker_operator.controller import names, verifiers
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import pod_ready, targets_for
@@ -50,6 +52,7 @@ from broker_operator.engine import ClusterLoop
 from broker_operator.heartbeat_client import HeartbeatClient
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+logger = logging.getLogger(__name__)
 
 
 def expected_brokers(cluster: str, spec: ClusterSpec) -> dict[str, int]:
@@ -117,8 +120,9 @@ async def _ready_to_run(
                     if parsed.endpoints_mode
                     else {name for name, pod in observations.pods.items() if pod_ready(pod)} & addressed
                 )
-                if not token:
-                    waiting_for = f"Secret {ref.namespace}/{token_ref.name} key {token_ref.key!r} (the token)"
+                problem = verifiers.token_problem(ref.namespace, token_ref, "operator's", token)
+                if problem is not None or token is None:
+                    waiting_for = f"a usable token: {problem}"
                 elif may_start(
                     expected=expected_brokers(ref.name, parsed),
                     addressed=addressed,
@@ -138,12 +142,23 @@ async def _ready_to_run(
 async def read_token(
     context: ControllerContext, ref: ClusterRef, spec: Mapping[str, Any], parsed: ClusterSpec
 ) -> str | None:
-    """The operator token now in the cluster's Secret (the one the spec names now, if it is valid)."""
+    """The operator token now in the cluster's Secret (the one the spec names now, if it is valid),
+    None if it cannot be used; and the brokers' verifiers brought in line with both tokens, which
+    is how a rotated token reaches the brokers (verifiers.py). A token that cannot be used is
+    reported (a Warning event, once per problem) and the current one kept."""
     try:
-        token_ref = parse_spec(ref.name, spec).token_ref(ref.name)
+        current = parse_spec(ref.name, spec)
     except SpecError:
-        token_ref = parsed.token_ref(ref.name)
-    return await context.engine_api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+        current = parsed
+    synced = await verifiers.sync_verifiers(context.engine_api, ref.namespace, ref.body, current)
+    if synced.written:
+        logger.info("%s/%s: the brokers' verifiers follow the tokens now", ref.namespace, ref.name)
+    if synced.problem is not None:
+        observations = context.observations_for(ref.namespace, ref.name)
+        if observations.first_report("InvalidToken", synced.problem):
+            kopf.warn(ref.kopf_body, reason="InvalidToken", message=synced.problem)
+        logger.warning("%s/%s: %s", ref.namespace, ref.name, synced.problem)
+    return synced.operator_token
 
 
 async def run_cluster_heartbeats(

@@ -366,6 +366,29 @@ class KubeApi:
         value = (secret.get("stringData") or {}).get(key)
         return str(value) if value is not None else None
 
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """Every key of Secret ``name``, decoded; None if it is absent. For Secrets that hold no
+        credential (the brokers' verifiers)."""
+        try:
+            secret = await self._thread(_raw_json, self._core.read_namespaced_secret, name, namespace)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        data = {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        return {**data, **{key: str(value) for key, value in (secret.get("stringData") or {}).items()}}
+
+    async def patch_secret_data(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Set ``data``'s keys in Secret ``name`` (a merge patch of ``data``; other keys stay)."""
+        encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+        await self._thread(
+            self._core.patch_namespaced_secret,
+            name,
+            namespace,
+            {"data": encoded},
+            _content_type="application/merge-patch+json",
+        )
+
 
 def _raw_json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """``call`` raw (``_preload_content=False``) and its body decoded: plain dicts, not the client's

@@ -63,14 +63,14 @@ BROKER_ADMIN_PORT_NAME: Final = "admin"
 # what a NetworkPolicy's namespaceSelector names the operator's namespace by.
 LABEL_NAMESPACE_NAME: Final = "kubernetes.io/metadata.name"
 DATA_MOUNT: Final = "/var/lib/broker/data"
+# Where broker pods mount <cluster>-broker-verifiers: the SHA-256 of the operator's and of the
+# backend's token (verifiers.py), never the tokens themselves, which stay in their own Secrets.
 TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover"
-TOKEN_FILE_KEY: Final = "token"
+TOKEN_FILE_KEY: Final = "token"  # the key of a token in the Secrets the operator generates
+VERIFIER_VOLUME: Final = "token-verifiers"
+OPERATOR_VERIFIER_KEY: Final = "operator-token.sha256"
+BACKEND_VERIFIER_KEY: Final = "backend-token.sha256"
 JOURNAL_VOLUME: Final = "journal"
-TOKEN_VOLUME: Final = "operator-token"
-# The backend's credential for SendMessages: a Secret of its own, so the operator's token never
-# reaches the backend. A sibling of TOKEN_MOUNT, not inside it (a Secret volume is read-only).
-BACKEND_TOKEN_MOUNT: Final = "/var/run/secrets/broker-failover-backend"
-BACKEND_TOKEN_VOLUME: Final = "backend-token"
 # The Secrets of spec.backend/cloud.credentialsSecretRef: what the brokers present to each target.
 BACKEND_CREDENTIALS_MOUNT: Final = "/var/run/secrets/broker-failover-backend-credentials"
 BACKEND_CREDENTIALS_VOLUME: Final = "backend-credentials"
@@ -111,6 +111,11 @@ def generated_token_secret_name(cluster: str) -> str:
 
 def generated_backend_token_secret_name(cluster: str) -> str:
     return f"{cluster}-backend-token"
+
+
+def verifier_secret_name(cluster: str) -> str:
+    """The Secret the brokers mount: their tokens' verifiers, written by the operator."""
+    return f"{cluster}-broker-verifiers"
 
 
 def broker_soap_url(pod_ip: str, port: int = BROKER_PORT) -> str:

@@ -22,7 +22,7 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from broker_operator.controller import builders, names
+from broker_operator.controller import builders, names, verifiers
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
@@ -35,6 +35,7 @@ from broker_operator.core.spec_fields import DRAIN_EVICT
 PHASE_PENDING = "Pending"
 PHASE_CONFLICT = "Conflict"
 CONDITION_SPEC_VALID = "SpecValid"
+CONDITION_TOKENS_VALID = "TokensValid"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ def conflict_owner(ref: ClusterRef, claims: Iterable[PairClaim]) -> str | None:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _conditions(ref: ClusterRef) -> list[Mapping[str, Any]]:
+    return list(ref.status.get("conditions") or [])
 
 
 def _set_condition(
@@ -132,7 +137,19 @@ async def reconcile_cluster(
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
 
-    await ensure_children(context, ref, parsed)
+    token_problem = await ensure_children(context, ref, parsed)
+    if token_problem is not None or any(c.get("type") == CONDITION_TOKENS_VALID for c in _conditions(ref)):
+        # Shown when a token is wrong, and kept (True) once it was fixed; absent while all is well.
+        reason = "Valid" if token_problem is None else "InvalidToken"
+        message = token_problem or "both tokens are usable; the brokers hold their verifiers"
+        _set_condition(
+            ref,
+            status_patch,
+            CONDITION_TOKENS_VALID,
+            ok=token_problem is None,
+            reason=reason,
+            message=message,
+        )
     await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
         await ensure_disruption_budget(context, ref, parsed, status_patch)
@@ -157,7 +174,7 @@ def report_readiness(
         kopf.warn(ref.kopf_body, reason=ready.reason, message=ready.message)
 
 
-async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> None:
+async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> str | None:
     """Create whatever child is missing; existing children are left as they are (pods roll, see below).
 
     Services, claims and the Secret are created once per spec generation and then remembered, so
@@ -165,6 +182,9 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
     every pass against the pod watch. A Service or claim deleted by hand is forgotten by its
     watch (``handlers``) and so created again here; before a pod is created, its claim and the
     token Secrets are created if absent whatever is remembered, as the pod cannot start without.
+    The brokers' verifier Secret is written from the tokens (``verifiers.sync_verifiers``) once
+    per generation and before any pod is created; a token that cannot be used (missing, or
+    shorter than 32 bytes) stops pod creation, and is returned for the ``TokensValid`` condition.
     """
     observations = context.observations_for(ref.namespace, ref.name)
     generation = ref.body["metadata"].get("generation")
@@ -184,12 +204,14 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
             kopf.info(owner, reason="Created", message=f"created {key}")
         observations.ensured.add(key)
 
+    missing = [o for o in range(spec.replicas) if names.pod_name(ref.name, o) not in observations.pods]
+    problem = await ensure_verifiers(context, ref, spec, again=bool(missing))
+    if problem is not None:
+        return problem
     active = ref.status.get("active")
-    for ordinal in range(spec.replicas):
+    for ordinal in missing:
         name = names.pod_name(ref.name, ordinal)
-        if name in observations.pods:
-            continue
-        needed = [builders.build_journal_claim(owner, ordinal, spec), *token_secrets(owner, spec)]
+        needed = [builders.build_journal_claim(owner, ordinal, spec)]
         for manifest in needed:
             if await context.api.create(manifest):
                 kopf.info(
@@ -200,6 +222,36 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
         pod = builders.build_pod(owner, ordinal, spec, active=name == active)
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+    return None
+
+
+async def ensure_verifiers(
+    context: ControllerContext, ref: ClusterRef, spec: ClusterSpec, *, again: bool
+) -> str | None:
+    """Write ``<cluster>-broker-verifiers`` from the tokens, once per generation or ``again`` (a pod
+    is about to be created: its token Secrets are created first if absent); what is wrong, if
+    anything. Rotations reach it through the heartbeat daemon's periodic token re-read."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    key = f"Secret/{names.verifier_secret_name(ref.name)}"
+    if key in observations.ensured and not again:
+        return None
+    owner = ref.kopf_body
+    if again:
+        for manifest in token_secrets(owner, spec):
+            if await context.api.create(manifest):
+                kopf.info(owner, reason="Created", message=f"created Secret/{manifest['metadata']['name']}")
+    synced = await verifiers.sync_verifiers(context.api, ref.namespace, owner, spec)
+    if synced.written:
+        kopf.info(
+            owner, reason="VerifiersWritten", message=f"wrote {key}: the verifiers of the current tokens"
+        )
+    if synced.problem is None:
+        observations.ensured.add(key)
+    else:
+        observations.ensured.discard(key)
+        if observations.first_report(CONDITION_TOKENS_VALID, synced.problem):
+            kopf.warn(owner, reason="InvalidToken", message=synced.problem)
+    return synced.problem
 
 
 CONDITION_DRAIN = "DrainAllowed"
@@ -366,9 +418,9 @@ def token_secrets(owner: Mapping[str, Any], spec: ClusterSpec) -> list[dict[str,
     """The credentials the operator generates: its own token and the backend's, unless the user names them."""
     generated = []
     if spec.token_secret is None:
-        generated.append(builders.build_token_secret(owner))
+        generated.append(verifiers.build_token_secret(owner))
     if spec.backend_token_secret is None:
-        generated.append(builders.build_backend_token_secret(owner))
+        generated.append(verifiers.build_backend_token_secret(owner))
     return generated
 
 

@@ -104,6 +104,9 @@ class NetworkPolicySpec:
     """
 
     send_messages_from: tuple[Mapping[str, Any], ...] | None = None
+    # Where brokers may connect over TCP (besides DNS): None, every address but the link-local
+    # ranges (builders.DEFAULT_EGRESS_PEERS); listed peers are the only destinations.
+    egress_to: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ class ClusterSpec:
     on_poison: str
     message_log_claim: str | None
     message_log_mount: str
-    network_policy: NetworkPolicySpec | None = None  # None: no NetworkPolicy (the default)
+    network_policy: NetworkPolicySpec | None = (
+        None  # None: no NetworkPolicy (spec.networkPolicy.enabled: false)
+    )
     # spec.podSecurityContext and spec.securityContext as written; None: the operator's defaults
     # (builders.DEFAULT_POD_SECURITY_CONTEXT, DEFAULT_CONTAINER_SECURITY_CONTEXT). A given one
     # replaces the default whole, never merged into it, so a field of the default can be left out.
@@ -298,20 +303,31 @@ def _endpoints(raw: object, problems: list[str]) -> tuple[Endpoint, ...]:
 
 
 def _network_policy(raw: Mapping[str, Any], problems: list[str]) -> NetworkPolicySpec | None:
-    """``spec.networkPolicy``: None unless enabled; the peers checked for shape as the CRD's CEL does."""
+    """``spec.networkPolicy``: None unless enabled (the default); the peers checked for shape as the
+    CRD's CEL does."""
     enabled = fields.NETWORK_POLICY_ENABLED.read(raw, problems)
-    peers = raw.get("sendMessagesFrom")
+    policy = NetworkPolicySpec(
+        _peers(raw, "sendMessagesFrom", "to admit every source", problems),
+        _peers(raw, "egressTo", "to let brokers reach every address but the link-local ranges", problems),
+    )
+    return policy if enabled else None
+
+
+def _peers(
+    raw: Mapping[str, Any], field: str, absent_means: str, problems: list[str]
+) -> tuple[Mapping[str, Any], ...] | None:
+    peers = raw.get(field)
     if peers is None:
-        return NetworkPolicySpec() if enabled else None
+        return None
     if not isinstance(peers, Sequence) or isinstance(peers, str) or not peers:
         problems.append(
-            f"spec.networkPolicy.sendMessagesFrom must be a non-empty list of NetworkPolicyPeers "
-            f"(podSelector, namespaceSelector, ipBlock), got {peers!r}; leave it out to admit every source"
+            f"spec.networkPolicy.{field} must be a non-empty list of NetworkPolicyPeers "
+            f"(podSelector, namespaceSelector, ipBlock), got {peers!r}; leave it out {absent_means}"
         )
-        return NetworkPolicySpec() if enabled else None
+        return None
     checked: list[Mapping[str, Any]] = []
     for index, peer in enumerate(peers):
-        path = f"spec.networkPolicy.sendMessagesFrom[{index}]"
+        path = f"spec.networkPolicy.{field}[{index}]"
         if not isinstance(peer, Mapping):
             problems.append(f"{path} must be a NetworkPolicyPeer object, got {peer!r}")
             continue
@@ -324,7 +340,7 @@ def _network_policy(raw: Mapping[str, Any], problems: list[str]) -> NetworkPolic
             if not isinstance(value, Mapping):
                 problems.append(f"{path}.{name} must be an object, got {value!r}")
         checked.append(_plain(given))
-    return NetworkPolicySpec(tuple(checked)) if enabled else None
+    return tuple(checked)
 
 
 def _security_context(

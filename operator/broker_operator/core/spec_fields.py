@@ -162,9 +162,10 @@ FAILBACK_STABLE: Final = IntegerField("failbackStableSeconds", 0, 86400, 30, sec
 MAX_DELIVERIES: Final = IntegerField("delivery.maxDeliveries", 1, 100, 5)
 ON_POISON: Final = ChoiceField("delivery.onPoison", ("BlockStream", "Hold"), "BlockStream")
 MESSAGE_LOG_MOUNT: Final = TextField("messageLog.mountPath", "/var/lib/broker/message-log")
-# Off unless asked for: a policy that admits SendMessages from listed sources only would cut off a
-# backend nobody listed, so an upgrade never turns it on for a running cluster.
-NETWORK_POLICY_ENABLED: Final = BooleanField("networkPolicy.enabled", False)
+# On unless turned off (issue 39): by default the policy admits SendMessages from every source (a
+# backend nobody listed is never cut off) and restricts what no backend needs: the admin port to
+# the operator's pods, and the brokers' egress to DNS and every address but the link-local ranges.
+NETWORK_POLICY_ENABLED: Final = BooleanField("networkPolicy.enabled", True)
 # What a drain does to an active broker that no standby on another node can relieve: Wait (its
 # PodDisruptionBudget refuses the eviction until one can) or Evict (nobody is active until it
 # restarts elsewhere; nothing is lost, the backend resends).

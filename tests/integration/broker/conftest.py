@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_contracts.token_verifier import token_verifier
 from broker_service.lifecycle import Broker
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import HeartbeatRequest
@@ -111,7 +112,7 @@ async def active_in_process_broker(
         data_dir=tmp_path / "data",
         backend_url=backend.url,
         cloud_url=cloud.url,
-        token="t",
+        token_verifier=token_verifier("t"),
         lease_seconds=lease_seconds,
     )
     broker = Broker(settings)

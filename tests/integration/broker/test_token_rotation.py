@@ -1,8 +1,9 @@
 """Token rotation on a real broker process under heartbeats (issue 13 item 5).
 
-The broker's credential files are replaced the way a Secret volume is (a new file renamed over
-the path, so the path names a new inode) while the operator's own heartbeat client keeps the
-active broker's lease renewed ten times a second. Both orders are driven: the broker sees the
+The broker's verifier files (the SHA-256 of each token: the broker holds no token) are replaced
+the way a Secret volume is (a new file renamed over the path, so the path names a new inode)
+while the operator's own heartbeat client keeps the active broker's lease renewed ten times a
+second. Both orders are driven: the broker sees the
 new token before the operator does, and the operator before the broker. Not one heartbeat may
 fail, the broker stays Active at the same epoch, and the replaced token opens nothing once the
 grace window (``--token-grace-seconds``) has passed.
@@ -18,10 +19,18 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.soap import NAMESPACE, SOAP_ENV_NAMESPACE, BrokerState
+from broker_contracts.token_verifier import token_verifier
 from broker_operator.core import BrokerTarget
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError
 from broker_simulators.backend import build_envelope
-from broker_simulators.local_processes import DEFAULT_BACKEND_TOKEN, DEFAULT_TOKEN, ProcessSet, RunningProcess
+from broker_simulators.local_processes import (
+    BACKEND_TOKEN_VERIFIER_FILE,
+    DEFAULT_BACKEND_TOKEN,
+    DEFAULT_TOKEN,
+    TOKEN_VERIFIER_FILE,
+    ProcessSet,
+    RunningProcess,
+)
 from tests.integration.broker.conftest import start_relay
 from tests.integration.broker.helpers import metric, post_raw, raw_fault_code
 
@@ -31,10 +40,11 @@ GRACE = 3.0
 EPOCH = 4
 
 
-def replace_file(path: Path, value: str) -> None:
-    """What the kubelet's ``..data`` swap looks like to a reader of ``path``: a new file, atomically."""
+def replace_file(path: Path, token: str) -> None:
+    """``token``'s verifier written the way the kubelet's ``..data`` swap looks to a reader of
+    ``path``: a new file, atomically."""
     staged = path.with_name(path.name + ".new")
-    staged.write_text(value + "\n")
+    staged.write_text(token_verifier(token) + "\n")
     os.replace(staged, path)
 
 
@@ -74,13 +84,15 @@ def test_rotating_both_tokens_under_heartbeats_fails_no_heartbeat(
         processes, tmp_path, broker_args={"extra_args": ["--token-grace-seconds", str(GRACE)]}
     )
     broker = relay.broker
-    token_file = tmp_path / "broker-0" / "token"
-    backend_token_file = tmp_path / "broker-0" / "backend-token"
+    token_file = tmp_path / "broker-0" / TOKEN_VERIFIER_FILE
+    backend_token_file = tmp_path / "broker-0" / BACKEND_TOKEN_VERIFIER_FILE
+    operator_secret = tmp_path / "operator-token"  # the operator's view of its Secret
+    operator_secret.write_text(DEFAULT_TOKEN)
     target = BrokerTarget("broker-0", broker.soap_url, 0)
 
     async def scenario() -> Heartbeats:
         async def read_secret() -> str:
-            return token_file.read_text().strip()  # the operator's view of the Secret
+            return operator_secret.read_text().strip()
 
         client = HeartbeatClient(DEFAULT_TOKEN, "rotation-test", 1.0, refresh=read_secret)
         heartbeats = Heartbeats(client, target)
@@ -101,6 +113,7 @@ def test_rotating_both_tokens_under_heartbeats_fails_no_heartbeat(
             await asyncio.sleep(GRACE + 0.5)
             # 3. The broker sees a third token and drops the second after its grace, while the
             #    operator never calls update_token: a refused heartbeat makes it read the Secret.
+            operator_secret.write_text("rotated-3")
             replace_file(token_file, "rotated-3")
             await asyncio.sleep(GRACE + 1.5)
             assert client.token == "rotated-3"

@@ -2,19 +2,23 @@
 
 The files are laid out and swapped the way the kubelet updates a Secret volume (a timestamped
 directory, ``..data`` pointing at it, the key a symlink through ``..data``, one rename to swap),
-and the clock is a fake one, so the grace window is exact.
+and the clock is a fake one, so the grace window is exact. The files hold verifiers (the SHA-256
+of each token, issue 39 item 5), never the tokens: the tests present tokens and write verifiers.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
-from broker_service.credentials import BrokerCredentials, Role
-from broker_service.settings import BrokerSettings, parse_settings
+from broker_contracts.token_verifier import token_verifier
+from broker_service.credentials import AuthFailure, AuthFailureLog, BrokerCredentials, Role
+from broker_service.metrics import BrokerMetrics
+from broker_service.settings import BrokerSettings, SettingsError, parse_settings
 
 GRACE, CHECK = 30.0, 1.0
 _versions = itertools.count()
@@ -28,11 +32,13 @@ class FakeClock:
         return self.now
 
 
-def write_secret_volume(volume: Path, value: str) -> Path:
-    """Write ``token`` into a Secret-volume-like directory, swapping ``..data`` atomically."""
+def write_secret_volume(volume: Path, token: str, *, raw: bool = False) -> Path:
+    """Write the verifier of ``token`` (``token`` itself if ``raw``) into a Secret-volume-like
+    directory, swapping ``..data`` atomically."""
     volume.mkdir(parents=True, exist_ok=True)
     version = f"..v{next(_versions)}"
     (volume / version).mkdir()
+    value = token if raw or not token else token_verifier(token)
     (volume / version / "token").write_text(value + "\n")
     (volume / "..data_tmp").symlink_to(version)
     os.replace(volume / "..data_tmp", volume / "..data")
@@ -58,10 +64,10 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 def credentials_for(files: tuple[Path, Path], clock: FakeClock) -> BrokerCredentials:
     operator, backend = files
     settings = BrokerSettings(
-        token="op-1",
-        backend_token="be-1",
-        token_file=operator,
-        backend_token_file=backend,
+        token_verifier=token_verifier("op-1"),
+        backend_token_verifier=token_verifier("be-1"),
+        token_verifier_file=operator,
+        backend_token_verifier_file=backend,
         token_grace_seconds=GRACE,
         token_check_seconds=CHECK,
     )
@@ -157,8 +163,12 @@ def test_a_second_rotation_drops_the_oldest_token(
     assert credentials.role_of(b"op-1") is None
 
 
-def test_a_token_from_the_environment_never_changes(clock: FakeClock) -> None:
-    settings = BrokerSettings(token="op", backend_token="be", token_grace_seconds=GRACE)
+def test_a_verifier_from_the_environment_never_changes(clock: FakeClock) -> None:
+    settings = BrokerSettings(
+        token_verifier=token_verifier("op"),
+        backend_token_verifier=token_verifier("be"),
+        token_grace_seconds=GRACE,
+    )
     credentials = BrokerCredentials.from_settings(settings, clock)
     clock.now += 10 * CHECK
     assert (credentials.role_of(b"op"), credentials.role_of(b"be")) == (Role.OPERATOR, Role.BACKEND)
@@ -166,12 +176,86 @@ def test_a_token_from_the_environment_never_changes(clock: FakeClock) -> None:
 
 def test_settings_keep_the_files_and_the_grace_window(tmp_path: Path) -> None:
     token = write_secret_volume(tmp_path / "operator", "op")
-    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN_FILE": str(token), "BROKER_BACKEND_TOKEN": "be"}
+    env = {
+        "BROKER_DATA_DIR": str(tmp_path),
+        "BROKER_TOKEN_VERIFIER_FILE": str(token),
+        "BROKER_BACKEND_TOKEN_VERIFIER": token_verifier("be"),
+    }
     settings = parse_settings([], env)
-    assert (settings.token_file, settings.backend_token_file, settings.token_grace_seconds) == (
+    assert (
+        settings.token_verifier_file,
+        settings.backend_token_verifier_file,
+        settings.token_grace_seconds,
+    ) == (
         token,
         None,
         30,
     )
     assert parse_settings([], {**env, "BROKER_TOKEN_GRACE_SECONDS": "5"}).token_grace_seconds == 5
     assert parse_settings(["--token-grace-seconds", "0"], env).token_grace_seconds == 0
+
+
+def test_the_broker_holds_verifiers_and_refuses_the_verifier_as_a_token(
+    files: tuple[Path, Path], clock: FakeClock
+) -> None:
+    credentials = credentials_for(files, clock)
+    held = {vars(credential).get("current") for credential in (credentials.operator, credentials.backend)}
+    assert held.isdisjoint({b"op-1", b"be-1"}), "the broker must not hold a token"
+    # Whoever reads a broker's files or memory learns the verifier, which opens nothing.
+    assert credentials.role_of(token_verifier("op-1").encode()) is None
+    assert credentials.role_of(token_verifier("op-1").removeprefix("sha256:").encode()) is None
+    assert credentials.role_of(b" op-1 ") is Role.OPERATOR  # the bytes a header carries, stripped
+
+
+def test_a_token_mounted_where_its_verifier_belongs_is_refused(
+    files: tuple[Path, Path], clock: FakeClock, tmp_path: Path
+) -> None:
+    credentials = credentials_for(files, clock)
+    # A rotation that writes the token itself (not its verifier) is ignored: the old one stays.
+    write_secret_volume(tmp_path / "operator", "op-2", raw=True)
+    clock.now += CHECK
+    assert credentials.role_of(b"op-2") is None
+    assert credentials.role_of(b"op-1") is Role.OPERATOR
+    # And at start the broker refuses to run on it, naming the setting but never the value.
+    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_BACKEND_TOKEN_VERIFIER": token_verifier("be")}
+    raw = write_secret_volume(tmp_path / "raw", "a-token-that-is-not-a-verifier", raw=True)
+    with pytest.raises(SettingsError, match="BROKER_TOKEN_VERIFIER_FILE") as refused:
+        parse_settings([], {**env, "BROKER_TOKEN_VERIFIER_FILE": str(raw)})
+    assert "a-token-that-is-not-a-verifier" not in str(refused.value)
+
+
+def test_a_token_in_the_brokers_environment_is_refused(tmp_path: Path) -> None:
+    env = {
+        "BROKER_DATA_DIR": str(tmp_path),
+        "BROKER_TOKEN_VERIFIER": token_verifier("op"),
+        "BROKER_BACKEND_TOKEN_VERIFIER": token_verifier("be"),
+    }
+    assert parse_settings([], env).token_verifier == token_verifier("op")
+    for variable in ("BROKER_TOKEN", "BROKER_BACKEND_TOKEN"):
+        with pytest.raises(SettingsError, match=f"{variable} is set") as refused:
+            parse_settings([], {**env, variable: "a-real-token"})
+        assert "a-real-token" not in str(refused.value)
+
+
+def test_refusals_are_all_counted_and_logged_once_per_window(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = BrokerMetrics()
+    failures = AuthFailureLog(metrics.auth_failures, window_seconds=60.0, clock=clock)
+    caplog.set_level(logging.WARNING, logger="broker_service.credentials")
+    for _ in range(10):
+        failures.record("operator", AuthFailure.UNKNOWN, "127.0.0.9", "POST /soap")
+    failures.record("backend", AuthFailure.MISSING, "127.0.0.9", "POST /soap")
+    assert len(caplog.records) == 1
+    clock.now += 59.9
+    failures.record("operator", AuthFailure.UNKNOWN, "127.0.0.9", "POST /soap")
+    assert len(caplog.records) == 1
+    clock.now += 0.1
+    failures.record("operator", AuthFailure.WRONG_ROLE, "127.0.0.7", "SOAP Heartbeat")
+    assert len(caplog.records) == 2
+    assert "127.0.0.7" in caplog.records[1].getMessage()
+    assert "12 refusal(s)" in caplog.records[1].getMessage()  # the ones the window held back, and this one
+    rendered = metrics.render().decode()
+    assert 'broker_auth_failures_total{reason="unknown",role="operator"} 11.0' in rendered
+    assert 'broker_auth_failures_total{reason="missing",role="backend"} 1.0' in rendered
+    assert 'broker_auth_failures_total{reason="wrong_role",role="operator"} 1.0' in rendered

@@ -6,43 +6,56 @@ from pathlib import Path
 
 import pytest
 
+from broker_contracts.token_verifier import token_verifier
 from broker_service.settings import PoisonPolicy, SettingsError, parse_settings
+
+T, B = token_verifier("t"), token_verifier("b")
+VERIFIERS = {"BROKER_TOKEN_VERIFIER": T, "BROKER_BACKEND_TOKEN_VERIFIER": B}
 
 
 def test_flags_win_over_environment(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token = tmp_path / "token.sha256"
+    token.write_text(token_verifier("s3cret") + "\n")
     env = {
         "BROKER_DATA_DIR": str(tmp_path),
         "BROKER_PORT": "9000",
-        "BROKER_TOKEN_FILE": str(token),
-        "BROKER_BACKEND_TOKEN": "b",
+        "BROKER_TOKEN_VERIFIER_FILE": str(token),
+        "BROKER_BACKEND_TOKEN_VERIFIER": B,
     }
     settings = parse_settings(["--port", "9100", "--on-poison", "Hold"], env)
-    assert (settings.port, settings.token, settings.on_poison) == (9100, "s3cret", PoisonPolicy.HOLD)
+    assert (settings.port, settings.token_verifier, settings.on_poison) == (
+        9100,
+        token_verifier("s3cret"),
+        PoisonPolicy.HOLD,
+    )
     assert settings.data_dir == tmp_path
 
 
-def test_token_from_env_when_no_file(tmp_path: Path) -> None:
-    settings = parse_settings(
-        [], {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"}
+def test_verifier_from_env_when_no_file(tmp_path: Path) -> None:
+    settings = parse_settings([], {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS})
+    assert (settings.token_verifier, settings.backend_token_verifier) == (T, B)
+
+
+def test_the_backends_verifier_is_read_like_the_operators_and_is_its_own(tmp_path: Path) -> None:
+    backend = tmp_path / "backend-token.sha256"
+    backend.write_text(token_verifier("from-file") + "\n")
+    env = {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS}
+    from_file = token_verifier("from-file")
+    assert (
+        parse_settings([], {**env, "BROKER_BACKEND_TOKEN_VERIFIER_FILE": str(backend)}).backend_token_verifier
+        == from_file
     )
-    assert (settings.token, settings.backend_token) == ("t", "b")
-
-
-def test_the_backends_credential_is_read_like_the_operators_and_is_its_own(tmp_path: Path) -> None:
-    backend = tmp_path / "backend-token"
-    backend.write_text("from-file\n")
-    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "from-env"}
-    assert parse_settings([], {**env, "BROKER_BACKEND_TOKEN_FILE": str(backend)}).backend_token == "from-file"
-    assert parse_settings(["--backend-token-file", str(backend)], env).backend_token == "from-file"
-    assert parse_settings([], env).backend_token == "from-env"
-    with pytest.raises(SettingsError, match="same value as the operator's token"):
-        parse_settings([], {**env, "BROKER_BACKEND_TOKEN": "t"})
+    assert (
+        parse_settings(["--backend-token-verifier-file", str(backend)], env).backend_token_verifier
+        == from_file
+    )
+    assert parse_settings([], env).backend_token_verifier == B
+    with pytest.raises(SettingsError, match="holds the operator's verifier"):
+        parse_settings([], {**env, "BROKER_BACKEND_TOKEN_VERIFIER": T})
 
 
 def test_the_admin_port_is_off_unless_set_and_must_differ_from_the_port(tmp_path: Path) -> None:
-    env = {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"}
+    env = {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS}
     assert parse_settings([], env).admin_port is None  # one port for everything, as before
     assert parse_settings([], {**env, "BROKER_ADMIN_PORT": ""}).admin_port is None
     assert parse_settings([], {**env, "BROKER_ADMIN_PORT": "8081"}).admin_port == 8081
@@ -58,25 +71,38 @@ def test_the_admin_port_is_off_unless_set_and_must_differ_from_the_port(tmp_path
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        ([], {"BROKER_TOKEN": "t"}, "--data-dir / BROKER_DATA_DIR is required"),
-        ([], {"BROKER_DATA_DIR": "/x", "BROKER_BACKEND_TOKEN": "b"}, "no credential: set --token-file"),
-        ([], {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"}, "no credential: set --backend-token-file"),
+        ([], {"BROKER_TOKEN_VERIFIER": T}, "--data-dir / BROKER_DATA_DIR is required"),
         (
-            ["--backend-token-file", "/nonexistent/b"],
-            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t"},
-            "--backend-token-file / BROKER_BACKEND_TOKEN_FILE = '/nonexistent/b' cannot be read",
+            [],
+            {"BROKER_DATA_DIR": "/x", "BROKER_BACKEND_TOKEN_VERIFIER": B},
+            "no credential: set --token-verifier-file",
+        ),
+        (
+            [],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN_VERIFIER": T},
+            "no credential: set --backend-token-verifier-file",
+        ),
+        (
+            ["--backend-token-verifier-file", "/nonexistent/b"],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN_VERIFIER": T},
+            "BROKER_BACKEND_TOKEN_VERIFIER_FILE = '/nonexistent/b' cannot be read",
+        ),
+        (
+            [],
+            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN_VERIFIER": "t", "BROKER_BACKEND_TOKEN_VERIFIER": B},
+            "BROKER_TOKEN_VERIFIER: not a token verifier",
         ),
         (
             ["--lease-seconds", "soon"],
-            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
+            {"BROKER_DATA_DIR": "/x", **VERIFIERS},
             "'soon' is not a float",
         ),
         (
             ["--on-poison", "Drop"],
-            {"BROKER_DATA_DIR": "/x", "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
+            {"BROKER_DATA_DIR": "/x", **VERIFIERS},
             "'Drop'; use one of",
         ),
-        (["--token-file", "/nonexistent/t"], {"BROKER_DATA_DIR": "/x"}, "cannot be read"),
+        (["--token-verifier-file", "/nonexistent/t"], {"BROKER_DATA_DIR": "/x"}, "cannot be read"),
     ],
 )
 def test_errors_name_what_is_wrong(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -92,7 +118,7 @@ def test_the_lease_margin_is_the_operators(tmp_path: Path, lease: float, margin:
     # a broker stalled for longer than that margin fences itself.
     settings = parse_settings(
         ["--lease-seconds", str(lease)],
-        {"BROKER_DATA_DIR": str(tmp_path), "BROKER_TOKEN": "t", "BROKER_BACKEND_TOKEN": "b"},
+        {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS},
     )
     assert settings.lease_margin_seconds == pytest.approx(margin)
     assert settings.lease_tick_seconds == pytest.approx(tick)

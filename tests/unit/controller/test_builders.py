@@ -6,7 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from broker_operator.controller import builders, names
+from broker_contracts.token_verifier import token_verifier
+from broker_operator.controller import builders, names, verifiers
 from broker_operator.controller.spec import parse_spec
 
 OWNER: dict[str, Any] = {
@@ -61,8 +62,8 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     assert env["BROKER_BACKEND_URL"] == {"secretKeyRef": {"name": "erp-backend", "key": "url"}}
     assert env["BROKER_CLOUD_URL"] == "https://cloud.example/api"
     assert env["BROKER_DATA_DIR"] == names.DATA_MOUNT
-    assert env["BROKER_TOKEN_FILE"] == f"{names.TOKEN_MOUNT}/token"
-    assert env["BROKER_BACKEND_TOKEN_FILE"] == f"{names.BACKEND_TOKEN_MOUNT}/token"
+    assert env["BROKER_TOKEN_VERIFIER_FILE"] == f"{names.TOKEN_MOUNT}/operator-token.sha256"
+    assert env["BROKER_BACKEND_TOKEN_VERIFIER_FILE"] == f"{names.TOKEN_MOUNT}/backend-token.sha256"
     labels = pod["metadata"]["labels"]
     assert labels[names.LABEL_APP] == "broker"
     assert labels[names.LABEL_CLUSTER] == "orders"
@@ -73,16 +74,13 @@ def test_pod_runs_the_broker_cli_from_the_spec() -> None:
     assert container["image"] == "localhost/broker-failover/broker:0.1.0"
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["journal"]["persistentVolumeClaim"]["claimName"] == "journal-orders-1"
-    assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
-    assert volumes["backend-token"]["secret"]["secretName"] == "orders-backend-token"
+    assert volumes["token-verifiers"]["secret"]["secretName"] == "orders-broker-verifiers"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["backend-token"] == {
-        "name": "backend-token",
-        "mountPath": names.BACKEND_TOKEN_MOUNT,
+    assert mounts["token-verifiers"] == {
+        "name": "token-verifiers",
+        "mountPath": names.TOKEN_MOUNT,
         "readOnly": True,
     }
-    # Two mounts, neither inside the other: each Secret is its own read-only volume.
-    assert not names.BACKEND_TOKEN_MOUNT.startswith(names.TOKEN_MOUNT + "/")
     assert "emptyDir" in volumes["message-log"]
 
 
@@ -100,8 +98,8 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
         builders.build_headless_service(OWNER),
         builders.build_active_service(OWNER),
         builders.build_active_endpoint_slice(OWNER, None, 1),
-        builders.build_token_secret(OWNER),
-        builders.build_backend_token_secret(OWNER),
+        verifiers.build_token_secret(OWNER),
+        verifiers.build_backend_token_secret(OWNER),
     ]
     for child in children:
         (ref,) = child["metadata"]["ownerReferences"]
@@ -154,32 +152,48 @@ def test_claim_size_and_class_come_from_the_spec() -> None:
     )
 
 
-def test_a_user_token_secret_replaces_the_generated_one() -> None:
-    spec = parse_spec(
-        "orders", {"account": "a", "company": "c", "auth": {"tokenSecretRef": {"name": "mine", "key": "k"}}}
-    )
-    volumes = {v["name"]: v for v in builders.build_pod(OWNER, 0, spec, active=False)["spec"]["volumes"]}
-    assert volumes["operator-token"]["secret"] == {
-        "secretName": "mine",
-        "items": [{"key": "k", "path": "token"}],
-    }
+def test_broker_pods_mount_the_verifiers_and_neither_a_token_nor_a_service_account_token() -> None:
+    # Issue 39 item 5: a broker holds what verifies a token, never the token (whoever controls a
+    # broker could otherwise call its peers), and no API credential it never uses.
+    auth = {"tokenSecretRef": {"name": "mine", "key": "k"}, "backendTokenSecretRef": {"name": "erp"}}
+    for spec in (
+        parse_spec("orders", {"account": "a", "company": "c"}),
+        parse_spec("orders", {"account": "a", "company": "c", "auth": auth}),
+    ):
+        pod = builders.build_pod(OWNER, 0, spec, active=False)
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        secrets = [v["secret"] for v in pod["spec"]["volumes"] if "secret" in v]
+        assert secrets == [
+            {
+                "secretName": "orders-broker-verifiers",
+                "items": [
+                    {"key": "operator-token.sha256", "path": "operator-token.sha256"},
+                    {"key": "backend-token.sha256", "path": "backend-token.sha256"},
+                ],
+            }
+        ]
+        (container,) = pod["spec"]["containers"]
+        for variable in container["env"]:
+            assert "secretKeyRef" not in str(variable) or variable["name"].endswith("_URL"), variable
+        assert not {"BROKER_TOKEN", "BROKER_BACKEND_TOKEN", "BROKER_TOKEN_FILE"} & set(env_of(pod))
 
 
-def test_a_user_backend_secret_replaces_the_generated_one() -> None:
-    auth = {"backendTokenSecretRef": {"name": "erp-credential", "key": "bearer"}}
-    spec = parse_spec("orders", {"account": "a", "company": "c", "auth": auth})
-    volumes = {v["name"]: v for v in builders.build_pod(OWNER, 0, spec, active=False)["spec"]["volumes"]}
-    assert volumes["backend-token"]["secret"] == {
-        "secretName": "erp-credential",
-        "items": [{"key": "bearer", "path": "token"}],
+def test_the_verifier_secret_holds_the_tokens_hashes_and_never_a_token() -> None:
+    operator_token, backend_token = "o" * 43, "b" * 43
+    secret = verifiers.build_verifier_secret(OWNER, operator_token, backend_token)
+    assert secret["metadata"]["name"] == "orders-broker-verifiers"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert secret["stringData"] == {
+        "operator-token.sha256": token_verifier(operator_token),
+        "backend-token.sha256": token_verifier(backend_token),
     }
-    assert volumes["operator-token"]["secret"]["secretName"] == "orders-broker-token"
+    assert operator_token not in json.dumps(secret) and backend_token not in json.dumps(secret)
 
 
 def test_generated_tokens_are_random() -> None:
-    first = builders.build_token_secret(OWNER)["stringData"]["token"]
-    second = builders.build_token_secret(OWNER)["stringData"]["token"]
-    backend = builders.build_backend_token_secret(OWNER)
+    first = verifiers.build_token_secret(OWNER)["stringData"]["token"]
+    second = verifiers.build_token_secret(OWNER)["stringData"]["token"]
+    backend = verifiers.build_backend_token_secret(OWNER)
     assert len({first, second, backend["stringData"]["token"]}) == 3
     assert len(first) >= 32
     assert backend["metadata"]["name"] == "orders-backend-token"
@@ -234,7 +248,7 @@ def test_the_network_policy_admits_the_admin_port_from_the_operator_and_send_mes
     (ref,) = policy["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["name"], ref["uid"]) == ("BrokerCluster", "orders", "uid-1")
     assert policy["spec"]["podSelector"] == {"matchLabels": builders.cluster_labels("orders")}
-    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (backend, cloud, DNS) stays open
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["ingress"] == [
         {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": "admin"}]},
         # The operator too: a pod from before the admin port takes its heartbeats on the main port.
@@ -248,6 +262,45 @@ def test_without_sources_the_main_port_admits_everyone_and_without_labels_the_op
     admin, main = policy["spec"]["ingress"]
     assert admin["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
     assert main == {"ports": [{"protocol": "TCP", "port": "soap"}]}  # no `from`: every source
+
+
+DNS_RULE = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
+def test_the_network_policy_is_on_by_default_and_limits_the_brokers_egress() -> None:
+    # Issue 39 item 5: on unless turned off, and egress too: DNS, and TCP to the backend, the
+    # cloud and the message-log store, which may be anywhere, but never the link-local range of
+    # the cloud's metadata service (a node's cloud credentials).
+    spec = parse_spec("orders", {"account": "a", "company": "c"})
+    assert spec.network_policy is not None
+    assert (
+        parse_spec(
+            "orders", {"account": "a", "company": "c", "networkPolicy": {"enabled": False}}
+        ).network_policy
+        is None
+    )
+    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    egress = policy["spec"]["egress"]
+    assert egress[0] == DNS_RULE
+    peers = [peer for rule in egress[1:] for peer in rule["to"]]
+    assert {"namespaceSelector": {}} in peers  # in-cluster backends, clouds and stores
+    blocks = {
+        peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except", []) for peer in peers if "ipBlock" in peer
+    }
+    assert blocks == {"0.0.0.0/0": ["169.254.0.0/16"], "::/0": ["fe80::/10", "fd00:ec2::254/128"]}
+    assert all(rule.get("ports") == [{"protocol": "TCP"}] for rule in egress[1:])
+
+
+def test_listed_egress_peers_replace_the_default_destinations() -> None:
+    store = {"ipBlock": {"cidr": "10.9.0.0/16"}}
+    erp = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "erp"}}}
+    spec = parse_spec(
+        "orders",
+        {"account": "a", "company": "c", "networkPolicy": {"egressTo": [erp, store]}},
+    )
+    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    assert policy["spec"]["egress"] == [DNS_RULE, {"to": [erp, store], "ports": [{"protocol": "TCP"}]}]
 
 
 RESTRICTED_POD = {

@@ -56,7 +56,7 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         secrets = objects_of(kmock, "v1/secrets")
         assert sorted(claims) == ["journal-orders-0", "journal-orders-1", "journal-orders-2"]
         assert sorted(services) == ["orders-active", "orders-brokers"]
-        assert sorted(secrets) == ["orders-backend-token", "orders-broker-token"]
+        assert sorted(secrets) == ["orders-backend-token", "orders-broker-token", "orders-broker-verifiers"]
         for child in [*pods.values(), *services.values(), *secrets.values()]:
             (owner,) = child["metadata"]["ownerReferences"]
             assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", "uid-orders")
@@ -140,7 +140,11 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
         assert objects_of(kmock, "v1/pods") == {}
         assert objects_of(kmock, "v1/services") == {}
         # The credentials are still made: the external brokers and the backend are configured with them.
-        assert sorted(objects_of(kmock, "v1/secrets")) == ["ext-backend-token", "ext-broker-token"]
+        assert sorted(objects_of(kmock, "v1/secrets")) == [
+            "ext-backend-token",
+            "ext-broker-token",
+            "ext-broker-verifiers",
+        ]
         status = cluster_status(kmock, "ext")
         assert [b["name"] for b in status["brokers"]] == ["ext-a", "ext-b"]
         # The engine got the endpoints as its targets: it allocated an epoch through the API server

@@ -169,15 +169,18 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(caught.value.problems) >= 4  # account, company, replicas, failback
 
 
-def test_the_network_policy_is_off_unless_enabled_and_its_sources_are_peers() -> None:
+def test_the_network_policy_is_on_unless_disabled_and_its_sources_are_peers() -> None:
     base = {"account": "a", "company": "c"}
-    assert parse_spec("x", base).network_policy is None
+    # On by default (issue 39): every source still reaches SendMessages, the admin port and egress
+    # are what it restricts.
+    default = parse_spec("x", base).network_policy
+    assert default is not None and default.send_messages_from is None and default.egress_to is None
     peers = [
         {"ipBlock": {"cidr": "10.20.0.0/16"}},
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"a": "b"}}},
     ]
-    off = parse_spec("x", {**base, "networkPolicy": {"sendMessagesFrom": peers}})
-    assert off.network_policy is None  # sources alone do not turn it on
+    off = parse_spec("x", {**base, "networkPolicy": {"enabled": False, "sendMessagesFrom": peers}})
+    assert off.network_policy is None
     on = parse_spec("x", {**base, "networkPolicy": {"enabled": True, "sendMessagesFrom": peers}})
     assert on.network_policy is not None and list(on.network_policy.send_messages_from or ()) == peers
     anywhere = parse_spec("x", {**base, "networkPolicy": {"enabled": True}})
@@ -190,6 +193,11 @@ def test_the_network_policy_is_off_unless_enabled_and_its_sources_are_peers() ->
         ({"enabled": "yes"}, "spec.networkPolicy.enabled ('yes') must be true or false"),
         ({"enabled": True, "sendMessagesFrom": []}, "sendMessagesFrom must be a non-empty list"),
         ({"enabled": True, "sendMessagesFrom": [{}]}, "sendMessagesFrom[0] must set podSelector"),
+        ({"egressTo": []}, "egressTo must be a non-empty list"),
+        (
+            {"egressTo": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]},
+            "egressTo[0]: ipBlock cannot",
+        ),
         (
             {"enabled": True, "sendMessagesFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]},
             "sendMessagesFrom[0]: ipBlock cannot be combined",
