@@ -488,7 +488,10 @@ def _random_token_secret(owner: Mapping[str, Any], name: str) -> Manifest:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _owned_meta(owner, name, cluster_labels(cluster)),
+        # The credential opt-in (credentials.py): the operator's own Secrets are usable as such.
+        "metadata": _owned_meta(
+            owner, name, {**cluster_labels(cluster), names.LABEL_CREDENTIAL: names.CREDENTIAL_OPT_IN}
+        ),
         "stringData": {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)},
     }
 

@@ -13,8 +13,9 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
 - reads the token Secret again every ``token_recheck_seconds`` (less often with many clusters:
   ``token_reads_per_second`` over all of them) and hands a new value to the
   heartbeat client (which also re-reads it when a broker refuses every token it knows), so a
-  rotated token is used without a restart. Not a Secret watch: that would stream every Secret
-  of the namespace through the operator, and a user-named Secret carries no label to filter on;
+  rotated token is used without a restart; only a Secret that opts in as a credential is read
+  for its value (credentials.py). Not a Secret watch: that would stream every Secret
+  of the namespace through the operator, and RBAC cannot narrow list/watch to the opt-in label;
 - once the engine has stopped because the BrokerCluster was deleted, drops the
   cluster's metric series (``metrics.forget_cluster``). Here rather than in the
   delete handler: kopf runs that handler while the daemon is still stopping, and
@@ -36,7 +37,7 @@ from typing import Any
 import kopf
 
 from broker_operator import metrics
-from broker_operator.controller import names
+from broker_operator.controller import credentials, names
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import pod_ready, targets_for
@@ -105,8 +106,10 @@ async def _ready_to_run(
                 waiting_for = f"a valid spec ({error})"
             else:
                 token_ref = parsed.token_ref(ref.name)
-                token = await context.engine_api.read_secret_value(
-                    ref.namespace, token_ref.name, token_ref.key
+                # Only a Secret that opts in is sent anywhere (credentials.py); reconcile reports a
+                # refusal as the CredentialsAllowed condition and an event.
+                token, refused = await credentials.read_operator_token(
+                    context.engine_api, ref.namespace, ref.name, _uid(ref), parsed
                 )
                 observations = context.observations_for(ref.namespace, ref.name)
                 addressed = {target.name for target in targets_for(parsed, observations.pods)}
@@ -116,7 +119,9 @@ async def _ready_to_run(
                     if parsed.endpoints_mode
                     else {name for name, pod in observations.pods.items() if pod_ready(pod)} & addressed
                 )
-                if not token:
+                if refused is not None:
+                    waiting_for = f"a credential it may use: {refused.message}"
+                elif not token:
                     waiting_for = f"Secret {ref.namespace}/{token_ref.name} key {token_ref.key!r} (the token)"
                 elif may_start(
                     expected=expected_brokers(ref.name, parsed),
@@ -137,12 +142,24 @@ async def _ready_to_run(
 async def read_token(
     context: ControllerContext, ref: ClusterRef, spec: Mapping[str, Any], parsed: ClusterSpec
 ) -> str | None:
-    """The operator token now in the cluster's Secret (the one the spec names now, if it is valid)."""
+    """The operator token now in the cluster's Secret (the one the spec names now, if it is valid);
+    None if that Secret may not be used as a credential (the client then keeps the token it has)."""
     try:
-        token_ref = parse_spec(ref.name, spec).token_ref(ref.name)
+        current = parse_spec(ref.name, spec)
     except SpecError:
-        token_ref = parsed.token_ref(ref.name)
-    return await context.engine_api.read_secret_value(ref.namespace, token_ref.name, token_ref.key)
+        current = parsed
+    token, refused = await credentials.read_operator_token(
+        context.engine_api, ref.namespace, ref.name, _uid(ref), current
+    )
+    if refused is not None:
+        logging.getLogger(__name__).warning(
+            "%s/%s: not re-reading the token: %s", ref.namespace, ref.name, refused.message
+        )
+    return token
+
+
+def _uid(ref: ClusterRef) -> str:
+    return str(ref.body["metadata"].get("uid") or "")
 
 
 async def run_cluster_heartbeats(

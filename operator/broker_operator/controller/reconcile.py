@@ -22,7 +22,7 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from broker_operator.controller import builders, names
+from broker_operator.controller import builders, credentials, names
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
@@ -132,14 +132,60 @@ async def reconcile_cluster(
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
 
-    await ensure_children(context, ref, parsed)
+    refused = await check_credentials(context, ref, parsed, status_patch, logger)
+    await ensure_children(context, ref, parsed, make_pods=not refused)
     await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
         await ensure_disruption_budget(context, ref, parsed, status_patch)
-        await roll_out(context, ref, parsed, logger)
+        if not refused:
+            await roll_out(context, ref, parsed, logger)
         await apply_claim_retention(context, ref, parsed, logger)
-    report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    if not refused:
+        report_readiness(ref, status_patch, observations.pods, observations.first_report)
     return parsed
+
+
+CONDITION_CREDENTIALS = "CredentialsAllowed"
+
+
+async def check_credentials(
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: ClusterSpec,
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> bool:
+    """Whether a Secret the spec names may not be used (credentials.py); sets ``CredentialsAllowed``
+    and, on a refusal, ``Ready`` and one Warning event per message.
+
+    Read once per spec generation while all is well, but again whenever a broker pod is missing (it
+    would mount them now) and on every pass while something is refused (a label added is seen).
+    """
+    observations = context.observations_for(ref.namespace, ref.name)
+    key = f"Credentials/{ref.body['metadata'].get('generation')}"
+    missing_pod = any(names.pod_name(ref.name, i) not in observations.pods for i in range(spec.replicas))
+    if key in observations.ensured and not missing_pod:
+        return False
+    uid = str(ref.body["metadata"].get("uid") or "")
+    found = await credentials.refusals(context.api, ref.namespace, ref.name, uid, spec)
+    if not found:
+        observations.reported.pop("CredentialRefused", None)
+        observations.ensured.add(key)
+        _set_condition(
+            ref, status_patch, CONDITION_CREDENTIALS, ok=True, reason="OptedIn",
+            message="every Secret the spec names opts in as a credential",
+        )  # fmt: skip
+        return False
+    observations.ensured.discard(key)
+    message = "; ".join(r.message for r in found)
+    _set_condition(
+        ref, status_patch, CONDITION_CREDENTIALS, ok=False, reason=found[0].reason, message=message
+    )
+    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="CredentialRefused", message=message)
+    if observations.first_report("CredentialRefused", message):
+        kopf.warn(ref.kopf_body, reason="CredentialRefused", message=message)
+    logger.warning("not using its Secrets: %s", message)
+    return True
 
 
 def report_readiness(
@@ -157,7 +203,9 @@ def report_readiness(
         kopf.warn(ref.kopf_body, reason=ready.reason, message=ready.message)
 
 
-async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> None:
+async def ensure_children(
+    context: ControllerContext, ref: ClusterRef, spec: ClusterSpec, *, make_pods: bool = True
+) -> None:
     """Create whatever child is missing; existing children are left as they are (pods roll, see below).
 
     Services, claims and the Secret are created once per spec generation and then remembered, so
@@ -184,6 +232,8 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
             kopf.info(owner, reason="Created", message=f"created {key}")
         observations.ensured.add(key)
 
+    if not make_pods:
+        return  # a named Secret may not be mounted (check_credentials says which)
     active = ref.status.get("active")
     for ordinal in range(spec.replicas):
         name = names.pod_name(ref.name, ordinal)
