@@ -183,6 +183,11 @@ def test_the_default_install_writes_only_in_the_release_namespace() -> None:
         assert set(rule["resources"]) <= {"customresourcedefinitions", "namespaces", "nodes"}, rule
     assert operator_env(docs)["OPERATOR_NAMESPACES"] == "brokers"
     assert not [doc for doc in docs if doc["kind"].startswith("ValidatingAdmissionPolicy")]
+    # Endpoints mode reaches no host until the installer lists some (set, and empty).
+    assert operator_env(docs)["OPERATOR_ENDPOINT_HOSTS"] == ""
+    assert operator_env(docs)["OPERATOR_BROKER_POD_SECURITY"] == "restricted"
+    listed = render("--set", "operator.endpointHosts={*.erp.example.com,10.20.0.0/16}")
+    assert operator_env(listed)["OPERATOR_ENDPOINT_HOSTS"] == "*.erp.example.com,10.20.0.0/16"
     # Given namespaces: a Role in each, none in the release namespace unless listed.
     docs = render("--namespace", "brokers", "--set", "operator.watchNamespaces={erp,hr}")
     placed = sorted((doc["kind"], doc["metadata"].get("namespace")) for doc in docs if doc["kind"] == "Role")

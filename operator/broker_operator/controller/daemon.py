@@ -40,6 +40,7 @@ from broker_operator import metrics
 from broker_operator.controller import credentials, names
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.endpoint_hosts import endpoint_refusals
 from broker_operator.controller.observed import pod_ready, targets_for
 from broker_operator.controller.reconcile import ClusterRef, conflict_owner
 from broker_operator.controller.shell import KubernetesClusterShell
@@ -105,6 +106,9 @@ async def _ready_to_run(
             except (SpecError, SettingsError) as error:
                 waiting_for = f"a valid spec ({error})"
             else:
+                outside = endpoint_refusals(
+                    ((e.name, e.url) for e in parsed.endpoints), context.settings.endpoint_hosts
+                )
                 token_ref = parsed.token_ref(ref.name)
                 # Only a Secret that opts in is sent anywhere (credentials.py); reconcile reports a
                 # refusal as the CredentialsAllowed condition and an event.
@@ -119,7 +123,9 @@ async def _ready_to_run(
                     if parsed.endpoints_mode
                     else {name for name, pod in observations.pods.items() if pod_ready(pod)} & addressed
                 )
-                if refused is not None:
+                if outside:
+                    waiting_for = f"endpoints it may reach: {'; '.join(outside)}"
+                elif refused is not None:
                     waiting_for = f"a credential it may use: {refused.message}"
                 elif not token:
                     waiting_for = f"Secret {ref.namespace}/{token_ref.name} key {token_ref.key!r} (the token)"
@@ -258,6 +264,13 @@ async def _run_engine(
             fresh_settings = HeartbeatSettings.from_spec(spec)
         except (SpecError, SettingsError) as error:
             logger.warning("keeping the previous heartbeat settings: %s", error)
+            return
+        outside = endpoint_refusals(
+            ((e.name, e.url) for e in fresh.endpoints), context.settings.endpoint_hosts
+        )
+        if outside:
+            # Never heartbeat a URL the installer did not allow; reconcile reports it.
+            logger.warning("keeping the previous heartbeat targets: %s", "; ".join(outside))
             return
         shell.set_broker_names(expected_brokers(current.name, fresh))
         targets = targets_for(fresh, observations.pods)

@@ -16,17 +16,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from broker_operator.controller import builders, credentials, names
+from broker_operator.controller import builders, names
 from broker_operator.controller.claims import apply_claim_retention
+from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
+from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -58,26 +59,6 @@ def conflict_owner(ref: ClusterRef, claims: Iterable[PairClaim]) -> str | None:
     """The older BrokerCluster that holds this one's pair, if any."""
     meta = ref.body["metadata"]
     return conflicting_owner(PairClaim(str(meta.get("creationTimestamp") or ""), ref.name), claims)
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _set_condition(
-    ref: ClusterRef, patch: MutableMapping[str, Any], kind: str, *, ok: bool, reason: str, message: str
-) -> None:
-    """Set one condition, writing only when its status, reason or message changed (on top of any
-    condition this pass already set)."""
-    conditions = [dict(c) for c in patch.get("conditions", ref.status.get("conditions")) or []]
-    current = next((c for c in conditions if c.get("type") == kind), None)
-    wanted = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
-    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
-        return
-    generation = ref.body["metadata"].get("generation")
-    wanted.update(lastTransitionTime=_now(), **({"observedGeneration": generation} if generation else {}))
-    conditions = [c for c in conditions if c.get("type") != kind] + [wanted]
-    patch["conditions"] = conditions
 
 
 async def reconcile_cluster(
@@ -132,7 +113,9 @@ async def reconcile_cluster(
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
 
-    refused = await check_credentials(context, ref, parsed, status_patch, logger)
+    refused = check_endpoints(context, ref, parsed, status_patch, logger)
+    refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
+    refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
     await ensure_children(context, ref, parsed, make_pods=not refused)
     await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
@@ -143,49 +126,6 @@ async def reconcile_cluster(
     if not refused:
         report_readiness(ref, status_patch, observations.pods, observations.first_report)
     return parsed
-
-
-CONDITION_CREDENTIALS = "CredentialsAllowed"
-
-
-async def check_credentials(
-    context: ControllerContext,
-    ref: ClusterRef,
-    spec: ClusterSpec,
-    status_patch: MutableMapping[str, Any],
-    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
-) -> bool:
-    """Whether a Secret the spec names may not be used (credentials.py); sets ``CredentialsAllowed``
-    and, on a refusal, ``Ready`` and one Warning event per message.
-
-    Read once per spec generation while all is well, but again whenever a broker pod is missing (it
-    would mount them now) and on every pass while something is refused (a label added is seen).
-    """
-    observations = context.observations_for(ref.namespace, ref.name)
-    key = f"Credentials/{ref.body['metadata'].get('generation')}"
-    missing_pod = any(names.pod_name(ref.name, i) not in observations.pods for i in range(spec.replicas))
-    if key in observations.ensured and not missing_pod:
-        return False
-    uid = str(ref.body["metadata"].get("uid") or "")
-    found = await credentials.refusals(context.api, ref.namespace, ref.name, uid, spec)
-    if not found:
-        observations.reported.pop("CredentialRefused", None)
-        observations.ensured.add(key)
-        _set_condition(
-            ref, status_patch, CONDITION_CREDENTIALS, ok=True, reason="OptedIn",
-            message="every Secret the spec names opts in as a credential",
-        )  # fmt: skip
-        return False
-    observations.ensured.discard(key)
-    message = "; ".join(r.message for r in found)
-    _set_condition(
-        ref, status_patch, CONDITION_CREDENTIALS, ok=False, reason=found[0].reason, message=message
-    )
-    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="CredentialRefused", message=message)
-    if observations.first_report("CredentialRefused", message):
-        kopf.warn(ref.kopf_body, reason="CredentialRefused", message=message)
-    logger.warning("not using its Secrets: %s", message)
-    return True
 
 
 def report_readiness(

@@ -177,6 +177,10 @@ async def test_a_missing_named_secret_holds_the_pods_back_and_is_named(
         assert objects_of(kmock, "v1/pods") == {}
         await create_secret(kmock, "later", {"cloud": "http://cloud"}, labels=OPTED_IN)
         await eventually(lambda: "early-0" in objects_of(kmock, "v1/pods"))
+        # The pass that made the pod finishes (its status write) before the operator stops.
+        await eventually(
+            lambda: (condition(kmock, "early", "CredentialsAllowed") or {}).get("status") == "True"
+        )
 
 
 async def test_generated_secrets_opt_in_and_an_older_unlabelled_one_of_this_cluster_is_kept(
