@@ -214,3 +214,22 @@ def test_other_users_are_not_held_by_the_policy(guarded: PlaneAccess) -> None:
     body = {**endpoint_slice({}), "metadata": {**endpoint_slice({})["metadata"], "name": "checkout-admin"}}
     written = guarded.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
     assert written.returncode == 0, written.stderr
+
+
+def test_the_default_namespaced_install_is_accepted_and_grants_nothing_beyond_its_namespace(
+    guarded: PlaneAccess,
+) -> None:
+    """The default install (a second release, its own namespace) on the same API server: the API
+    server takes every object, and its account may write in its namespace but not in another."""
+    guarded.helm("install", "narrow", str(CHART), "--namespace", "narrow", "--create-namespace")
+    account = "system:serviceaccount:narrow:narrow-broker-failover"
+    for namespace, expected in (("narrow", "yes"), (VICTIM, "no")):
+        for verb, resource in (
+            ("create", "endpointslices.discovery.k8s.io"),
+            ("get", "secrets"),
+            ("create", "pods"),
+        ):
+            answer = guarded.kubectl(
+                "auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False
+            )
+            assert answer.stdout.strip() == expected, (namespace, verb, resource)
