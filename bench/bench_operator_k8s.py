@@ -118,6 +118,7 @@ def prepare(kube: Kube, plane: ControlPlane, workdir: Path) -> Path:
         f"--serviceaccount={NAMESPACE}:broker-operator",
     )
     kube.run("create", "secret", "generic", "standin-token", "-n", NAMESPACE, f"--from-literal=token={TOKEN}")
+    kube.run("label", "secret", "standin-token", "-n", NAMESPACE, "broker.failover.dev/credential=true")
     token = kube.run("create", "token", "broker-operator", "-n", NAMESPACE, "--duration=24h").strip()
     return write_kubeconfig(
         workdir / "operator.kubeconfig",

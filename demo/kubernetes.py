@@ -245,6 +245,9 @@ def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
     kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-endpoints",
                 f"--from-literal=backend=http://backend.{NAMESPACE}.svc:{SIM_PORT}",
                 f"--from-literal=cloud=http://cloud.{NAMESPACE}.svc:{SIM_PORT}")  # fmt: skip
+    # The operator uses a Secret only if it opts in as a credential (docs/operator.md, "Credentials").
+    kubectl.run("-n", NAMESPACE, "label", "secret", "erp-broker-credential", "erp-endpoints",
+                "broker.failover.dev/credential=true")  # fmt: skip
     objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
     note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")

@@ -23,8 +23,8 @@ from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
 from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
-from broker_service.target_credentials import TargetCredentialError, relay_target
 from broker_contracts.token_verifier import VerifierError, parse_verifier
+from broker_service.target_credentials import TargetCredentialError, relay_target
 
 
 class PoisonPolicy(StrEnum):

@@ -142,7 +142,8 @@ def test_shards_render_a_deployment_peering_and_budget_each() -> None:
         f"bf-broker-failover-shard-{i}": (f"{i}/3", f"bfp-shard-{i}") for i in range(3)
     }
     assert len({tuple(sorted(selector.items())) for _, _, selector in shards.values()}) == 3
-    peerings = sorted(doc["metadata"]["name"] for doc in docs if doc["kind"] == "ClusterKopfPeering")
+    # The default install watches the release namespace: a KopfPeering there per shard.
+    peerings = sorted(doc["metadata"]["name"] for doc in docs if doc["kind"] == "KopfPeering")
     assert peerings == ["bfp-shard-0", "bfp-shard-1", "bfp-shard-2"]
     budgets = {
         doc["metadata"]["name"]: doc["spec"]["selector"]["matchLabels"]
@@ -157,6 +158,73 @@ def test_shards_render_a_deployment_peering_and_budget_each() -> None:
     env = {e["name"] for e in single["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert single["metadata"]["name"] == "bf-broker-failover" and "OPERATOR_SHARD" not in env
     assert "broker.failover.dev/shard" not in single["spec"]["selector"]["matchLabels"]
+
+
+def operator_env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_the_default_install_writes_only_in_the_release_namespace() -> None:
+    """Issue 39: the narrow install is the default. Every namespaced rule is in a Role in the release
+    namespace; the ClusterRole only reads the cluster-scoped things kopf and the drain handling need."""
+    docs = render("--namespace", "brokers")
+    placed = sorted(
+        (doc["kind"], doc["metadata"].get("namespace"))
+        for doc in docs
+        if doc["kind"] in ("Role", "RoleBinding")
+    )
+    assert placed == [("Role", "brokers"), ("RoleBinding", "brokers")]
+    (role,) = [doc for doc in docs if doc["kind"] == "Role"]
+    assert any("secrets" in rule["resources"] for rule in role["rules"])
+    (cluster_role,) = [doc for doc in docs if doc["kind"] == "ClusterRole"]
+    for rule in cluster_role["rules"]:
+        assert set(rule["verbs"]) <= {"list", "watch"}, rule
+        assert set(rule["resources"]) <= {"customresourcedefinitions", "namespaces", "nodes"}, rule
+    assert operator_env(docs)["OPERATOR_NAMESPACES"] == "brokers"
+    assert not [doc for doc in docs if doc["kind"].startswith("ValidatingAdmissionPolicy")]
+    # Endpoints mode reaches no host until the installer lists some (set, and empty).
+    assert operator_env(docs)["OPERATOR_ENDPOINT_HOSTS"] == ""
+    assert operator_env(docs)["OPERATOR_BROKER_POD_SECURITY"] == "restricted"
+    listed = render("--set", "operator.endpointHosts={*.erp.example.com,10.20.0.0/16}")
+    assert operator_env(listed)["OPERATOR_ENDPOINT_HOSTS"] == "*.erp.example.com,10.20.0.0/16"
+    # Given namespaces: a Role in each, none in the release namespace unless listed.
+    docs = render("--namespace", "brokers", "--set", "operator.watchNamespaces={erp,hr}")
+    placed = sorted((doc["kind"], doc["metadata"].get("namespace")) for doc in docs if doc["kind"] == "Role")
+    assert placed == [("Role", "erp"), ("Role", "hr")]
+    assert operator_env(docs)["OPERATOR_NAMESPACES"] == "erp,hr"
+
+
+def test_cluster_wide_renders_a_cluster_role_and_the_writes_guard() -> None:
+    docs = render("--namespace", "brokers", "--set", "operator.clusterWide=true")
+    assert not [doc for doc in docs if doc["kind"] in ("Role", "RoleBinding")]
+    (cluster_role,) = [doc for doc in docs if doc["kind"] == "ClusterRole"]
+    assert any("endpointslices" in rule["resources"] for rule in cluster_role["rules"])
+    assert operator_env(docs)["OPERATOR_NAMESPACES"] == ""
+    (policy,) = [doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "'system:serviceaccount:brokers:bf-broker-failover'" in condition["expression"]
+    guarded = {
+        resource
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for resource in rule["resources"]
+    }
+    assert {"endpointslices", "networkpolicies", "pods", "secrets", "services"} <= guarded
+    # Cluster-wide with a namespace list is a contradiction: refused, saying so.
+    helm = built_tools_dir() / "helm"
+    both = ["--set", "operator.clusterWide=true", "--set", "operator.watchNamespaces={erp}"]
+    refused = subprocess.run(
+        [str(helm), "template", "bf", str(CHART), *both], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0 and "operator.clusterWide watches every namespace" in refused.stderr
+    # The guard can be left out (a cluster without admissionregistration.k8s.io/v1), never silently.
+    docs = render(
+        "--namespace", "brokers", "--set", "operator.clusterWide=true", "--set", "operator.writesGuard=false"
+    )
+    assert not [doc for doc in docs if doc["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 @pytest.mark.parametrize(

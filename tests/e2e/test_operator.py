@@ -1094,10 +1094,9 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
     def stuck_condition() -> dict[str, Any] | None:
         condition = ready_condition(sealed_cluster, namespace, name)
         seen[:] = [condition]
-        # Pods first wait for their fresh journal claims (WaitForFirstConsumer: the scheduler picks
-        # the node, then the provisioner's helper pod makes the volume, a few seconds); the state
-        # that lasts is the missing Secret.
-        named = condition and condition["reason"] == "BrokerPodsNotRunning"
+        # No pod is made before the Secret exists (it would mount any Secret of that name that
+        # appeared later): the credentials check names it (issue 39).
+        named = condition and condition["reason"] == "CredentialRefused"
         return condition if named and "unready-endpoints" in condition["message"] else None
 
     try:
@@ -1107,13 +1106,19 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
         statuses = [p.get("status") for p in (pods or {}).get("items", [])]
         pytest.fail(f"Ready condition {seen}; pod statuses {statuses}")
     assert stuck["status"] == "False"
-    assert "CreateContainerConfigError" in stuck["message"] and "unready-endpoints" in stuck["message"]
-    assert "create the Secret" in stuck["message"]
-    assert "BrokerPodsNotRunning" in event_reasons(sealed_cluster, namespace, name)
+    assert (
+        "Secret " + namespace + "/unready-endpoints (spec.backend.urlSecretRef) does not exist"
+        in stuck["message"]
+    )
+    assert "broker.failover.dev/credential=true" in stuck["message"]
+    assert "CredentialRefused" in event_reasons(sealed_cluster, namespace, name)
     sealed_cluster.kubectl(
         "-n", namespace, "create", "secret", "generic", "unready-endpoints",
         f"--from-literal=backend={simulators['backend']}",
     )  # fmt: skip
+    sealed_cluster.kubectl(
+        "-n", namespace, "label", "secret", "unready-endpoints", "broker.failover.dev/credential=true"
+    )
     ready = wait_for(
         "Ready=True once the Secret exists",
         lambda: (c := ready_condition(sealed_cluster, namespace, name)) and c["status"] == "True" and c,

@@ -83,3 +83,15 @@ def test_the_readme_table_names_every_value() -> None:
         if not named and not (f"`.{last}`" in cells and f"`{head}." in cells):
             missing.append(path)
     assert missing == []
+
+
+def test_the_narrow_install_is_the_default() -> None:
+    """Issue 39: cluster-wide write rights are asked for (operator.clusterWide), never the default,
+    and the writes guard is on whenever they are."""
+    values, _ = load()
+    assert values["operator"]["clusterWide"] is False
+    assert values["operator"]["watchNamespaces"] == []
+    assert values["operator"]["writesGuard"] is True
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    # The namespaced rules reach a ClusterRole only under clusterWide.
+    assert '{{- if .Values.operator.clusterWide }}\n  {{- include "broker-failover.namespacedRules"' in rbac

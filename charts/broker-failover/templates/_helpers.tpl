@@ -54,3 +54,20 @@ Called with (list $ shardIndex).
 {{ $root.Values.operator.peering }}
 {{- end -}}
 {{- end }}
+
+{{- /*
+The namespaces the operator watches, as a JSON list (use with fromJsonArray): empty when
+operator.clusterWide (every namespace); otherwise operator.watchNamespaces, or the release
+namespace alone when that is empty. The narrow install is the default (charts/README.md,
+"Permissions"): the operator's writes then reach the namespaces it was given and no other.
+*/ -}}
+{{- define "broker-failover.watchNamespaces" -}}
+{{- if .Values.operator.clusterWide -}}
+{{- if .Values.operator.watchNamespaces -}}
+{{- fail "operator.clusterWide watches every namespace: leave operator.watchNamespaces empty, or set clusterWide=false to watch only those" -}}
+{{- end -}}
+[]
+{{- else -}}
+{{- default (list .Release.Namespace) .Values.operator.watchNamespaces | toJson -}}
+{{- end -}}
+{{- end -}}

@@ -13,10 +13,11 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
 - reads the token Secret again every ``token_recheck_seconds`` (less often with many clusters:
   ``token_reads_per_second`` over all of them) and hands a new value to the
   heartbeat client (which also re-reads it when a broker refuses every token it knows), so a
-  rotated token is used without a restart; the same read writes the brokers' verifiers when a
-  token changed (``verifiers.sync_verifiers``), which is how the brokers learn it. Not a Secret
-  watch: that would stream every Secret
-  of the namespace through the operator, and a user-named Secret carries no label to filter on;
+  rotated token is used without a restart; only a Secret that opts in as a credential is read
+  for its value (credentials.py). The same read writes the brokers' verifiers when a token
+  changed (``verifiers.sync_verifiers``), which is how the brokers learn it. Not a Secret watch:
+  that would stream every Secret of the namespace through the operator, and RBAC cannot narrow
+  list/watch to the opt-in label;
 - once the engine has stopped because the BrokerCluster was deleted, drops the
   cluster's metric series (``metrics.forget_cluster``). Here rather than in the
   delete handler: kopf runs that handler while the daemon is still stopping, and
@@ -39,9 +40,10 @@ import kopf
 
 from broker_contracts.redact import redact_url
 from broker_operator import metrics
-from broker_operator.controller import names, verifiers
+from broker_operator.controller import credentials, names, verifiers
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.endpoint_hosts import endpoint_refusals
 from broker_operator.controller.observed import pod_ready, targets_for
 from broker_operator.controller.reconcile import ClusterRef, conflict_owner
 from broker_operator.controller.shell import KubernetesClusterShell
@@ -108,9 +110,18 @@ async def _ready_to_run(
             except (SpecError, SettingsError) as error:
                 waiting_for = f"a valid spec ({error})"
             else:
+                outside = endpoint_refusals(
+                    ((e.name, e.url) for e in parsed.endpoints), context.settings.endpoint_hosts
+                )
                 token_ref = parsed.token_ref(ref.name)
-                token = await context.engine_api.read_secret_value(
-                    ref.namespace, token_ref.name, token_ref.key
+                # Only a Secret that opts in is sent anywhere (credentials.py); reconcile reports a
+                # refusal as the CredentialsAllowed condition and an event.
+                token, refused = await credentials.read_operator_token(
+                    context.engine_api,
+                    ref.namespace,
+                    ref.name,
+                    str(ref.body["metadata"].get("uid") or ""),
+                    parsed,
                 )
                 observations = context.observations_for(ref.namespace, ref.name)
                 addressed = {target.name for target in targets_for(parsed, observations.pods)}
@@ -120,8 +131,13 @@ async def _ready_to_run(
                     if parsed.endpoints_mode
                     else {name for name, pod in observations.pods.items() if pod_ready(pod)} & addressed
                 )
-                problem = verifiers.token_problem(ref.namespace, token_ref, "operator's", token)
-                if problem is not None or token is None:
+                if outside:
+                    waiting_for = f"endpoints it may reach: {'; '.join(outside)}"
+                elif refused is not None:
+                    waiting_for = f"a credential it may use: {refused.message}"
+                elif (
+                    problem := verifiers.token_problem(ref.namespace, token_ref, "operator's", token)
+                ) or not token:
                     waiting_for = f"a usable token: {problem}"
                 elif may_start(
                     expected=expected_brokers(ref.name, parsed),
@@ -144,8 +160,9 @@ async def read_token(
 ) -> str | None:
     """The operator token now in the cluster's Secret (the one the spec names now, if it is valid),
     None if it cannot be used; and the brokers' verifiers brought in line with both tokens, which
-    is how a rotated token reaches the brokers (verifiers.py). A token that cannot be used is
-    reported (a Warning event, once per problem) and the current one kept."""
+    is how a rotated token reaches the brokers (verifiers.py). A token that cannot be used, or a
+    Secret that does not opt in as a credential (credentials.py), is reported (a Warning event,
+    once per problem) and the current one kept."""
     try:
         current = parse_spec(ref.name, spec)
     except SpecError:
@@ -257,6 +274,13 @@ async def _run_engine(
             fresh_settings = HeartbeatSettings.from_spec(spec)
         except (SpecError, SettingsError) as error:
             logger.warning("keeping the previous heartbeat settings: %s", error)
+            return
+        outside = endpoint_refusals(
+            ((e.name, e.url) for e in fresh.endpoints), context.settings.endpoint_hosts
+        )
+        if outside:
+            # Never heartbeat a URL the installer did not allow; reconcile reports it.
+            logger.warning("keeping the previous heartbeat targets: %s", "; ".join(outside))
             return
         shell.set_broker_names(expected_brokers(current.name, fresh))
         targets = targets_for(fresh, observations.pods)

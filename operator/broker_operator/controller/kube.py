@@ -352,19 +352,20 @@ class KubeApi:
             if error.status != HTTP_NOT_FOUND:
                 raise
 
-    async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Secret ``name`` as the API server returns it; None if it does not exist. Whether it may be
+        used is ``credentials.py``'s question, asked before any value is decoded."""
         try:
-            secret = await self._thread(_raw_json, self._core.read_namespaced_secret, name, namespace)
+            return await self._thread(_raw_json, self._core.read_namespaced_secret, name, namespace)
         except ApiException as error:
             if error.status == HTTP_NOT_FOUND:
                 return None
             raise
-        if key in (secret.get("data") or {}):
-            return base64.b64decode(secret["data"][key]).decode()
-        # stringData is write-only on a real API server; simpler API servers may echo it back.
-        value = (secret.get("stringData") or {}).get(key)
-        return str(value) if value is not None else None
+
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value of ``key`` in Secret ``name``; None if the Secret or key is absent."""
+        secret = await self.read_secret(namespace, name)
+        return None if secret is None else secret_value(secret, key)
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """Every key of Secret ``name``, decoded; None if it is absent. For Secrets that hold no
@@ -388,6 +389,15 @@ class KubeApi:
             {"data": encoded},
             _content_type="application/merge-patch+json",
         )
+
+
+def secret_value(secret: Mapping[str, Any], key: str) -> str | None:
+    """The decoded value of ``key`` in a Secret body; None if the key is absent."""
+    if key in (secret.get("data") or {}):
+        return base64.b64decode(secret["data"][key]).decode()
+    # stringData is write-only on a real API server; simpler API servers may echo it back.
+    value = (secret.get("stringData") or {}).get(key)
+    return str(value) if value is not None else None
 
 
 def _raw_json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

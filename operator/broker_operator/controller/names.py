@@ -33,6 +33,11 @@ LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
 LABEL_ROLE: Final = "role"
 ROLE_ACTIVE: Final = "active"
 ROLE_STANDBY: Final = "standby"
+# The opt-in a Secret must carry before the operator uses it as a credential (credentials.py): sends
+# it as a bearer token or mounts it into a broker pod. Without it a BrokerCluster's author could
+# name any Secret of the namespace and have the operator hand its value to a server of their own.
+LABEL_CREDENTIAL: Final = f"{GROUP}/credential"
+CREDENTIAL_OPT_IN: Final = "true"
 # Who the BrokerCluster's events are from (`kubectl describe`), the engine's and kopf's alike.
 EVENT_COMPONENT: Final = "broker-failover-operator"
 

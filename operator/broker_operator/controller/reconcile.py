@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
@@ -24,9 +23,11 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import builders, names, verifiers
 from broker_operator.controller.claims import apply_claim_retention
+from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
+from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -59,30 +60,6 @@ def conflict_owner(ref: ClusterRef, claims: Iterable[PairClaim]) -> str | None:
     """The older BrokerCluster that holds this one's pair, if any."""
     meta = ref.body["metadata"]
     return conflicting_owner(PairClaim(str(meta.get("creationTimestamp") or ""), ref.name), claims)
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _conditions(ref: ClusterRef) -> list[Mapping[str, Any]]:
-    return list(ref.status.get("conditions") or [])
-
-
-def _set_condition(
-    ref: ClusterRef, patch: MutableMapping[str, Any], kind: str, *, ok: bool, reason: str, message: str
-) -> None:
-    """Set one condition, writing only when its status, reason or message changed (on top of any
-    condition this pass already set)."""
-    conditions = [dict(c) for c in patch.get("conditions", ref.status.get("conditions")) or []]
-    current = next((c for c in conditions if c.get("type") == kind), None)
-    wanted = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
-    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
-        return
-    generation = ref.body["metadata"].get("generation")
-    wanted.update(lastTransitionTime=_now(), **({"observedGeneration": generation} if generation else {}))
-    conditions = [c for c in conditions if c.get("type") != kind] + [wanted]
-    patch["conditions"] = conditions
 
 
 async def reconcile_cluster(
@@ -137,8 +114,12 @@ async def reconcile_cluster(
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
 
-    token_problem = await ensure_children(context, ref, parsed)
-    if token_problem is not None or any(c.get("type") == CONDITION_TOKENS_VALID for c in _conditions(ref)):
+    refused = check_endpoints(context, ref, parsed, status_patch, logger)
+    refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
+    refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
+    token_problem = await ensure_children(context, ref, parsed, make_pods=not refused)
+    shown = any(c.get("type") == CONDITION_TOKENS_VALID for c in ref.status.get("conditions") or [])
+    if token_problem is not None or shown:
         # Shown when a token is wrong, and kept (True) once it was fixed; absent while all is well.
         reason = "Valid" if token_problem is None else "InvalidToken"
         message = token_problem or "both tokens are usable; the brokers hold their verifiers"
@@ -153,9 +134,11 @@ async def reconcile_cluster(
     await ensure_network_policy(context, ref, parsed, logger)
     if not parsed.endpoints_mode:
         await ensure_disruption_budget(context, ref, parsed, status_patch)
-        await roll_out(context, ref, parsed, logger)
+        if not refused:
+            await roll_out(context, ref, parsed, logger)
         await apply_claim_retention(context, ref, parsed, logger)
-    report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    if not refused:
+        report_readiness(ref, status_patch, observations.pods, observations.first_report)
     return parsed
 
 
@@ -174,7 +157,9 @@ def report_readiness(
         kopf.warn(ref.kopf_body, reason=ready.reason, message=ready.message)
 
 
-async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> str | None:
+async def ensure_children(
+    context: ControllerContext, ref: ClusterRef, spec: ClusterSpec, *, make_pods: bool = True
+) -> str | None:
     """Create whatever child is missing; existing children are left as they are (pods roll, see below).
 
     Services, claims and the Secret are created once per spec generation and then remembered, so
@@ -204,6 +189,8 @@ async def ensure_children(context: ControllerContext, ref: ClusterRef, spec: Clu
             kopf.info(owner, reason="Created", message=f"created {key}")
         observations.ensured.add(key)
 
+    if not make_pods:
+        return None  # a named Secret may not be mounted (check_credentials says which)
     missing = [o for o in range(spec.replicas) if names.pod_name(ref.name, o) not in observations.pods]
     problem = await ensure_verifiers(context, ref, spec, again=bool(missing))
     if problem is not None:

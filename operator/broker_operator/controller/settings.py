@@ -16,8 +16,10 @@ import random
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from broker_operator.controller.endpoint_hosts import EndpointHosts
+from broker_operator.controller.pod_security import POD_SECURITY_LEVELS, BrokerImages
 from broker_operator.controller.sharding import Shard
 
 
@@ -62,6 +64,15 @@ class ControllerSettings:
     pod_labels: tuple[tuple[str, str], ...] = ()
     # This process drives only the BrokerClusters of its shard (sharding.py); None: all of them.
     shard: Shard | None = None
+    # The hosts spec.endpoints[].url may name (endpoint_hosts.py); None: any (a bare operator; the
+    # chart always sets a list, empty by default: no endpoints-mode cluster until the installer
+    # names where its brokers live).
+    endpoint_hosts: EndpointHosts | None = None
+    # Broker pods: "restricted" refuses a spec whose securityContexts break the restricted Pod
+    # Security Standard, "unchecked" leaves that to Pod Security admission; images: fnmatch
+    # patterns spec.image must match (empty: any). See pod_security.py.
+    broker_pod_security: str = "restricted"
+    broker_images: BrokerImages = field(default_factory=BrokerImages)
 
     def token_recheck_for(self, running: int) -> float:
         """Seconds between a cluster's periodic token re-reads while ``running`` clusters run."""
@@ -154,7 +165,33 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         default=env("OPERATOR_SHARD", ""),
         help="INDEX/COUNT: drive only the BrokerClusters of this shard (env OPERATOR_SHARD); default: all",
     )
+    parser.add_argument(
+        "--endpoint-hosts",
+        default=environ.get("OPERATOR_ENDPOINT_HOSTS"),
+        help="comma-separated host patterns (*.erp.example.com) and networks (10.0.0.0/8) that "
+        "spec.endpoints[].url may name; '*': any; set but empty: none (env OPERATOR_ENDPOINT_HOSTS); "
+        "default: any",
+    )
+    parser.add_argument(
+        "--broker-pod-security",
+        choices=POD_SECURITY_LEVELS,
+        default=env("OPERATOR_BROKER_POD_SECURITY", "restricted"),
+        help="restricted: refuse broker securityContexts the restricted Pod Security Standard forbids "
+        "(env OPERATOR_BROKER_POD_SECURITY)",
+    )
+    parser.add_argument(
+        "--broker-images",
+        default=env("OPERATOR_BROKER_IMAGES", ""),
+        help="comma-separated fnmatch patterns spec.image must match; empty: any "
+        "(env OPERATOR_BROKER_IMAGES)",
+    )
     args = parser.parse_args(argv)
+    try:
+        endpoint_hosts = (
+            None if args.endpoint_hosts is None else EndpointHosts.parse(args.endpoint_hosts.split(","))
+        )
+    except ValueError as error:
+        parser.error(f"--endpoint-hosts / OPERATOR_ENDPOINT_HOSTS: {error}")
     try:
         pod_labels = parse_pod_labels(args.pod_labels)
     except ValueError as error:
@@ -191,6 +228,9 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         pod_namespace=args.pod_namespace,
         pod_labels=pod_labels,
         shard=shard,
+        endpoint_hosts=endpoint_hosts,
+        broker_pod_security=args.broker_pod_security,
+        broker_images=BrokerImages.parse(args.broker_images.split(",")),
     )
 
 

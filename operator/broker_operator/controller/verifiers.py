@@ -32,7 +32,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from broker_contracts.token_verifier import MIN_TOKEN_BYTES, token_verifier
-from broker_operator.controller import names
+from broker_operator.controller import credentials, names
 from broker_operator.controller.builders import cluster_labels
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.spec import ClusterSpec, SecretRef
@@ -40,12 +40,17 @@ from broker_operator.controller.spec import ClusterSpec, SecretRef
 Manifest = dict[str, Any]
 
 
-def _owned_secret(owner: Mapping[str, Any], name: str, data: Mapping[str, str]) -> Manifest:
+def _owned_secret(
+    owner: Mapping[str, Any], name: str, data: Mapping[str, str], *, credential: bool = False
+) -> Manifest:
     cluster = owner["metadata"]["name"]
+    labels = cluster_labels(cluster)
+    if credential:  # the opt-in (credentials.py): the operator's own tokens are usable as such
+        labels = {**labels, names.LABEL_CREDENTIAL: names.CREDENTIAL_OPT_IN}
     metadata: Manifest = {
         "name": name,
         "namespace": owner["metadata"].get("namespace"),
-        "labels": cluster_labels(cluster),
+        "labels": labels,
         "ownerReferences": [dict(kopf.build_owner_reference(owner))],  # type: ignore[arg-type]
     }
     return {
@@ -60,7 +65,7 @@ def _owned_secret(owner: Mapping[str, Any], name: str, data: Mapping[str, str]) 
 def build_token_secret(owner: Mapping[str, Any]) -> Manifest:
     """``<cluster>-broker-token`` with a fresh random token, for clusters without ``auth.tokenSecretRef``."""
     name = names.generated_token_secret_name(owner["metadata"]["name"])
-    return _owned_secret(owner, name, {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)})
+    return _owned_secret(owner, name, {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)}, credential=True)
 
 
 def build_backend_token_secret(owner: Mapping[str, Any]) -> Manifest:
@@ -68,7 +73,7 @@ def build_backend_token_secret(owner: Mapping[str, Any]) -> Manifest:
     ``auth.backendTokenSecretRef``. Give its value to the backend: brokers refuse SendMessages
     without it, and it opens nothing else."""
     name = names.generated_backend_token_secret_name(owner["metadata"]["name"])
-    return _owned_secret(owner, name, {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)})
+    return _owned_secret(owner, name, {names.TOKEN_FILE_KEY: secrets.token_urlsafe(32)}, credential=True)
 
 
 def verifier_data(operator_token: str, backend_token: str) -> dict[str, str]:
@@ -110,14 +115,29 @@ class VerifierSync:
 async def sync_verifiers(
     api: KubeApi, namespace: str, owner: Mapping[str, Any], spec: ClusterSpec
 ) -> VerifierSync:
-    """Read both tokens; if both are usable, create or update ``<cluster>-broker-verifiers`` to
-    their verifiers (one read of it, and a write only when it differs)."""
+    """Read both tokens, each only from a Secret that may be used as a credential (credentials.py);
+    if both are usable, create or update ``<cluster>-broker-verifiers`` to their verifiers (one read
+    of it, and a write only when it differs)."""
     cluster = owner["metadata"]["name"]
+    uid = str(owner["metadata"].get("uid") or "")
     operator_ref, backend_ref = spec.token_ref(cluster), spec.backend_token_ref(cluster)
-    operator_token = await api.read_secret_value(namespace, operator_ref.name, operator_ref.key)
-    backend_token = await api.read_secret_value(namespace, backend_ref.name, backend_ref.key)
-    operator_problem = token_problem(namespace, operator_ref, "operator's", operator_token)
-    problem = operator_problem or token_problem(namespace, backend_ref, "backend's", backend_token)
+    operator_token, operator_refused = await credentials.read_token(
+        api, namespace, uid, credentials.operator_token(cluster, spec)
+    )
+    backend_token, backend_refused = await credentials.read_token(
+        api, namespace, uid, credentials.backend_token(cluster, spec)
+    )
+    operator_problem = (
+        operator_refused.message
+        if operator_refused is not None
+        else token_problem(namespace, operator_ref, "operator's", operator_token)
+    )
+    backend_problem = (
+        backend_refused.message
+        if backend_refused is not None
+        else token_problem(namespace, backend_ref, "backend's", backend_token)
+    )
+    problem = operator_problem or backend_problem
     if problem is not None or operator_token is None or backend_token is None:
         return VerifierSync(operator_token if operator_problem is None else None, problem)
     wanted = build_verifier_secret(owner, operator_token, backend_token)

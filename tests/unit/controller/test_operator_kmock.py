@@ -69,6 +69,8 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         # No broker answers here (kmock runs no pods): valid, and not Ready yet, saying why.
         assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
             ("SpecValid", "True", "Valid"),
+            ("PodSecurityAllowed", "True", "Allowed"),
+            ("CredentialsAllowed", "True", "OptedIn"),
             ("DrainAllowed", "True", "NotDraining"),
             ("Ready", "False", "WaitingForBrokers"),
         ]
