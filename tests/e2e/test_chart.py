@@ -388,6 +388,7 @@ GRANTED_FOR_PATHS_THIS_TEST_DOES_NOT_TAKE = {
     ("delete", "networking.k8s.io/networkpolicies"),  # spec.networkPolicy.enabled set back to false
     ("update", "discovery.k8s.io/endpointslices"),  # the -active slice re-pointed: a later failover
     ("patch", "policy/poddisruptionbudgets"),  # drainWithoutStandby: Evict, a drain with no standby
+    ("patch", "/secrets"),  # a token rotated: the brokers' verifier Secret rewritten (verifiers.py)
     # The epoch's compare-and-swap reads the object only when kopf's live view was behind (epochs.py).
     ("get", "broker.failover.dev/brokerclusters"),
     # Converting a -active Service of the selector era (test_active_service.py takes this path):
