@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.redact import basic_credential
+from broker_contracts.token_verifier import token_verifier
 from broker_service.settings import SettingsError, parse_settings
 from broker_service.target_credentials import TargetCredentialError, relay_target
 
@@ -62,12 +63,14 @@ def test_userinfo_and_a_credentials_directory_together_are_refused(tmp_path: Pat
 
 def test_settings_refuse_a_credentials_directory_without_usable_keys(tmp_path: Path) -> None:
     (tmp_path / "username").write_text("only-a-user")
-    (tmp_path / "op").write_text("operator-token")
-    (tmp_path / "bk").write_text("backend-token")
+    verifiers = tmp_path / "verifiers"  # not in the credentials directory, whose keys are checked
+    verifiers.mkdir()
+    (verifiers / "op").write_text(token_verifier("operator-token"))
+    (verifiers / "bk").write_text(token_verifier("backend-token"))
     argv = [
         "--data-dir", str(tmp_path / "data"),
-        "--token-file", str(tmp_path / "op"),
-        "--backend-token-file", str(tmp_path / "bk"),
+        "--token-verifier-file", str(verifiers / "op"),
+        "--backend-token-verifier-file", str(verifiers / "bk"),
         "--backend-url", "https://erp.example",
         "--backend-credentials-dir", str(tmp_path),
     ]  # fmt: skip

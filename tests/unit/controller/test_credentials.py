@@ -34,7 +34,8 @@ from tests.unit.controller.conftest import (
 )
 from tests.unit.controller.test_metrics_forgotten import CLUSTERS_URL
 
-SECRET_VALUE = "victim-database-password-7f3a"
+SECRET_VALUE = "victim-database-password-7f3a-9c1d2e3f4a5b"  # as long as a real token
+OPTED_IN_TOKEN = "opted-in-token-long-enough-for-the-32-byte-minimum"
 LABEL = "broker.failover.dev/credential"  # the documented opt-in, spelled out as users write it
 OPTED_IN = {LABEL: "true"}
 
@@ -116,7 +117,7 @@ async def test_a_labelled_token_secret_is_sent(kmock: kmock.KubernetesEmulator, 
     runner, port, heard = await recording_brokers()
     try:
         async with running_operator(kmock, kube_api):
-            await create_secret(kmock, "broker-token", {"token": "opted-in-token"}, labels=OPTED_IN)
+            await create_secret(kmock, "broker-token", {"token": OPTED_IN_TOKEN}, labels=OPTED_IN)
             body = cluster_body(
                 "allowed",
                 endpoints=endpoints_at(port, "allowed"),
@@ -124,7 +125,7 @@ async def test_a_labelled_token_secret_is_sent(kmock: kmock.KubernetesEmulator, 
             )
             await create_cluster(kmock, body)
             await eventually(lambda: bool(heard))
-            assert set(heard) == {"Bearer opted-in-token"}
+            assert set(heard) == {f"Bearer {OPTED_IN_TOKEN}"}
             await eventually(lambda: condition(kmock, "allowed", "CredentialsAllowed") is not None)
             allowed = condition(kmock, "allowed", "CredentialsAllowed")
             assert allowed is not None and allowed["status"] == "True"
@@ -197,7 +198,7 @@ async def test_generated_secrets_opt_in_and_an_older_unlabelled_one_of_this_clus
             "namespace": NAMESPACE,
             "ownerReferences": [{**owned_by_me, "controller": True}],
         },
-        "data": {"token": base64.b64encode(b"from-an-earlier-version").decode()},
+        "data": {"token": base64.b64encode(b"from-an-earlier-version-of-the-operator-0123").decode()},
     }
     response = await kmock.post(f"/api/v1/namespaces/{NAMESPACE}/secrets", json=older)
     assert response.status < 300, await response.text()
@@ -206,7 +207,7 @@ async def test_generated_secrets_opt_in_and_an_older_unlabelled_one_of_this_clus
         async with running_operator(kmock, kube_api):
             await create_cluster(kmock, cluster_body("old", endpoints=endpoints_at(port, "old")))
             await eventually(lambda: bool(heard))
-            assert set(heard) == {"Bearer from-an-earlier-version"}
+            assert set(heard) == {"Bearer from-an-earlier-version-of-the-operator-0123"}
             secrets = objects_of(kmock, "v1/secrets")
             assert secrets["old-backend-token"]["metadata"]["labels"][LABEL] == "true"
             assert LABEL not in (secrets["old-broker-token"]["metadata"].get("labels") or {})

@@ -15,6 +15,7 @@ import kmock
 import pytest
 
 from broker_contracts.token_verifier import token_verifier
+from broker_operator.controller import names
 from broker_operator.controller.kube import KubeApi
 from tests.unit.controller.conftest import (
     NAMESPACE,
@@ -44,7 +45,10 @@ def secret_value(api: kmock.KubernetesEmulator, name: str, key: str) -> str | No
 async def put_token(api: kmock.KubernetesEmulator, name: str, token: str, *, create: bool) -> None:
     data = {"token": base64.b64encode(token.encode()).decode()}
     if create:
-        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE}}
+        # Opted in as a credential (credentials.py), as a user's token Secret must be.
+        labels = {names.LABEL_CREDENTIAL: names.CREDENTIAL_OPT_IN}
+        metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata}
         response = await api.post(SECRETS_URL, json={**body, "data": data})
     else:
         response = await api.patch(f"{SECRETS_URL}/{name}", json={"data": data, "stringData": None})
