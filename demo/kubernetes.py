@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -54,6 +53,7 @@ from local_cluster.relay import (
     SIM_PORT,
     Relay,
     RelayError,
+    example_secrets,
     message_log_claim,
     simulator_objects,
     wait_until,
@@ -238,16 +238,14 @@ def install_chart(kubectl: Kubectl) -> None:
 
 def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
     say(4, "the SAP backend and the cloud (simulator pods behind Services), and the Secrets they use")
-    token = os.urandom(16).hex()
-    kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-broker-credential",
-                f"--from-literal=token={token}", echo=False)  # fmt: skip
-    note("$ kubectl create secret generic erp-broker-credential --from-literal=token=...")
-    kubectl.run("-n", NAMESPACE, "create", "secret", "generic", "erp-endpoints",
-                f"--from-literal=backend=http://backend.{NAMESPACE}.svc:{SIM_PORT}",
-                f"--from-literal=cloud=http://cloud.{NAMESPACE}.svc:{SIM_PORT}")  # fmt: skip
-    # The operator uses a Secret only if it opts in as a credential (docs/operator.md, "Credentials").
-    kubectl.run("-n", NAMESPACE, "label", "secret", "erp-broker-credential", "erp-endpoints",
-                "broker.failover.dev/credential=true")  # fmt: skip
+    secrets = {"apiVersion": "v1", "kind": "List", "items": example_secrets(NAMESPACE)}
+    kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(secrets), echo=False)
+    note("$ kubectl create secret generic erp-endpoints --from-literal=backend=... --from-literal=cloud=...")
+    note("$ kubectl create secret generic erp-login --type=kubernetes.io/basic-auth   # what brokers present")
+    note("$ kubectl create secret generic erp-cloud-key --from-literal=token=...")
+    note("$ kubectl create secret generic erp-broker-credential --from-literal=token=...   # the backend's")
+    note("$ kubectl label secret erp-endpoints erp-login erp-cloud-key erp-broker-credential \\")
+    note("      broker.failover.dev/credential=true   # the operator uses only Secrets that opt in")
     objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
     note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")

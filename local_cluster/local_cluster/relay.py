@@ -293,6 +293,28 @@ class BackendClient:
 FAST_RETRYING_CLIENT = BackendClient(connect_timeout_seconds=0.03, backoff_max_seconds=0.02)
 
 
+def example_secrets(namespace: str) -> list[dict[str, Any]]:
+    """The Secrets ``examples/brokercluster-pods.yaml`` names, for the simulators behind Services of
+    ``namespace``: the targets' URLs, what the brokers present to them (never inside a URL; the
+    simulators take any), and the backend's token (32 random bytes, the operator's minimum). Each
+    opts in as a credential, or the operator would use none of them (docs/operator.md)."""
+
+    def secret(name: str, data: dict[str, str], kind: str = "Opaque") -> dict[str, Any]:
+        labels = {"broker.failover.dev/credential": "true"}
+        meta = {"name": name, "namespace": namespace, "labels": labels}
+        return {"apiVersion": "v1", "kind": "Secret", "type": kind, "metadata": meta, "stringData": data}
+
+    base = f"http://{{}}.{namespace}.svc:{SIM_PORT}"
+    return [
+        secret("erp-endpoints", {"backend": base.format("backend"), "cloud": base.format("cloud")}),
+        secret(
+            "erp-login", {"username": "broker", "password": os.urandom(16).hex()}, "kubernetes.io/basic-auth"
+        ),
+        secret("erp-cloud-key", {"token": os.urandom(16).hex()}),
+        secret("erp-broker-credential", {"token": os.urandom(16).hex()}),
+    ]
+
+
 def deploy_relay(
     cluster: SealedCluster,
     namespace: str,
@@ -330,13 +352,12 @@ def deploy_relay(
         "install", release, str(CHART), "--namespace", namespace, *settings, "--wait", "--timeout=240s",
         timeout=300,
     )  # fmt: skip
-    token = os.urandom(16).hex()
-    kubectl("create", "secret", "generic", "erp-broker-credential", f"--from-literal=token={token}")
     kubectl(
-        "create", "secret", "generic", "erp-endpoints",
-        f"--from-literal=backend=http://backend.{namespace}.svc:{SIM_PORT}",
-        f"--from-literal=cloud=http://cloud.{namespace}.svc:{SIM_PORT}",
-    )  # fmt: skip
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": example_secrets(namespace)}),
+    )
     backend_args = [
         f"--broker-url=http://{CLUSTER_NAME}-active.{namespace}.svc:8080",
         "--account=acme",
