@@ -71,7 +71,7 @@ def cluster_labels(cluster: str) -> dict[str, str]:
     }
 
 
-def _owned_meta(owner: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> Manifest:
+def owned_meta(owner: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> Manifest:
     return {
         "name": name,
         "namespace": owner["metadata"]["namespace"],
@@ -301,7 +301,7 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
         names.LABEL_ORDINAL: str(ordinal),
         names.LABEL_ROLE: names.ROLE_ACTIVE if active else names.ROLE_STANDBY,
     }
-    metadata = _owned_meta(owner, name, labels)
+    metadata = owned_meta(owner, name, labels)
     metadata["annotations"] = {names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec)}
     return {
         "apiVersion": "v1",
@@ -341,7 +341,7 @@ def build_journal_claim(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpe
     if spec.storage_class is not None:
         claim_spec["storageClassName"] = spec.storage_class
     labels = {**cluster_labels(cluster), names.LABEL_ORDINAL: str(ordinal)}
-    metadata = _owned_meta(owner, names.journal_claim_name(cluster, ordinal), labels)
+    metadata = owned_meta(owner, names.journal_claim_name(cluster, ordinal), labels)
     metadata["ownerReferences"] = claim_owner_references(owner, spec)
     if not metadata["ownerReferences"]:
         del metadata["ownerReferences"]  # retained: nothing garbage-collects it
@@ -365,7 +365,7 @@ def build_headless_service(owner: Mapping[str, Any]) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _owned_meta(owner, names.headless_service_name(cluster), cluster_labels(cluster)),
+        "metadata": owned_meta(owner, names.headless_service_name(cluster), cluster_labels(cluster)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -382,7 +382,7 @@ def build_active_service(owner: Mapping[str, Any]) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _owned_meta(owner, names.active_service_name(cluster), cluster_labels(cluster)),
+        "metadata": owned_meta(owner, names.active_service_name(cluster), cluster_labels(cluster)),
         "spec": {"ports": [_service_port()]},
     }
 
@@ -413,7 +413,7 @@ def build_active_endpoint_slice(
         names.LABEL_SERVICE_NAME: service,
         names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER,
     }
-    metadata = _owned_meta(owner, service, labels)
+    metadata = owned_meta(owner, service, labels)
     metadata["annotations"] = {
         names.ANNOTATION_EPOCH: str(epoch),
         names.ANNOTATION_ACTIVE: endpoint.pod if endpoint is not None else "",
@@ -451,21 +451,6 @@ def build_active_endpoint_slice(
     }
 
 
-@dataclass(frozen=True)
-class OperatorPods:
-    """Who the operator is on the pod network: its pods' namespace and labels (from its settings)."""
-
-    namespace: str
-    labels: tuple[tuple[str, str], ...] = ()
-
-    def peer(self) -> Manifest:
-        """The NetworkPolicyPeer of the operator's pods; every pod of its namespace without labels."""
-        peer: Manifest = {"namespaceSelector": {"matchLabels": {names.LABEL_NAMESPACE_NAME: self.namespace}}}
-        if self.labels:
-            peer["podSelector"] = {"matchLabels": dict(self.labels)}
-        return peer
-
-
 def build_active_disruption_budget(owner: Mapping[str, Any], *, evictable: bool) -> Manifest:
     """``<cluster>-active``: the eviction API refuses (429) to evict the pod labelled active, so a
     drain waits while the operator switches over to a standby on another node; the label then
@@ -482,66 +467,10 @@ def build_active_disruption_budget(owner: Mapping[str, Any], *, evictable: bool)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _owned_meta(owner, names.disruption_budget_name(cluster), cluster_labels(cluster)),
+        "metadata": owned_meta(owner, names.disruption_budget_name(cluster), cluster_labels(cluster)),
         "spec": {
             "minAvailable": 0 if evictable else 1,
             "selector": {"matchLabels": selector},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
-
-
-# Where brokers may send when spec.networkPolicy.egressTo lists nothing: the backend, the cloud and
-# an S3 message-log store may be anywhere, in the cluster (any pod: the peers' own policies decide)
-# or outside it, so every address except the link-local ranges, where clouds serve instance
-# metadata and with it the node's credentials (169.254.169.254, fd00:ec2::254).
-DEFAULT_EGRESS_PEERS: Final[tuple[Manifest, ...]] = (
-    {"namespaceSelector": {}},
-    {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}},
-    {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128"]}},
-)
-# DNS to any address: CoreDNS behind its Service, or a node-local cache on a link-local address.
-DNS_EGRESS: Final[Manifest] = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
-
-
-def build_network_policy(owner: Mapping[str, Any], spec: ClusterSpec, operator: OperatorPods) -> Manifest:
-    """``<cluster>-brokers-ingress``: the admin port from the operator only, the main port from the
-    listed sources (``spec.networkPolicy.sendMessagesFrom``; every source when it is absent); and
-    egress to DNS and, over TCP, to ``spec.networkPolicy.egressTo`` (the backend, the cloud, an S3
-    message-log store), or when that is absent to :data:`DEFAULT_EGRESS_PEERS`.
-
-    The operator is admitted to the main port too when sources are listed: it sends nothing there
-    (its token opens no SendMessages), but a pod created before brokers had an admin port takes
-    its heartbeats there until the rollout replaces it. Ports are named, so the policy follows the
-    container's ports. Probes come from the kubelet on the node, which most network plugins admit
-    whatever the policy says (docs/crd.md). A message-log volume (RWX) is mounted by the kubelet,
-    not reached by the pod, so it needs no egress rule.
-    """
-    cluster = owner["metadata"]["name"]
-    policy = spec.network_policy
-    if policy is None:
-        raise ValueError(f"BrokerCluster {cluster} has no spec.networkPolicy enabled: no policy to build")
-    main_rule: Manifest = {"ports": [{"protocol": "TCP", "port": names.BROKER_PORT_NAME}]}
-    if policy.send_messages_from is not None:
-        main_rule["from"] = [*(dict(peer) for peer in policy.send_messages_from), operator.peer()]
-    destinations = DEFAULT_EGRESS_PEERS if policy.egress_to is None else policy.egress_to
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _owned_meta(owner, names.network_policy_name(cluster), cluster_labels(cluster)),
-        "spec": {
-            "podSelector": {"matchLabels": cluster_labels(cluster)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {
-                    "from": [operator.peer()],
-                    "ports": [{"protocol": "TCP", "port": names.BROKER_ADMIN_PORT_NAME}],
-                },
-                main_rule,
-            ],
-            "egress": [
-                copy.deepcopy(DNS_EGRESS),
-                {"to": copy.deepcopy([dict(peer) for peer in destinations]), "ports": [{"protocol": "TCP"}]},
-            ],
         },
     }

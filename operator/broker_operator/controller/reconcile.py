@@ -21,7 +21,7 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from broker_operator.controller import builders, names, verifiers
+from broker_operator.controller import builders, names, network_policy, verifiers
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
@@ -392,8 +392,8 @@ async def _apply_network_policy(
             "its own namespace, so the policy could not admit its heartbeats; set OPERATOR_POD_NAMESPACE "
             "and OPERATOR_POD_LABELS (the Helm chart does) or --pod-namespace/--pod-labels"
         )
-    operator = builders.OperatorPods(operator_namespace, context.settings.pod_labels)
-    manifest = builders.build_network_policy(owner, spec, operator)
+    operator = network_policy.OperatorPods(operator_namespace, context.settings.pod_labels)
+    manifest = network_policy.build_network_policy(owner, spec, operator)
     if await context.api.create(manifest):
         kopf.info(owner, reason="Created", message=f"created {key}")
     else:

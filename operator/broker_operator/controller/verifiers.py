@@ -28,12 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 
 from broker_contracts.token_verifier import MIN_TOKEN_BYTES, token_verifier
 from broker_operator.controller import credentials, names
-from broker_operator.controller.builders import cluster_labels
+from broker_operator.controller.builders import cluster_labels, owned_meta
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.spec import ClusterSpec, SecretRef
 
@@ -43,16 +42,10 @@ Manifest = dict[str, Any]
 def _owned_secret(
     owner: Mapping[str, Any], name: str, data: Mapping[str, str], *, credential: bool = False
 ) -> Manifest:
-    cluster = owner["metadata"]["name"]
-    labels = cluster_labels(cluster)
+    labels = cluster_labels(owner["metadata"]["name"])
     if credential:  # the opt-in (credentials.py): the operator's own tokens are usable as such
         labels = {**labels, names.LABEL_CREDENTIAL: names.CREDENTIAL_OPT_IN}
-    metadata: Manifest = {
-        "name": name,
-        "namespace": owner["metadata"].get("namespace"),
-        "labels": labels,
-        "ownerReferences": [dict(kopf.build_owner_reference(owner))],  # type: ignore[arg-type]
-    }
+    metadata = owned_meta(owner, name, labels)
     return {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from broker_contracts.token_verifier import token_verifier
-from broker_operator.controller import builders, names, verifiers
+from broker_operator.controller import builders, names, network_policy, verifiers
 from broker_operator.controller.spec import parse_spec
 
 OWNER: dict[str, Any] = {
@@ -227,7 +227,7 @@ def test_broker_pods_serve_the_operator_on_a_named_admin_port_and_probes_stay_on
         assert [p["name"] for p in service["spec"]["ports"]] == ["soap"]
 
 
-OPERATOR_PODS = builders.OperatorPods("broker-system", (("app.kubernetes.io/instance", "bf"),))
+OPERATOR_PODS = network_policy.OperatorPods("broker-system", (("app.kubernetes.io/instance", "bf"),))
 OPERATOR_PEER = {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "broker-system"}},
     "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "bf"}},
@@ -242,7 +242,7 @@ def test_the_network_policy_admits_the_admin_port_from_the_operator_and_send_mes
         "orders",
         {"account": "a", "company": "c", "networkPolicy": {"enabled": True, "sendMessagesFrom": [backend]}},
     )
-    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    policy = network_policy.build_network_policy(OWNER, spec, OPERATOR_PODS)
     assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
     assert policy["metadata"]["name"] == "orders-brokers-ingress"
     (ref,) = policy["metadata"]["ownerReferences"]
@@ -258,7 +258,7 @@ def test_the_network_policy_admits_the_admin_port_from_the_operator_and_send_mes
 
 def test_without_sources_the_main_port_admits_everyone_and_without_labels_the_operators_namespace() -> None:
     spec = parse_spec("orders", {"account": "a", "company": "c", "networkPolicy": {"enabled": True}})
-    policy = builders.build_network_policy(OWNER, spec, builders.OperatorPods("ops"))
+    policy = network_policy.build_network_policy(OWNER, spec, network_policy.OperatorPods("ops"))
     admin, main = policy["spec"]["ingress"]
     assert admin["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
     assert main == {"ports": [{"protocol": "TCP", "port": "soap"}]}  # no `from`: every source
@@ -279,7 +279,7 @@ def test_the_network_policy_is_on_by_default_and_limits_the_brokers_egress() -> 
         ).network_policy
         is None
     )
-    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    policy = network_policy.build_network_policy(OWNER, spec, OPERATOR_PODS)
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     egress = policy["spec"]["egress"]
     assert egress[0] == DNS_RULE
@@ -299,7 +299,7 @@ def test_listed_egress_peers_replace_the_default_destinations() -> None:
         "orders",
         {"account": "a", "company": "c", "networkPolicy": {"egressTo": [erp, store]}},
     )
-    policy = builders.build_network_policy(OWNER, spec, OPERATOR_PODS)
+    policy = network_policy.build_network_policy(OWNER, spec, OPERATOR_PODS)
     assert policy["spec"]["egress"] == [DNS_RULE, {"to": [erp, store], "ports": [{"protocol": "TCP"}]}]
 
 
