@@ -20,6 +20,7 @@ from broker_operator.controller import credentials, names
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.endpoint_hosts import endpoint_refusals
+from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.pod_security import pod_security_refusals
 from broker_operator.controller.readiness import CONDITION_READY
 from broker_operator.controller.spec import ClusterSpec
@@ -53,14 +54,11 @@ def check_endpoints(
             message="every endpoint URL's host is in the operator's allowed endpoint hosts",
         )  # fmt: skip
         return False
-    message = "; ".join(found)
-    _set_condition(
-        ref, status_patch, CONDITION_ENDPOINTS, ok=False, reason="EndpointNotAllowed", message=message
-    )
-    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="EndpointNotAllowed", message=message)
-    if observations.first_report("EndpointNotAllowed", message):
-        kopf.warn(ref.kopf_body, reason="EndpointNotAllowed", message=message)
-    logger.warning("not heartbeating: %s", message)
+    _refuse(
+        ref, observations, status_patch, logger,
+        condition=CONDITION_ENDPOINTS, reason="EndpointNotAllowed", event_reason="EndpointNotAllowed",
+        message="; ".join(found), consequence="not heartbeating",
+    )  # fmt: skip
     return True
 
 
@@ -94,14 +92,11 @@ async def check_credentials(
         )  # fmt: skip
         return False
     observations.ensured.discard(key)
-    message = "; ".join(r.message for r in found)
-    _set_condition(
-        ref, status_patch, CONDITION_CREDENTIALS, ok=False, reason=found[0].reason, message=message
-    )
-    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="CredentialRefused", message=message)
-    if observations.first_report("CredentialRefused", message):
-        kopf.warn(ref.kopf_body, reason="CredentialRefused", message=message)
-    logger.warning("not using its Secrets: %s", message)
+    _refuse(
+        ref, observations, status_patch, logger,
+        condition=CONDITION_CREDENTIALS, reason=found[0].reason, event_reason="CredentialRefused",
+        message="; ".join(r.message for r in found), consequence="not using its Secrets",
+    )  # fmt: skip
     return True
 
 
@@ -134,12 +129,30 @@ def check_pod_security(
             message="the broker pods' image and securityContexts are within the operator's settings",
         )  # fmt: skip
         return False
-    message = "; ".join(found)
-    _set_condition(
-        ref, status_patch, CONDITION_POD_SECURITY, ok=False, reason="NotRestricted", message=message
-    )
-    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason="PodSecurityRefused", message=message)
-    if observations.first_report("PodSecurityRefused", message):
-        kopf.warn(ref.kopf_body, reason="PodSecurityRefused", message=message)
-    logger.warning("making no broker pod: %s", message)
+    _refuse(
+        ref, observations, status_patch, logger,
+        condition=CONDITION_POD_SECURITY, reason="NotRestricted", event_reason="PodSecurityRefused",
+        message="; ".join(found), consequence="making no broker pod",
+    )  # fmt: skip
     return True
+
+
+def _refuse(
+    ref: ClusterRef,
+    observations: ClusterObservations,
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    *,
+    condition: str,
+    reason: str,
+    event_reason: str,
+    message: str,
+    consequence: str,
+) -> None:
+    """A refusal, said the same way by every check: its condition False, ``Ready`` False, one
+    Warning event per message, and a log line naming what the operator does not do."""
+    _set_condition(ref, status_patch, condition, ok=False, reason=reason, message=message)
+    _set_condition(ref, status_patch, CONDITION_READY, ok=False, reason=event_reason, message=message)
+    if observations.first_report(event_reason, message):
+        kopf.warn(ref.kopf_body, reason=event_reason, message=message)
+    logger.warning("%s: %s", consequence, message)
