@@ -246,8 +246,20 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     process.wait(timeout=10)
 
 
+class DidNotSettleError(Exception):
+    """A size whose operator process gave no report in time: a result of the benchmark (that size
+    is beyond this machine), never a reason for it to stop without its headline."""
+
+
 def measure(
-    clusters: int, warmup: float, window: float, tuned_gc: bool, port: int, *, unavailable: bool = False
+    clusters: int,
+    warmup: float,
+    window: float,
+    tuned_gc: bool,
+    port: int,
+    *,
+    unavailable: bool = False,
+    settle: float = 120.0,
 ) -> dict[str, Any]:
     refuse = ["--refuse-activations"] if unavailable else []
     on_port = ["--port", str(port)]
@@ -261,18 +273,43 @@ def measure(
         flags = [] if tuned_gc else ["--default-gc"]
         operator = start(["--operator", str(clusters), str(warmup), str(window), *flags, *on_port])
         try:
-            out, _ = operator.communicate(timeout=warmup + window + 120)
+            out, _ = operator.communicate(timeout=warmup + window + settle)
+        except subprocess.TimeoutExpired:
+            raise DidNotSettleError(f"no report within {warmup + window + settle:g} s") from None
         finally:
             stop(operator)
         lines = out.decode().strip().splitlines()
         if not lines:
-            raise RuntimeError(
-                f"the operator process for N={clusters} printed no report (exit {operator.returncode})"
-            )
+            raise DidNotSettleError(f"the operator process printed no report (exit {operator.returncode})")
         return json.loads(lines[-1])
     finally:
         for standin in standins:
             stop(standin)
+
+
+def unavailable_figure(args: argparse.Namespace) -> float | None:
+    """API writes per second with every cluster's activations refused; None: skipped, or it did not settle."""
+    down = args.unavailable_clusters  # 0: skip this figure
+    report: dict[str, Any] | None = None
+    if down > 0:
+        warmup, window = args.unavailable_warmup, args.unavailable_window
+        try:
+            report = measure(
+                down, warmup, window, args.tuned_gc, args.port, unavailable=True, settle=args.settle_seconds
+            )
+        except DidNotSettleError as reason:
+            print(f"N={down} every activation refused: did not settle ({reason})", flush=True)
+    if report is not None:
+        print(
+            f"N={down} every activation refused (BACKEND_UNREACHABLE): unavailable={report['unavailable']}"
+            f" API writes {report['writes_per_s']:.1f}/s = epochs {report['epochs_per_s']:.1f}/s"
+            f" + statuses {report['statuses_per_s']:.1f}/s + events {report['events_per_s']:.1f}/s"
+            f" ({report['writes_per_s'] / down:.3f}/s per cluster, after {args.unavailable_warmup:g}s,"
+            f" over {args.unavailable_window:g}s) cpu={report['cpu_cores']:.2f} cores",
+            flush=True,
+        )
+        return float(report["writes_per_s"])
+    return None
 
 
 def main() -> int:
@@ -293,6 +330,12 @@ def main() -> int:
     parser.add_argument("--unavailable-warmup", type=float, default=70.0)
     parser.add_argument("--unavailable-window", type=float, default=60.0)
     parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=120.0,
+        help="how long past warmup + window an operator process may take to report; then: did not settle",
+    )
+    parser.add_argument(
         "--default-gc",
         dest="tuned_gc",
         action="store_false",
@@ -310,25 +353,17 @@ def main() -> int:
     print(
         "settings: interval=1s timeout=1s failureThreshold=2 lease=5s standbyProbe=10s, 2 brokers per cluster"
     )
-    down = args.unavailable_clusters  # 0: skip this figure
-    unavailable_writes: float | None = None
-    if down > 0:
-        warmup, window = args.unavailable_warmup, args.unavailable_window
-        report = measure(down, warmup, window, args.tuned_gc, args.port, unavailable=True)
-        print(
-            f"N={down} every activation refused (BACKEND_UNREACHABLE): unavailable={report['unavailable']}"
-            f" API writes {report['writes_per_s']:.1f}/s = epochs {report['epochs_per_s']:.1f}/s"
-            f" + statuses {report['statuses_per_s']:.1f}/s + events {report['events_per_s']:.1f}/s"
-            f" ({report['writes_per_s'] / down:.3f}/s per cluster, after {args.unavailable_warmup:g}s,"
-            f" over {args.unavailable_window:g}s) cpu={report['cpu_cores']:.2f} cores",
-            flush=True,
-        )
-        unavailable_writes = report["writes_per_s"]
+    unavailable_writes = unavailable_figure(args)
     idle_writes: float | None = None
     for size in (int(s) for s in args.sizes.split(",") if s):
-        reports = [
-            measure(size, args.warmup, args.window, args.tuned_gc, args.port) for _ in range(args.runs)
-        ]
+        try:
+            reports = [
+                measure(size, args.warmup, args.window, args.tuned_gc, args.port, settle=args.settle_seconds)
+                for _ in range(args.runs)
+            ]
+        except DidNotSettleError as reason:
+            print(f"N={size}: did not settle ({reason}) -> FAIL", flush=True)
+            break
         for run, report in enumerate(reports, 1):
             print(f"N={size} run {run}/{len(reports)}: {describe(report)}", flush=True)
         median = median_report(reports)

@@ -31,3 +31,21 @@ def test_bench_operator_smoke() -> None:
     # here: a cluster activated late in a 1 s window on a loaded machine writes its status then).
     if headline(run, "operator_clusters_at_1hz") == CLUSTERS:
         assert re.search(r"^operator_idle_api_writes_per_s=\d+\.\d$", run.stdout, re.MULTILINE), run.explain()
+
+
+def test_a_size_that_does_not_settle_is_a_result_and_the_headline_is_printed() -> None:
+    """``make bench-operator`` once died on subprocess.TimeoutExpired at 3,000 clusters without its
+    headline. No settle time at all: the operator process cannot report within warmup + window
+    (its start alone takes longer), so the size does not settle, every time."""
+    run = run_bench(
+        "bench_operator.py",
+        *("--sizes", str(CLUSTERS), "--runs", "1", "--warmup", "1", "--window", "1", "--settle-seconds", "0"),
+        *("--unavailable-clusters", "0"),
+        *("--port", str(free_port("127.1.1.1"))),
+        timeout=120,
+    )
+    assert_succeeded(run)
+    assert re.search(
+        rf"^N={CLUSTERS}: did not settle \(no report within 2 s\) -> FAIL$", run.stdout, re.MULTILINE
+    ), run.explain()
+    assert headline(run, "operator_clusters_at_1hz") == 0
