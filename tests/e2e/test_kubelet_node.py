@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from broker_operator.controller import builders, names
+from broker_operator.controller import builders, names, verifiers
 from broker_operator.controller.spec import parse_spec
 from local_cluster import netns
 from local_cluster.sealed_cluster import SealedCluster
@@ -64,15 +64,14 @@ def broker_pod(node: SealedCluster, namespace: str) -> None:
     container = builders.broker_container(CLUSTER, spec)
     container["imagePullPolicy"] = "Never"
     volumes = builders.pod_volumes(CLUSTER, 0, spec)
-    secrets = [spec.token_ref(CLUSTER), spec.backend_token_ref(CLUSTER)]
+    # What the pod mounts: the verifiers of two tokens, never the tokens (verifiers.py).
     objects: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": ref.name, "namespace": namespace},
-            "stringData": {ref.key: f"{ref.name}-value"},
+            "metadata": {"name": names.verifier_secret_name(CLUSTER), "namespace": namespace},
+            "stringData": verifiers.verifier_data("o" * 32, "b" * 32),
         }
-        for ref in secrets
     ]
     objects += [
         {

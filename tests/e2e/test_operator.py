@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_contracts import soap
 from broker_contracts.soap import BrokerState
-from broker_operator.controller import builders, network_policy
+from broker_operator.controller import network_policy
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
@@ -1170,7 +1170,7 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
     # Egress (issue 39): DNS, and TCP to every pod and every address but the link-local ranges.
     assert policy["spec"]["egress"] == [
         dict(network_policy.DNS_EGRESS),
-        {"to": [dict(peer) for peer in builders.DEFAULT_EGRESS_PEERS], "ports": [{"protocol": "TCP"}]},
+        {"to": [dict(peer) for peer in network_policy.DEFAULT_EGRESS_PEERS], "ports": [{"protocol": "TCP"}]},
     ]
     assert policy["spec"]["ingress"] == [
         {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": "admin"}]},

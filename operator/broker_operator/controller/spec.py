@@ -105,7 +105,7 @@ class NetworkPolicySpec:
 
     send_messages_from: tuple[Mapping[str, Any], ...] | None = None
     # Where brokers may connect over TCP (besides DNS): None, every address but the link-local
-    # ranges (builders.DEFAULT_EGRESS_PEERS); listed peers are the only destinations.
+    # ranges (network_policy.DEFAULT_EGRESS_PEERS); listed peers are the only destinations.
     egress_to: tuple[Mapping[str, Any], ...] | None = None
 
 
