@@ -8,8 +8,8 @@ failover, and per message in both directions the records a broker writes (``acce
 :mod:`broker_service.message_log_writer` formats them (schema field order, no spaces), into
 ``<store>/<cluster>/<broker>/<segment>.<sha256>.jsonl`` named by
 :func:`broker_contracts.message_log.segment_name` and sealed with its checksum as brokers seal
-theirs. It lives in the package, not in ``tests/``, because ``bench/`` uses it too and must never
-import tests.
+theirs. It lives in the package, not in ``tests/``, because ``bench/`` uses it too, and what
+users run never imports the test suite.
 
 How the history looks, and why:
 
