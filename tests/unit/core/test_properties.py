@@ -57,6 +57,8 @@ def heartbeat_settings(draw: st.DrawFn) -> HeartbeatSettings:
         timeout_seconds=draw(st.sampled_from([0.1, 0.2])),
         failure_threshold=threshold,
         lease_seconds=lease,
+        # Below the lease it is taken as the lease (HeartbeatSettings.granted_handover_seconds).
+        handover_lease_seconds=draw(st.sampled_from([0.1, lease + 2.0])),
         standby_probe_seconds=draw(st.sampled_from([0.0, 1.0, 10.0])),
         failback=draw(st.sampled_from(list(FailbackMode))),
         failback_stable_seconds=draw(st.sampled_from([0.0, 3.0])),
@@ -245,7 +247,8 @@ class FailoverMachine(RuleBasedStateMachine):
                 world.restart(broker.name)
         heartbeat = world.config.settings
         settle = (
-            3 * heartbeat.fence_seconds
+            heartbeat.start_fence_seconds
+            + 3 * heartbeat.fence_seconds
             + heartbeat.failback_stable_seconds
             + 3 * heartbeat.standby_probe_seconds
         )
