@@ -271,9 +271,12 @@ def initial_state(
         BrokerKnowledge(name=t.name, url=t.url, priority=t.priority, possibly_active_until=fence_until)
         for t in config.targets
     )
-    holds_epoch = last_active is not None and active_epoch == epoch
     if config.target(last_active or "") is None:
+        # Out of the spec (scaled down, pods without IPs yet): it is not renewed, and the epoch it
+        # holds ends with it. Asked before `holds_epoch`, or its epoch went to the next broker
+        # activated (a property test found b1 activated with the epoch b0 held).
         last_active = None
+    holds_epoch = last_active is not None and active_epoch == epoch
     startup = Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=())
     return EngineState(
         brokers=brokers,
