@@ -32,6 +32,7 @@ class SimBroker:
 
     name: str
     lease: float
+    max_lease: float | None = None  # --max-lease-seconds: a handover renewal's cap (None: the lease)
     alive: bool = True
     partitioned: bool = False
     slow: bool = False
@@ -43,7 +44,7 @@ class SimBroker:
     queued: list[SendHeartbeat] = field(default_factory=list)
 
     def __post_init__(self, epoch: int) -> None:
-        self.term = TermMachine.for_lease(self.lease, epoch=epoch)
+        self.term = TermMachine.for_lease(self.lease, max_lease_seconds=self.max_lease, epoch=epoch)
 
     def new_process(self, epoch: int | None = None) -> None:
         """kill -9 or a restart: a process starts Inactive with its stored epoch, nothing else.
@@ -51,7 +52,7 @@ class SimBroker:
         ``epoch``: a disk that stores another one (a re-created cluster's brokers remember theirs).
         """
         stored = self.term.epoch if epoch is None else epoch
-        self.term = TermMachine.for_lease(self.lease, epoch=stored)
+        self.term = TermMachine.for_lease(self.lease, max_lease_seconds=self.max_lease, epoch=stored)
         self.paused_at, self.queued = None, []
         self.journal_error = None  # recovery opens it again
 
@@ -70,12 +71,20 @@ class SimBroker:
         term.tick(now)
 
     def handle(
-        self, active: bool, epoch: int, now: float, renew: bool = True, target_epoch: int = 0
+        self,
+        active: bool,
+        epoch: int,
+        now: float,
+        renew: bool = True,
+        target_epoch: int = 0,
+        *,
+        lease_seconds: float | None = None,
     ) -> HeartbeatReply:
         """One Heartbeat handled at ``now``, in the broker's order (lifecycle.Broker.heartbeat).
 
         ``target_epoch``: the highest epoch the backend and cloud have seen; an activation
         below it fails, as the real broker's resend request and cloud probe do (STALE_EPOCH).
+        ``lease_seconds``: a handover renewal's (WSDL ``leaseSeconds``); a check ignores it.
         """
         term = self.term
         if not active:
@@ -89,7 +98,7 @@ class SimBroker:
         answer = term.renewal_arrives(now)
         if answer.reply is None:
             term.drain_due()  # under the heartbeat lock, first thing
-            answer = term.renew(epoch, now, self.journal_error)
+            answer = term.renew(epoch, now, self.journal_error, lease_seconds=lease_seconds)
             if isinstance(answer.awaiting, StoreEpoch):
                 term.epoch_stored(answer.awaiting.epoch)
                 answer = term.proceed(now)
