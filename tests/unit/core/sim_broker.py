@@ -32,7 +32,8 @@ class SimBroker:
 
     name: str
     lease: float
-    max_lease: float | None = None  # --max-lease-seconds: a handover renewal's cap (None: the lease)
+    # --max-lease-seconds: what a handover renewal may grant (0: the lease, the broker's default).
+    max_lease: float = 0.0
     alive: bool = True
     partitioned: bool = False
     slow: bool = False
@@ -44,7 +45,11 @@ class SimBroker:
     queued: list[SendHeartbeat] = field(default_factory=list)
 
     def __post_init__(self, epoch: int) -> None:
-        self.term = TermMachine.for_lease(self.lease, max_lease_seconds=self.max_lease, epoch=epoch)
+        self.term = self._term(epoch)
+
+    def _term(self, epoch: int) -> TermMachine:
+        cap = max(self.lease, self.max_lease)
+        return TermMachine.for_lease(self.lease, max_lease_seconds=cap, epoch=epoch)
 
     def new_process(self, epoch: int | None = None) -> None:
         """kill -9 or a restart: a process starts Inactive with its stored epoch, nothing else.
@@ -52,7 +57,7 @@ class SimBroker:
         ``epoch``: a disk that stores another one (a re-created cluster's brokers remember theirs).
         """
         stored = self.term.epoch if epoch is None else epoch
-        self.term = TermMachine.for_lease(self.lease, max_lease_seconds=self.max_lease, epoch=stored)
+        self.term = self._term(stored)
         self.paused_at, self.queued = None, []
         self.journal_error = None  # recovery opens it again
 
@@ -70,21 +75,19 @@ class SimBroker:
         term.watch_from(max(term.last_tick, now - term.tick_seconds))
         term.tick(now)
 
-    def handle(
+    def handle(  # noqa: PLR0917 - the Heartbeat's own fields, in the callers' order
         self,
         active: bool,
         epoch: int,
         now: float,
         renew: bool = True,
         target_epoch: int = 0,
-        *,
         lease_seconds: float | None = None,
     ) -> HeartbeatReply:
         """One Heartbeat handled at ``now``, in the broker's order (lifecycle.Broker.heartbeat).
 
         ``target_epoch``: the highest epoch the backend and cloud have seen; an activation
         below it fails, as the real broker's resend request and cloud probe do (STALE_EPOCH).
-        ``lease_seconds``: a handover renewal's (WSDL ``leaseSeconds``); a check ignores it.
         """
         term = self.term
         if not active:
