@@ -24,6 +24,8 @@ What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
 are (an active broker keeps its lease until it expires or a new engine renews it);
 only the status and the events it handed over may still land (``status_grace_seconds``).
+When the operator process exits, :meth:`ClusterLoop.hand_over` then renews a steady active
+once more with the handover lease (``core/handover.py``).
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ from broker_operator.core import (
     step,
 )
 from broker_operator.core.frozen import replace
+from broker_operator.core.handover import handover_renewal
 from broker_operator.core.knowledge import LastMove
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
 from broker_operator.status_writer import EventWriter, StatusWriter
+from broker_operator.wakeup import Wakeup
 
 __all__ = [
     "BrokerStatus",
@@ -153,45 +157,6 @@ def cluster_phase(cluster: str) -> float:
     return zlib.crc32(cluster.encode()) / 2**32
 
 
-class _Wakeup:
-    """Sleep until a delay has passed or ``set()`` is called, whichever comes first; ``set()``
-    before the sleep makes it return at once, until ``clear()``.
-
-    What ``asyncio.timeout`` around ``Event.wait`` does, without its exceptions: that ends every
-    idle wait in a CancelledError and a TimeoutError, whose tracebacks are reference cycles the
-    cyclic collector has to find, thousands a second with 2,000 clusters (docs/benchmarks.md).
-    """
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        if self._waiter is not None:
-            _resolve(self._waiter)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def sleep(self, delay: float) -> None:
-        if self._set:
-            return
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(delay, _resolve, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 class ClusterLoop:
     """The heartbeat loop of one BrokerCluster (see the module docstring)."""
 
@@ -233,7 +198,7 @@ class ClusterLoop:
             failovers=initial.failovers if initial else 0,
             last_move=_recorded_last_move(initial),
         )
-        self._wakeup = _Wakeup()
+        self._wakeup = Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step
@@ -290,6 +255,29 @@ class ClusterLoop:
             self._events.cancel_after(self._status_grace)
             if watches is not None:
                 await watches.close()
+
+    async def hand_over(self, deadline: float) -> bool:
+        """After :meth:`run` stopped because the operator exits: the handover renewal of a steady
+        active (``core/handover.py``), sent only before ``deadline`` (monotonic) and bounded by it.
+        True when the active took it."""
+        action = handover_renewal(self._state, self._config, self._clock())
+        if action is None or self._clock() >= deadline:
+            return False
+        try:
+            async with asyncio.timeout(deadline - self._clock()):
+                outcome = await self._heartbeat(action)
+        except TimeoutError:
+            outcome = None
+        taken = isinstance(outcome, HeartbeatAnswered) and outcome.reply.state == "Active"
+        logger.info(
+            "%s: handed %s over at epoch %d with a %gs lease: %s",
+            self.cluster,
+            action.broker,
+            action.epoch,
+            action.lease_seconds,
+            "taken" if taken else f"not taken ({outcome})",
+        )
+        return taken
 
     async def _run(self, watches: BrokerWatches | None) -> None:
         observations: list[Observation] = []
@@ -366,7 +354,12 @@ class ClusterLoop:
         try:
             async with asyncio.timeout(timeout):
                 reply = await self._heartbeats.heartbeat(
-                    target, action.active, action.epoch, renew=action.renew, limit_seconds=timeout
+                    target,
+                    action.active,
+                    action.epoch,
+                    renew=action.renew,
+                    limit_seconds=timeout,
+                    lease_seconds=action.lease_seconds,
                 )
         except TimeoutError:
             outcome: Observation = HeartbeatFailed(
