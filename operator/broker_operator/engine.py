@@ -175,11 +175,13 @@ class ClusterLoop:
         start_jitter: bool = True,
         watch: bool = False,
         status_grace_seconds: float = 0.0,
+        halted: Callable[[], bool] | None = None,
     ) -> None:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone. ``status_grace_seconds``: how
         long the status and the events handed over by a cancellation may still take to land (see
-        :meth:`run`)."""
+        :meth:`run`). ``halted``: asked before every step; once true the loop ends without acting
+        (the operator process is exiting: no engine of it may act after the first saw that)."""
         self.cluster = cluster
         self._phase = cluster_phase(cluster)
         self._config = self._config_of(targets, settings, preferred_active)
@@ -203,6 +205,7 @@ class ClusterLoop:
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step
         self._status_grace = status_grace_seconds
+        self._halted = halted or (lambda: False)
         self._series = metrics.ClusterSeries(cluster)
 
     @property
@@ -283,7 +286,7 @@ class ClusterLoop:
         observations: list[Observation] = []
         last_phase: str | None = None
         followed: tuple[BrokerTarget, ...] | None = None
-        while True:
+        while not self._halted():
             self._wakeup.clear()
             if watches is not None and self._config.targets is not followed:
                 followed = self._config.targets  # a new tuple only when update() took a new spec

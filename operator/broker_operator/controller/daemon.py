@@ -193,7 +193,8 @@ async def run_cluster_heartbeats(
     ``claims`` are read again on every check for the same reason.
     """
     try:
-        while not stopped:
+        # Not again once the process exits: an engine that ended because another saw the exit first.
+        while not stopped and context.exit_seen_at is None:
             ready = await _ready_to_run(
                 context=context, ref_of=ref_of, spec=spec, claims=claims, stopped=stopped, logger=logger
             )
@@ -271,6 +272,9 @@ async def _run_engine(
         # (broker_watch); endpoints may sit behind a proxy whose refusal would say nothing.
         watch=not parsed.endpoints_mode,
         status_grace_seconds=context.settings.status_grace_seconds,
+        # Once one engine saw the operator exit, none acts again: with many clusters kopf stops
+        # the daemons one by one, seconds apart on a busy loop (core/handover.py).
+        halted=lambda: context.exit_seen_at is not None,
     )
 
     def retarget() -> None:
@@ -328,7 +332,7 @@ async def _run_engine(
         observations.wake = observations.retarget = observations.repoint = None
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
-        if operator_exiting(stopped):
+        if operator_exiting(stopped) or context.exit_seen_at is not None:
             # An upgrade, a drain of this pod's node: the successor must find the active still in
             # its lease however long it takes to start (core/handover.py).
             await loop.hand_over(context.handover_deadline())
