@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -65,3 +66,26 @@ def test_the_summary_gives_median_and_max_per_kind_in_order(tmp_path: Path) -> N
     assert "full recovery median  25.0s max  30.0s" in lines[0], lines[0]
     plot(costs, tmp_path / "recovery.png")
     assert (tmp_path / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_summary_ends_with_the_normal_gap_that_an_operator_faults_pause_is_read_against() -> None:
+    costs = [FaultCost("kill-operator", 0.2, 12.0), FaultCost("upgrade-operator", 0.7, 9.0)]
+    lines = summary_lines(costs, normal_gap=0.1)
+    assert [line.split()[0] for line in lines] == ["kill-operator", "upgrade-operator", "(no"]
+    assert "upgrade-operator   x1   traffic pause median   0.7s max   0.7s" in lines[1], lines[1]
+    assert "normal gap between confirmations median  0.10s" in lines[2], lines[2]
+    assert len(summary_lines(costs)) == 2  # without a normal gap, the kinds alone, as before
+
+
+def test_the_normal_gap_is_the_median_gap_between_growths() -> None:
+    counts = iter([1, 2, 3, 4])
+    watch = ConfirmationWatch(lambda: next(counts, 4))
+    assert watch.normal_gap() is None  # nothing seen yet
+    watch.start()
+    deadline = time.monotonic() + 30  # a failure limit; four samples take about 0.2 s
+    while len(watch.instants()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    grew = watch.instants()
+    gaps = sorted(later - earlier for earlier, later in itertools.pairwise(grew))
+    assert len(grew) == 4 and watch.normal_gap() == gaps[1], (grew, watch.normal_gap())
