@@ -18,6 +18,7 @@ It judges nothing about the brokers: what the upgrade must not move is for its c
 from __future__ import annotations
 
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +87,31 @@ def upgrade_operator(
 
     after = wait_until("every old operator pod gone and the new ones Ready", replaced, timeout, 0.25)
     return OperatorRoll(before=before, after=dict(after), seconds=time.monotonic() - began)
+
+
+def operator_heartbeats(relay: Relay) -> dict[str, float]:
+    """Heartbeats each operator container made so far (its /metrics), by pod uid and restart count:
+    one that grew since an earlier look is an operator at work (a replaced pod starts at 0)."""
+    counts = {}
+    for name in operator_pods(relay):
+        pod = relay.get("pod", name)
+        if not pod:
+            continue  # gone since the list: a replaced pod heartbeats no more
+        ip = pod["status"].get("podIP")
+        restarts = (pod["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
+        key = f"{pod['metadata']['uid']}/{restarts}"
+
+        def scrape(address: str = str(ip)) -> str:
+            with urllib.request.urlopen(f"http://{address}:9090/metrics", timeout=2) as reply:
+                return str(reply.read().decode())
+
+        try:
+            text = relay.cluster.call_in_network(scrape)
+        except OSError:
+            continue
+        counts[key] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("broker_failover_heartbeats_total{")
+        )
+    return counts

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.request
 from collections.abc import Callable
 
 from local_cluster.node_faults import drain, unready_nodes
-from local_cluster.operator_upgrade import operator_pods, upgrade_operator
+from local_cluster.operator_upgrade import operator_heartbeats, operator_pods, upgrade_operator
 from local_cluster.relay import CLUSTER_NAME, Relay, RelayError, wait_until
 
 BROKERS = (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
@@ -185,31 +184,6 @@ def inject(relay: Relay, fault: str) -> str:
     return ""
 
 
-def _operator_heartbeats(relay: Relay) -> dict[str, float]:
-    """Heartbeats each operator container made so far (its /metrics), by pod uid and restart count."""
-    counts = {}
-    for name in _operator_pods(relay):
-        pod = relay.pod(name)
-        ip = pod["status"].get("podIP")
-        restarts = (pod["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
-        key = f"{pod['metadata']['uid']}/{restarts}"
-
-        def scrape(address: str = str(ip)) -> str:
-            with urllib.request.urlopen(f"http://{address}:9090/metrics", timeout=2) as reply:
-                return str(reply.read().decode())
-
-        try:
-            text = relay.cluster.call_in_network(scrape)
-        except OSError:
-            continue
-        counts[key] = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("broker_failover_heartbeats_total{")
-        )
-    return counts
-
-
 def wait_recovered(relay: Relay) -> str:
     """Healthy, every pod Ready, traffic confirmed again, and an operator heartbeating brokers;
     returns what was still missing at the last look before all of it held (what took longest).
@@ -218,7 +192,7 @@ def wait_recovered(relay: Relay) -> str:
     relaying while no operator runs, so only heartbeats made since show one is back at work.
     """
     confirmed = int(relay.backend("/sim/status")["confirmed"])
-    baseline = _operator_heartbeats(relay)
+    baseline = operator_heartbeats(relay)
 
     def missing() -> list[str]:
         status = relay.status()
@@ -230,7 +204,7 @@ def wait_recovered(relay: Relay) -> str:
             waiting.append(f"{', '.join(unready)} Ready")
         if int(relay.backend("/sim/status")["confirmed"]) <= confirmed:
             waiting.append("a new confirmation")
-        now = _operator_heartbeats(relay)
+        now = operator_heartbeats(relay)
         if not any(count > baseline.get(key, 0.0) for key, count in now.items()):
             waiting.append("an operator heartbeat")
         if relay.cluster.settings.nodes > 1 and (nodes := unready_nodes(relay.cluster)):
