@@ -15,7 +15,10 @@ A fault that should not pause traffic (the operator's own, issue 40) still shows
 longest gap between two confirmations the watch saw, which is never zero under a feeder that
 produces every 100 ms and a watch that samples every 50 ms plus its call. The summary's last line
 gives that normal gap over the whole run (the median gap between confirmations), so a kind's
-pause is read against it: no pause means about as long as that, not 0.
+pause is read against it: no pause means about as long as that, not 0. And the brokers' own
+message logs say whether such a fault made a broker active again (``activations_by_kind``: a
+lease that ran out, a new epoch), which the status, written later, may not show yet when the
+fault counts as recovered.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker_contracts.message_log import Event, MessageLogError, decode, parse_ts
+
 SAMPLE_SECONDS = 0.05
 
 
@@ -36,6 +41,47 @@ class FaultCost:
     kind: str
     pause_seconds: float
     recovery_seconds: float
+    # Wall-clock seconds from the fault to its recovery: the brokers' message logs are stamped
+    # with the (shared) wall clock, not this process's monotonic one.
+    began_at: float = 0.0
+    ended_at: float = 0.0
+
+
+def logged_activations(store: Path) -> list[float]:
+    """When a broker logged ``activated`` in the message-log store (closed and open segments), as
+    wall seconds, sorted: each is a broker made active, the first time or at a new epoch."""
+    found = []
+    for segment in sorted(store.glob("*/*/*.jsonl*")):
+        for line in segment.read_text(encoding="utf-8").splitlines():
+            try:
+                record = decode(line)
+            except MessageLogError:
+                continue  # a torn last line of an open segment
+            if record["event"] == Event.ACTIVATED.value:
+                found.append(parse_ts(record["ts"]).timestamp())
+    return sorted(found)
+
+
+def activations_by_kind(
+    costs: Sequence[FaultCost], activated: Sequence[float], kinds: Sequence[str]
+) -> dict[str, int]:
+    """Per kind in ``kinds`` that occurred, how many of its faults saw a broker activated between
+    the fault and its recovery. For the operator's own faults that is a lease that ran out (the
+    active fenced itself and was activated again at a new epoch): issue 40's goal is none."""
+    return {
+        kind: sum(
+            any(cost.began_at <= at <= cost.ended_at for at in activated)
+            for cost in costs
+            if cost.kind == kind
+        )
+        for kind in kinds
+        if any(cost.kind == kind for cost in costs)
+    }
+
+
+def activations_line(costs: Sequence[FaultCost], counts: dict[str, int]) -> str:
+    shown = ", ".join(f"{kind} {n} of {sum(c.kind == kind for c in costs)}" for kind, n in counts.items())
+    return f"operator faults that activated a broker again (its lease ran out; goal 0): {shown}"
 
 
 class ConfirmationWatch(threading.Thread):
