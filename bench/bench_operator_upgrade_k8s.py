@@ -12,7 +12,8 @@ bench-drain), connects given up after 30 ms and fast failures retried every 20 m
 Each round: a steady window of ``--steady`` seconds, then ``helm upgrade --reuse-values`` with the
 operator pod's CPU request changed (``local_cluster.operator_upgrade``: a new ReplicaSet rolls, the
 old pod gets SIGTERM), until the old pod is gone and the new one Ready, then until the new pod has
-made heartbeats, then ``--settle`` seconds more (a lease the new operator did not renew would run
+made heartbeats and the active is Active at the status's epoch by its own metrics (after a fence:
+activated again), then ``--settle`` seconds more (a lease the new operator did not renew would run
 out in there, for the example's 5 s lease). At the end traffic stops, everything is confirmed both
 ways and the simulators' records are checked (lost, twice, out of order: any of them, exit 1).
 
@@ -60,6 +61,7 @@ from local_cluster.relay import (
     wait_until,
 )
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
+from local_cluster.soak_faults import broker_metrics
 
 STREAMS = 4
 PER_STREAM_PER_TICK = 1
@@ -159,6 +161,14 @@ def timeline(round_: Round, logged: Logged) -> list[str]:
 
 def new_operator_heartbeating(relay: Relay, before: dict[str, float]) -> bool:
     return any(count > before.get(key, 0.0) for key, count in operator_heartbeats(relay).items())
+
+
+def active_in_its_term(relay: Relay) -> bool:
+    """The status's active is Active at the status's epoch by its own metrics: after a fence (a
+    lease that ran out) only once the new operator has activated it again and recorded that."""
+    status = relay.status()
+    own = broker_metrics(relay, str(status.get("active")))
+    return own.get("broker_active") == 1 and own.get("broker_epoch") == status.get("epoch")
 
 
 def run_round(relay: Relay, steady: float, settle: float) -> Round:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.request
 from collections.abc import Callable
 
 from local_cluster.node_faults import drain, unready_nodes
@@ -184,12 +185,38 @@ def inject(relay: Relay, fault: str) -> str:
     return ""
 
 
-def wait_recovered(relay: Relay) -> str:
-    """Healthy, every pod Ready, traffic confirmed again, and an operator heartbeating brokers;
-    returns what was still missing at the last look before all of it held (what took longest).
+TERM_METRICS = ("broker_active", "broker_epoch")
 
-    The last one matters after an operator kill: status stays Healthy and the brokers keep
-    relaying while no operator runs, so only heartbeats made since show one is back at work.
+
+def broker_metrics(relay: Relay, name: str, samples: tuple[str, ...] = TERM_METRICS) -> dict[str, float]:
+    """Samples of the broker's own /metrics by their full name (labels included), by default
+    whether it is Active and its stored epoch; {} when it cannot be reached."""
+    ip = ((relay.get("pod", name) or {}).get("status") or {}).get("podIP")
+    if not ip:
+        return {}
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=2) as reply:
+            return str(reply.read().decode())
+
+    try:
+        text = relay.cluster.call_in_network(scrape)
+    except OSError:
+        return {}
+    found = (line.rsplit(" ", 1) for line in text.splitlines() if " " in line and line[0] != "#")
+    return {sample: float(value) for sample, value in found if sample in samples}
+
+
+def wait_recovered(relay: Relay) -> str:
+    """Healthy, every pod Ready, traffic confirmed again, an operator heartbeating brokers, and the
+    active broker Active at the status's epoch by its own metrics; returns what was still missing
+    at the last look before all of it held (what took longest).
+
+    The last two matter after an operator's kill or upgrade: status stays Healthy and the brokers
+    keep relaying while no operator runs, so only heartbeats made since show one is back at work;
+    and a heartbeat may have found the active fenced (its lease ran out meanwhile), so the fault is
+    over only once it is Active again, at the epoch the status records. Without that, the pause and
+    the new epoch of such a fault fell into the next fault's window.
     """
     confirmed = int(relay.backend("/sim/status")["confirmed"])
     baseline = operator_heartbeats(relay)
@@ -207,6 +234,12 @@ def wait_recovered(relay: Relay) -> str:
         now = operator_heartbeats(relay)
         if not any(count > baseline.get(key, 0.0) for key, count in now.items()):
             waiting.append("an operator heartbeat")
+        if status.get("active"):
+            own = broker_metrics(relay, str(status["active"]))
+            if own.get("broker_active") != 1 or own.get("broker_epoch") != status.get("epoch"):
+                waiting.append(
+                    f"{status['active']} Active at epoch {status.get('epoch')} (its metrics: {own})"
+                )
         if relay.cluster.settings.nodes > 1 and (nodes := unready_nodes(relay.cluster)):
             waiting.append(f"{', '.join(nodes)} Ready and schedulable")
         return waiting

@@ -25,6 +25,7 @@ import pytest
 from local_cluster.operator_upgrade import OperatorRoll, next_cpu_request, operator_pods, upgrade_operator
 from local_cluster.relay import CLUSTER_NAME, Feeder, Relay
 from local_cluster.sealed_cluster import SealedCluster
+from local_cluster.soak_faults import broker_metrics
 from tests.e2e.support import relay_in_new_namespace, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -79,6 +80,19 @@ def labelled_active(relay: Relay) -> int:
 
 def confirmed(relay: Relay) -> int:
     return int(relay.backend("/sim/status")["confirmed"])
+
+
+ACTIVE_ANSWERS = 'broker_heartbeats_total{state="Active"}'
+
+
+def active_answers(relay: Relay, broker: str) -> float:
+    """How many heartbeats the broker answered Active (its own counter), -1 unreachable."""
+    return broker_metrics(relay, broker, (ACTIVE_ANSWERS,)).get(ACTIVE_ANSWERS, -1.0)
+
+
+def renewed_since(relay: Relay, broker: str) -> Callable[[], bool]:
+    before = active_answers(relay, broker)
+    return lambda: active_answers(relay, broker) > before >= 0
 
 
 def moving_past(relay: Relay, count: int) -> Callable[[], bool]:
@@ -172,6 +186,9 @@ def test_helm_upgrade_twice_replaces_the_operator_without_a_failover(relay: Rela
             rolls.append(upgrade_operator(relay, upgrade))
             # A pod of the new ReplicaSet (the old ones' names and uids all gone), with the change.
             assert rolls[-1].after and not set(rolls[-1].after) & set(rolls[-1].before), rolls[-1]
+            # The new operator renews the active itself (the old one's pod is gone): a lease it
+            # did not renew would run out after the checks below, unseen.
+            wait_for("the new operator renewing the active", renewed_since(relay, active), timeout=60)
             wait_for("traffic moving with the new operator", moving_past(relay, confirmed(relay)), timeout=60)
         pods = (relay.get("pods", "-l", "app.kubernetes.io/component=operator") or {}).get("items") or []
         assert {p["metadata"]["name"] for p in pods} == set(operator_pods(relay)) == set(rolls[-1].after)
