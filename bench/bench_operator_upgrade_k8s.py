@@ -31,8 +31,9 @@ clock: the node shares the machine's), so no poll's period is in them:
   and its re-activation under a new epoch show here), and the status epoch before and after.
 
 A text timeline per round shows where the pause is: one column per slice of the window, ``|``
-where confirmations went on, blank where none did, with the ``helm upgrade`` (``h``), the old pod
-gone (``x``) and any activation (``A``) or deactivation (``D``) marked under it.
+where confirmations went on, blank where none did, with the ``helm upgrade`` (``h``), the new
+pod's container start (``n``, to the second: the API's timestamps), the old pod gone (``x``) and
+any activation (``A``) or deactivation (``D``) marked under it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from broker_contracts.message_log import Direction, Event, MessageLogError, decode, parse_ts
@@ -75,6 +77,7 @@ class Round:
     upgrade_from: float
     old_gone: float
     until: float
+    new_started: float | None  # the new pod's container start, as the kubelet reports it (to 1 s)
     epochs: tuple[object, object]
     pods: str
     pause: float = 0.0
@@ -148,6 +151,7 @@ def timeline(round_: Round, logged: Logged) -> list[str]:
     marks = ["-"] * TIMELINE_COLUMNS
     for at, mark in (
         (round_.upgrade_from, "h"),
+        *(((round_.new_started, "n"),) if round_.new_started is not None else ()),
         (round_.old_gone, "x"),
         *((at, "A") for at in round_.activations),
         *((at, "D") for at in round_.deactivations),
@@ -184,7 +188,19 @@ def run_round(relay: Relay, steady: float, settle: float) -> Round:
     )
     time.sleep(settle)
     pods = f"{', '.join(sorted(roll.before))} -> {', '.join(sorted(roll.after))}"
-    return Round(steady_from, upgrade_from, old_gone, time.time(), (epoch, relay.status().get("epoch")), pods)
+    epochs = (epoch, relay.status().get("epoch"))
+    return Round(steady_from, upgrade_from, old_gone, time.time(), started(relay, roll.after), epochs, pods)
+
+
+def started(relay: Relay, pods: dict[str, str]) -> float | None:
+    """When the (first) new operator pod's container started, in wall seconds (the API's
+    timestamps have whole seconds), or None if it is not running."""
+    for name in sorted(pods):
+        statuses = (relay.pod(name).get("status") or {}).get("containerStatuses") or [{}]
+        at = ((statuses[0].get("state") or {}).get("running") or {}).get("startedAt")
+        if at:
+            return datetime.strptime(str(at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return None
 
 
 def report(rounds: list[Round], logged: Logged) -> float:

@@ -42,7 +42,7 @@ def test_bench_operator_upgrade_k8s_smoke(tmp_path_factory: pytest.TempPathFacto
     moved = (found["activations"], found["deactivations"], found["epoch"].startswith("epoch"))
     assert moved == ("0", "0", True), run.explain()
     # Its timeline: confirmations drawn, the upgrade and the old pod's end marked.
-    rows = re.findall(r"^    confirmed \[([ |]{100})\]\n +\[([-hxAD]{100})\]", run.stdout, re.MULTILINE)
+    rows = re.findall(r"^    confirmed \[([ |]{100})\]\n +\[([-hnxAD]{100})\]", run.stdout, re.MULTILINE)
     assert len(rows) == 1 and "|" in rows[0][0] and {"h", "x"} <= set(rows[0][1]), run.explain()
     assert counts(run, r"^operator_upgrade_reactivations=(?P<n>\d+)$") == {"n": 0}, run.explain()
     assert counts(run, r"^operator_upgrade_new_epochs=(?P<n>\d+)$") == {"n": 0}, run.explain()
