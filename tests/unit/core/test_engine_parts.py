@@ -14,20 +14,20 @@ from prometheus_client import REGISTRY
 
 from broker_operator import metrics
 from broker_operator.core.status import ClusterStatus
-from broker_operator.engine import _Wakeup
 from broker_operator.garbage_collection import THRESHOLDS, tune_collector
 from broker_operator.status_writer import EVENT_BACKLOG, EventWriter, StatusWriter
+from broker_operator.wakeup import Wakeup
 
 
 async def test_a_wakeup_sleeps_its_delay_when_nobody_wakes_it() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     started = time.monotonic()
     await wakeup.sleep(0.05)
     assert time.monotonic() - started >= 0.045
 
 
 async def test_set_ends_a_sleep_at_once_and_a_set_before_the_sleep_skips_it() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     started = time.monotonic()
     asyncio.get_running_loop().call_later(0.02, wakeup.set)
     await asyncio.wait_for(wakeup.sleep(30.0), timeout=5.0)
@@ -39,7 +39,7 @@ async def test_set_ends_a_sleep_at_once_and_a_set_before_the_sleep_skips_it() ->
 
 
 async def test_a_cancelled_sleep_leaves_no_timer_behind() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     task = asyncio.create_task(wakeup.sleep(30.0))
     await asyncio.sleep(0.01)
     task.cancel()
