@@ -91,7 +91,7 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-failover-k8s bench-drain bench-operator bench-operator-k8s bench-validator ## Run every benchmark.
+bench: bench-broker bench-failover bench-failover-k8s bench-operator-upgrade-k8s bench-drain bench-operator bench-operator-k8s bench-validator ## Run every benchmark.
 
 .PHONY: bench-smoke
 bench-smoke: venv $(TEST_PREREQS) ## Every benchmark in small (one round, a few hundred messages, a small store), as make test runs them: tests/bench.
@@ -108,6 +108,10 @@ bench-failover: venv ## Failover latency: kill -9, SIGSTOP and planned switchove
 .PHONY: bench-failover-k8s
 bench-failover-k8s: $(CLUSTER_PREREQS) ## Failover through the real -active Service on the sealed local cluster: 20 kill -9 and 20 partitions.
 	$(BIN)/python bench/bench_failover_k8s.py
+
+.PHONY: bench-operator-upgrade-k8s
+bench-operator-upgrade-k8s: $(CLUSTER_PREREQS) ## helm upgrade of the operator alone, 5 times under 200 msg/s through the real -active Service, the chart's defaults: the longest pause in confirmed traffic against the normal gap.
+	$(BIN)/python bench/bench_operator_upgrade_k8s.py
 
 .PHONY: bench-drain
 bench-drain: $(CLUSTER_PREREQS) ## kubectl drain of the active's node, 10 times under 200 msg/s, on three real nodes: the switchover's gap and the drain's duration.

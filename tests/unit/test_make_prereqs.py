@@ -33,6 +33,7 @@ KINDS = {
         "cluster-up",
         "soak",
         "bench-failover-k8s",
+        "bench-operator-upgrade-k8s",
         "bench-drain",
     },
     "control plane only (Go tools)": {"bench-operator-k8s"},
@@ -171,7 +172,10 @@ def test_targets_of_one_kind_reach_the_same_installers() -> None:
     assert not lacking, "\n".join(lacking)
 
 
-@pytest.mark.parametrize("target", ["demo", "cluster-up", "soak", "bench-failover-k8s", "bench-drain"])
+@pytest.mark.parametrize(
+    "target",
+    ["demo", "cluster-up", "soak", "bench-failover-k8s", "bench-operator-upgrade-k8s", "bench-drain"],
+)
 def test_cluster_targets_check_and_install_before_any_build(target: str) -> None:
     """The preflight and the Debian packages come before the venv and the 10-minute Go build."""
     prereqs = rules()[target][0]
