@@ -206,6 +206,7 @@ class ClusterLoop:
         self._signals: list[Observation] = []  # from the watch connections, for the next step
         self._status_grace = status_grace_seconds
         self._halted = halted or (lambda: False)
+        self._handover: asyncio.Future[bool] | None = None
         self._series = metrics.ClusterSeries(cluster)
 
     @property
@@ -260,9 +261,14 @@ class ClusterLoop:
                 await watches.close()
 
     async def hand_over(self, deadline: float) -> bool:
-        """After :meth:`run` stopped because the operator exits: the handover renewal of a steady
-        active (``core/handover.py``), sent only before ``deadline`` (monotonic) and bounded by it.
-        True when the active took it."""
+        """When the operator exits: the handover renewal of a steady active (``core/handover.py``),
+        sent only before ``deadline`` (monotonic) and bounded by it. True when the active took it.
+        Once per loop: a later call waits for the first one's outcome."""
+        if self._handover is None:
+            self._handover = asyncio.ensure_future(self._send_handover(deadline))
+        return await asyncio.shield(self._handover)
+
+    async def _send_handover(self, deadline: float) -> bool:
         action = handover_renewal(self._state, self._config, self._clock())
         if action is None or self._clock() >= deadline:
             return False

@@ -226,6 +226,16 @@ def cluster_deleted(stopped: Any) -> bool:
     return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
+async def _hand_over_if_exiting(context: ControllerContext, loop: ClusterLoop, stopped: Any) -> None:
+    """An upgrade, a drain of this pod's node: the successor must find the active still in its
+    lease however long it takes to start (core/handover.py). The first daemon to see the exit
+    hands every engine's active over; the others wait for theirs."""
+    if operator_exiting(stopped) or context.exit_seen_at is not None:
+        await context.hand_over_all()
+        await loop.hand_over(context.handover_deadline())
+    context.running_loops.discard(loop)
+
+
 def operator_exiting(stopped: Any) -> bool:
     """Whether kopf stopped the daemon because the operator process exits (SIGTERM), not because
     it pauses for a peer (which may already be handling: no handover then), nor a deletion."""
@@ -307,6 +317,7 @@ async def _run_engine(
     observations.retarget = retarget
     observations.repoint = loop.repoint
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
+    context.running_loops.add(loop)
     # One waiter for the whole run, not kopf's stopped.wait(timeout) per check: that makes a task,
     # a timeout and a cancellation each second, ~4x the CPU of asyncio.wait, and at 2,000
     # clusters the checks alone took a tenth of a core.
@@ -332,8 +343,5 @@ async def _run_engine(
         observations.wake = observations.retarget = observations.repoint = None
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
-        if operator_exiting(stopped) or context.exit_seen_at is not None:
-            # An upgrade, a drain of this pod's node: the successor must find the active still in
-            # its lease however long it takes to start (core/handover.py).
-            await loop.hand_over(context.handover_deadline())
+        await _hand_over_if_exiting(context, loop, stopped)
         await heartbeats.close()

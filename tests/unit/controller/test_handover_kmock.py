@@ -95,3 +95,30 @@ async def test_an_exiting_operator_renews_each_active_once_with_the_handover_lea
     # already on its way may land just after: 0.2 s on loopback).
     late = [h for h in heard if h[0] > first + 0.2 and h[4] is None]
     assert late == [], late
+
+
+class RecordingLoop:
+    """Stands in for a ClusterLoop: records the deadline its handover was asked for."""
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+
+    async def hand_over(self, deadline: float) -> bool:
+        self.deadlines.append(deadline)
+        return True
+
+
+async def test_the_first_daemon_to_see_the_exit_hands_every_running_engine_over_at_once() -> None:
+    # Waiting for kopf to stop each daemon, the last of 50 came after the send window and their
+    # actives got no handover (make bench-operator-k8s): the first one hands over all of them.
+    from broker_operator.controller.context import ControllerContext
+    from broker_operator.controller.settings import ControllerSettings
+
+    context = ControllerContext(settings=ControllerSettings(namespaces=("ns",), operator_id="t"), api=None)  # type: ignore[arg-type]
+    loops = [RecordingLoop() for _ in range(3)]
+    context.running_loops.update(loops)  # type: ignore[arg-type]
+    await context.hand_over_all()
+    assert [len(loop.deadlines) for loop in loops] == [1, 1, 1]
+    assert len({loop.deadlines[0] for loop in loops}) == 1  # one window for the whole process
+    await context.hand_over_all()  # a later daemon: nothing more
+    assert [len(loop.deadlines) for loop in loops] == [1, 1, 1]
