@@ -49,6 +49,7 @@ from broker_service.target_credentials import relay_target
 from broker_service.term import (
     Activate,
     Effect,
+    HandoverRenewed,
     LogLifecycle,
     SelfFenced,
     StallSeen,
@@ -72,6 +73,7 @@ class Broker:
         self.metrics.epoch.set(self.epochs.value)
         self.term = TermMachine(
             lease_seconds=settings.lease_seconds,
+            max_lease_seconds=settings.max_lease_cap_seconds,
             tick_seconds=settings.lease_tick_seconds,
             margin_seconds=settings.lease_margin_seconds,
             epoch=self.epochs.value,
@@ -258,7 +260,7 @@ class Broker:
                 reply = answer.reply
             else:
                 async with self._lock:
-                    reply = await self._renew(request.epoch, started)
+                    reply = await self._renew(request.epoch, started, request.lease_seconds)
         self.metrics.heartbeats.labels(reply.state.value).inc()
         return reply
 
@@ -273,12 +275,15 @@ class Broker:
                 await self._store_epoch(answer.awaiting.epoch)
         return term.standby_reply(self.journal_error)
 
-    async def _renew(self, epoch: int, started: float) -> HeartbeatReply:
-        """A renewing ``active=true``, under the lock: store the epoch, activate if inactive, renew."""
+    async def _renew(self, epoch: int, started: float, lease_seconds: float | None) -> HeartbeatReply:
+        """A renewing ``active=true``, under the lock: store the epoch, activate if inactive, renew.
+
+        ``lease_seconds`` (a handover renewal's) counts only for a renewal of the Active term.
+        """
         term = self.term
         # A self-fence's drain goes first: a new term never starts on top of the old one's work.
         await self._perform(term.drain_due())
-        answer = term.renew(epoch, started, self._journal_problem())
+        answer = term.renew(epoch, started, self._journal_problem(), lease_seconds=lease_seconds)
         if isinstance(answer.awaiting, StoreEpoch):
             try:
                 await self._store_epoch(answer.awaiting.epoch)
@@ -414,6 +419,11 @@ class Broker:
                 # The loop keeps only weak references to tasks; hold this one until it is done.
                 self._drains.add(task)
                 task.add_done_callback(self._drains.discard)
+            elif isinstance(effect, HandoverRenewed):
+                # Once per handover: a stopping operator sends one such renewal.
+                logger.info(
+                    "lease extended to %g s by a handover renewal at epoch %d", effect.seconds, effect.epoch
+                )
             elif isinstance(effect, StallSeen):
                 self.metrics.stalls.inc()
                 logger.warning(

@@ -13,6 +13,7 @@ broker does that when it starts and says which setting was wrong.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from broker_contracts import environment
-from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS
+from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS, BROKER_MAX_LEASE_SECONDS
 from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_contracts.token_verifier import VerifierError, parse_verifier
@@ -72,6 +73,10 @@ class BrokerSettings:
     backend_token_verifier_file: Path | None = None
     token_grace_seconds: float = 30.0
     lease_seconds: float = 5.0
+    # The longest lease a handover renewal (WSDL leaseSeconds, from a stopping operator) may grant;
+    # None: lease_seconds, i.e. no handover lengthens the lease. The lease watcher, the margin and
+    # the stall rule stay lease_seconds' (docs/broker.md, "Handover renewal").
+    max_lease_seconds: float | None = None
     max_deliveries: int = 5
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
@@ -119,6 +124,11 @@ class BrokerSettings:
         return max(0.25, 0.1 * self.lease_seconds)
 
     @property
+    def max_lease_cap_seconds(self) -> float:
+        """The cap on a handover renewal's lease: ``max_lease_seconds``, or the lease when unset."""
+        return self.lease_seconds if self.max_lease_seconds is None else self.max_lease_seconds
+
+    @property
     def lease_tick_seconds(self) -> float:
         """How often the lease watcher runs: ``min(0.1, lease_seconds / 10)``."""
         return min(0.1, self.lease_seconds / 10)
@@ -148,6 +158,7 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--backend-token-verifier-file", environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE, None),
     ("--token-grace-seconds", environment.BROKER_TOKEN_GRACE_SECONDS, "30"),
     ("--lease-seconds", BROKER_LEASE_SECONDS, "5"),
+    ("--max-lease-seconds", BROKER_MAX_LEASE_SECONDS, None),  # None: --lease-seconds
     ("--max-deliveries", environment.BROKER_MAX_DELIVERIES, "5"),
     ("--on-poison", environment.BROKER_ON_POISON, PoisonPolicy.BLOCK_STREAM.value),
 )
@@ -189,6 +200,9 @@ def _number(text: str, flag: str, env: str, kind: type[int] | type[float], minim
         value = kind(text)
     except ValueError:
         raise SettingsError(f"{flag} / {env} = {text!r} is not a {kind.__name__}") from None
+    if not math.isfinite(value):
+        # A NaN lease would never run out (every comparison with it is false), nor would an infinite one.
+        raise SettingsError(f"{flag} / {env} = {text!r} is not a finite number")
     if value < minimum:
         raise SettingsError(f"{flag} / {env} = {text!r} must be at least {minimum}")
     return value
@@ -230,6 +244,8 @@ def parse_settings(
     _check_target("--backend-url", backend_url, "--backend-credentials-dir", backend_credentials_dir)
     _check_target("--cloud-url", cloud_url, "--cloud-credentials-dir", cloud_credentials_dir)
     admin_port = _admin_port(str(raw["admin_port"] or ""), port)
+    lease_seconds = _number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1)
+    max_lease_seconds = _max_lease(raw["max_lease_seconds"], lease_seconds)
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
     except ValueError:
@@ -264,7 +280,8 @@ def parse_settings(
             float,
             0,
         ),
-        lease_seconds=_number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1),
+        lease_seconds=lease_seconds,
+        max_lease_seconds=max_lease_seconds,
         max_deliveries=int(
             _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
@@ -299,6 +316,21 @@ def _check_target(url_flag: str, url: str, dir_flag: str, directory: Path | None
     except (TargetCredentialError, ValueError) as error:
         text = str(error) if isinstance(error, TargetCredentialError) else f"{url_flag} is not a URL: {error}"
         raise SettingsError(redact(text)) from None
+
+
+def _max_lease(text: str | None, lease_seconds: float) -> float | None:
+    """``--max-lease-seconds``: unset or empty is None (the lease); else at least the lease, since a
+    handover renewal may only lengthen it (and the operator's successor waits out this much)."""
+    if text is None or not text.strip():
+        return None
+    value = _number(text.strip(), "--max-lease-seconds", BROKER_MAX_LEASE_SECONDS, float, 0.1)
+    if value < lease_seconds:
+        raise SettingsError(
+            f"--max-lease-seconds / {BROKER_MAX_LEASE_SECONDS} = {text.strip()} is below --lease-seconds / "
+            f"{BROKER_LEASE_SECONDS} ({lease_seconds:g}); a handover renewal may only lengthen the lease: "
+            "set it at least that, or leave it unset"
+        )
+    return value
 
 
 def _admin_port(text: str, port: int) -> int | None:

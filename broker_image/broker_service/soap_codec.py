@@ -30,6 +30,7 @@ with the contract's ``BrokerFault`` detail.
 from __future__ import annotations
 
 import codecs
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class HeartbeatRequest:
     # WSDL ``renewLease`` (absent = true). With ``active=true``, false makes the call a pure
     # check that activates, stores and renews nothing; with ``active=false`` it is ignored.
     renew_lease: bool = True
+    # WSDL ``leaseSeconds`` (absent = None: the broker's own lease): a handover renewal's lease,
+    # finite and above 0 (else a fault); honoured and capped by the term rules, not here.
+    lease_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +243,7 @@ def parse_request(
             epoch=_long(_required(operation, "epoch"), "epoch"),
             operator_id=_text(operation, "operatorId") or "",
             renew_lease=_optional_boolean(operation, "renewLease", default=True),
+            lease_seconds=_optional_lease(operation, "leaseSeconds"),
         )
     if name == "ListHeld":
         return ListHeldRequest(stream=_text(operation, "stream"))
@@ -344,6 +349,28 @@ def _boolean(text: str, name: str) -> bool:
 def _optional_boolean(parent: etree._Element, name: str, *, default: bool) -> bool:
     text = _text(parent, name)
     return default if text is None else _boolean(text.strip(), name)
+
+
+def _optional_lease(parent: etree._Element, name: str) -> float | None:
+    """A positive finite xsd:double, or None when absent.
+
+    The schema admits NaN and INF, and Python's float reads a too-large exponent as inf: each
+    would make a lease that never runs out, so it is refused here with anything not above 0.
+    A huge finite value is no danger: the term caps it at the broker's maximum lease.
+    """
+    text = _text(parent, name)
+    if text is None:
+        return None
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SoapFaultError(
+            FaultCode.MALFORMED_REQUEST,
+            f"{name} = {text.strip()[:40]!r} is not a finite number of seconds above 0",
+        )
+    return value
 
 
 def _long(text: str, name: str) -> int:

@@ -7,7 +7,10 @@ describes) and nothing else:
 * ``active=true, epoch=e`` (a renewal): below the stored epoch is ``Unavailable/STALE_EPOCH``
   and changes nothing. Otherwise ``e`` is stored durably first, then an inactive broker
   activates; every accepted renewal extends the lease to *(when its handler started) +
-  leaseSeconds*, never later than the operator's own count.
+  leaseSeconds*, never later than the operator's own count. A *handover renewal* (WSDL
+  ``leaseSeconds``, from a stopping operator) of the Active term at its epoch extends it to
+  *started + min(leaseSeconds, --max-lease-seconds)* instead; an activation or a new epoch
+  gets the normal lease whatever it asks, and a new term drops an earlier one's extension.
 * ``active=true, renewLease=false`` (a check): ``Active`` only while Active, in lease and not
   stalled; it stores, activates and renews nothing.
 * ``active=false``: stop accepting and relaying, drain, answer ``Inactive`` (a higher epoch is
@@ -47,102 +50,41 @@ are written so that any interleaving of whole inputs is one the broker can meet.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from broker_contracts.message_log import Event
 from broker_contracts.soap import BrokerState, HeartbeatReply, UnavailabilityCode
-
-
-def reply_of(
-    state: BrokerState, epoch: int, code: str | None = None, message: str | None = None
-) -> HeartbeatReply:
-    """The answer to one Heartbeat: the contract's ``HeartbeatReply`` (the WSDL's response)."""
-    return HeartbeatReply(state=state, unavailability_code=code, unavailability_message=message, epoch=epoch)
-
-
-# ---- effects: what the caller performs, in the order given ------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StoreEpoch:
-    """Make ``epoch`` the durable stored epoch; then :meth:`TermMachine.epoch_stored` (awaited)."""
-
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Activate:
-    """Probe the cloud, ask the backend to resend, apply its cursors (awaited; may fail with a code)."""
-
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class StartRelaying:
-    """The broker is Active under ``epoch``: start the forwarders and the cloud poller."""
-
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class StopAccepting:
-    """The broker is no longer Active from this instant (its bundles are refused already)."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SelfFenced:
-    """The broker fenced itself at ``epoch``: say why, and drain later, in a task under the lock."""
-
-    epoch: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class StopRelaying:
-    """Drain (bounded): bundles being journaled, in-flight cloud bundles, pending confirmations."""
-
-    epoch: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class LogLifecycle:
-    """A message-log ``activated``/``deactivated`` record; ``close_segment`` after a drain."""
-
-    event: Event
-    epoch: int
-    close_segment: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class StallSeen:
-    """The lease watcher found the event loop stalled for ``seconds`` (over ``limit``)."""
-
-    seconds: float
-    limit: float
-
-
-Effect = (
-    StoreEpoch
-    | Activate
-    | StartRelaying
-    | StopAccepting
-    | SelfFenced
-    | StopRelaying
-    | LogLifecycle
-    | StallSeen
+from broker_service.term_effects import (
+    Activate,
+    Answer,
+    Effect,
+    HandoverRenewed,
+    LogLifecycle,
+    SelfFenced,
+    StallSeen,
+    StartRelaying,
+    StopAccepting,
+    StopRelaying,
+    StoreEpoch,
+    reply_of,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What one heartbeat input decided: the reply (once known), effects, and the I/O it awaits."""
-
-    reply: HeartbeatReply | None = None
-    effects: tuple[Effect, ...] = ()
-    awaiting: StoreEpoch | Activate | None = None
+__all__ = [
+    "Activate",
+    "Answer",
+    "Effect",
+    "HandoverRenewed",
+    "LogLifecycle",
+    "SelfFenced",
+    "StallSeen",
+    "StartRelaying",
+    "StopAccepting",
+    "StopRelaying",
+    "StoreEpoch",
+    "TermMachine",
+    "lease_margin_seconds",
+    "lease_tick_seconds",
+    "reply_of",
+]
 
 
 def lease_tick_seconds(lease_seconds: float) -> float:
@@ -163,9 +105,19 @@ class TermMachine:
     """
 
     def __init__(
-        self, *, lease_seconds: float, tick_seconds: float, margin_seconds: float, epoch: int, now: float
+        self,
+        *,
+        lease_seconds: float,
+        tick_seconds: float,
+        margin_seconds: float,
+        epoch: int,
+        now: float,
+        max_lease_seconds: float | None = None,
     ) -> None:
         self.lease_seconds = lease_seconds
+        # The longest lease a handover renewal may grant (--max-lease-seconds); at least the lease.
+        self.max_lease_seconds = lease_seconds if max_lease_seconds is None else max_lease_seconds
+        assert self.max_lease_seconds >= lease_seconds, (max_lease_seconds, lease_seconds)
         self.tick_seconds = tick_seconds
         self.margin_seconds = margin_seconds
         # A gap between two watcher ticks beyond this means the event loop did not run.
@@ -173,6 +125,10 @@ class TermMachine:
         self.epoch = epoch
         self.active = False
         self.lease_deadline = 0.0
+        # The deadline the normal leases alone give (a handover's extension left out), never after
+        # lease_deadline; and the lease that set lease_deadline last (for the fence's reason).
+        self.plain_deadline = 0.0
+        self.granted_seconds = lease_seconds
         self.last_tick = now
         # The last stall the watcher found: when, and how long.
         self.stall_seen_at = -math.inf
@@ -186,14 +142,17 @@ class TermMachine:
         self.shutting_down = False
 
     @classmethod
-    def for_lease(cls, lease_seconds: float, *, epoch: int = 0, now: float = 0.0) -> TermMachine:
-        """With the tick and margin the broker derives from ``--lease-seconds``."""
+    def for_lease(
+        cls, lease_seconds: float, *, max_lease_seconds: float | None = None, epoch: int = 0, now: float = 0.0
+    ) -> TermMachine:
+        """With the tick and margin the broker derives from ``--lease-seconds`` (never from the maximum)."""
         return cls(
             lease_seconds=lease_seconds,
             tick_seconds=lease_tick_seconds(lease_seconds),
             margin_seconds=lease_margin_seconds(lease_seconds),
             epoch=epoch,
             now=now,
+            max_lease_seconds=max_lease_seconds,
         )
 
     @property
@@ -349,7 +308,9 @@ class TermMachine:
             return Answer(effects=self._self_fence(self._lease_expired_reason()))
         return Answer()
 
-    def renew(self, epoch: int, started: float, journal_problem: str | None) -> Answer:
+    def renew(
+        self, epoch: int, started: float, journal_problem: str | None, *, lease_seconds: float | None = None
+    ) -> Answer:
         """A renewing ``active=true`` under the lock, after :meth:`drain_due`: refuse, or go on.
 
         A broken journal is named before a fenced term: it is why a journal failure fenced it.
@@ -363,7 +324,9 @@ class TermMachine:
         ):
             return Answer(refusal)
         if epoch > self.epoch:
-            return Answer(awaiting=StoreEpoch(epoch))
+            return Answer(awaiting=StoreEpoch(epoch))  # a new term: leaseSeconds is not honoured
+        if self.active and lease_seconds is not None:
+            return self._handover(started, lease_seconds)
         return self.proceed(started)
 
     def epoch_stored(self, epoch: int) -> tuple[Effect, ...]:
@@ -371,6 +334,8 @@ class TermMachine:
         previous, self.epoch = self.epoch, epoch
         if not self.active:
             return ()
+        # The old term's handover extension ends with it: the new epoch's operator counts its own lease.
+        self.lease_deadline = self.plain_deadline
         # So the validator sees who was active with which epoch.
         return (LogLifecycle(Event.DEACTIVATED, previous), LogLifecycle(Event.ACTIVATED, epoch))
 
@@ -387,6 +352,8 @@ class TermMachine:
     def activated(self, started: float) -> Answer:
         """:class:`Activate` succeeded: Active under the stored epoch, and renewed."""
         self.active = True
+        # A new term: no handover extension of an earlier term at this epoch carries over.
+        self.lease_deadline = self.plain_deadline
         effects = (LogLifecycle(Event.ACTIVATED, self.epoch), StartRelaying(self.epoch))
         return Answer(self._renewed(started), effects)
 
@@ -394,11 +361,25 @@ class TermMachine:
         """:class:`Activate` failed: the broker stays inactive (the epoch stays stored)."""
         return Answer(self._unavailable(code, message))
 
-    def _renewed(self, started: float) -> HeartbeatReply:
+    def _handover(self, started: float, asked: float) -> Answer:
+        """A handover renewal of the Active term at its epoch: the lease it asks, up to the maximum.
+
+        Sent by a stopping operator so that its active outlives the gap until a successor renews
+        it; the successor waits out the longest lease any predecessor could grant
+        (docs/failover-engine.md), which the maximum bounds.
+        """
+        granted = min(asked, self.max_lease_seconds)
+        return Answer(self._renewed(started, granted), (HandoverRenewed(self.epoch, granted),))
+
+    def _renewed(self, started: float, granted: float | None = None) -> HeartbeatReply:
         self.fenced_epoch = None  # an epoch above the fenced one is Active now
         # Counted from when this call started to be handled: the operator counts from when it
-        # saw the answer, which is later, so the broker's lease always ends first.
-        self.lease_deadline = max(self.lease_deadline, started + self.lease_seconds)
+        # saw the answer, which is later, so the broker's lease always ends first. Never moved
+        # back: a renewal that got the lock later, or asked a shorter lease, shortens nothing.
+        granted = self.lease_seconds if granted is None else granted
+        self.plain_deadline = max(self.plain_deadline, started + min(granted, self.lease_seconds))
+        if started + granted > self.lease_deadline:
+            self.lease_deadline, self.granted_seconds = started + granted, granted
         return reply_of(BrokerState.ACTIVE, self.epoch)
 
     # ---- refusals ------------------------------------------------------------------------------
@@ -453,4 +434,6 @@ class TermMachine:
         )
 
     def _lease_expired_reason(self) -> str:
-        return f"lease expired: no active=true heartbeat for {self.lease_seconds:g}s"
+        granted = self.granted_seconds
+        why = " (the lease a handover renewal granted)" if granted != self.lease_seconds else ""
+        return f"lease expired: no active=true heartbeat for {granted:g}s{why}"

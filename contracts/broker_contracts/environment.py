@@ -32,6 +32,9 @@ BROKER_TOKEN_VERIFIER_FILE: Final = "BROKER_TOKEN_VERIFIER_FILE"
 BROKER_BACKEND_TOKEN_VERIFIER_FILE: Final = "BROKER_BACKEND_TOKEN_VERIFIER_FILE"
 # How long an Active broker stays Active without an active=true heartbeat: spec.heartbeat.leaseSeconds.
 BROKER_LEASE_SECONDS: Final = "BROKER_LEASE_SECONDS"
+# The longest lease a handover renewal (WSDL leaseSeconds) may grant, at least the lease; unset =
+# the lease: spec.heartbeat.handoverLeaseSeconds (its effective value, max(it, leaseSeconds)).
+BROKER_MAX_LEASE_SECONDS: Final = "BROKER_MAX_LEASE_SECONDS"
 BROKER_MAX_DELIVERIES: Final = "BROKER_MAX_DELIVERIES"
 BROKER_ON_POISON: Final = "BROKER_ON_POISON"
 
@@ -65,6 +68,7 @@ POD_ENVIRONMENT: Final = (
     BROKER_TOKEN_VERIFIER_FILE,
     BROKER_BACKEND_TOKEN_VERIFIER_FILE,
     BROKER_LEASE_SECONDS,
+    BROKER_MAX_LEASE_SECONDS,
     BROKER_MAX_DELIVERIES,
     BROKER_ON_POISON,
 )

@@ -24,6 +24,8 @@ What it does not do: read Kubernetes objects, decide ``Conflict``, or own the
 operator's HTTP server. On cancellation it simply stops, leaving brokers as they
 are (an active broker keeps its lease until it expires or a new engine renews it);
 only the status and the events it handed over may still land (``status_grace_seconds``).
+When the operator process exits, :meth:`ClusterLoop.hand_over` then renews a steady active
+once more with the handover lease (``core/handover.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from broker_operator.core import (
     step,
 )
 from broker_operator.core.frozen import replace
+from broker_operator.core.handover import handover_renewal
 from broker_operator.core.knowledge import LastMove
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
@@ -291,6 +294,29 @@ class ClusterLoop:
             if watches is not None:
                 await watches.close()
 
+    async def hand_over(self, deadline: float) -> bool:
+        """After :meth:`run` stopped because the operator exits: the handover renewal of a steady
+        active (``core/handover.py``), sent only before ``deadline`` (monotonic) and bounded by it.
+        True when the active took it."""
+        action = handover_renewal(self._state, self._config, self._clock())
+        if action is None or self._clock() >= deadline:
+            return False
+        try:
+            async with asyncio.timeout(deadline - self._clock()):
+                outcome = await self._heartbeat(action)
+        except TimeoutError:
+            outcome = None
+        taken = isinstance(outcome, HeartbeatAnswered) and outcome.reply.state == "Active"
+        logger.info(
+            "%s: handed %s over at epoch %d with a %gs lease: %s",
+            self.cluster,
+            action.broker,
+            action.epoch,
+            action.lease_seconds,
+            "taken" if taken else f"not taken ({outcome})",
+        )
+        return taken
+
     async def _run(self, watches: BrokerWatches | None) -> None:
         observations: list[Observation] = []
         last_phase: str | None = None
@@ -366,7 +392,12 @@ class ClusterLoop:
         try:
             async with asyncio.timeout(timeout):
                 reply = await self._heartbeats.heartbeat(
-                    target, action.active, action.epoch, renew=action.renew, limit_seconds=timeout
+                    target,
+                    action.active,
+                    action.epoch,
+                    renew=action.renew,
+                    limit_seconds=timeout,
+                    lease_seconds=action.lease_seconds,
                 )
         except TimeoutError:
             outcome: Observation = HeartbeatFailed(

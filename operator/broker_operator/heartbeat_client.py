@@ -6,7 +6,7 @@ parses each reply (including SOAP faults and the WSDL's types), while the bytes
 travel over one shared aiohttp session. That split is deliberate: zeep's own
 AsyncClient over httpx collapsed beyond ~200 brokers in our measurements, while
 zeep's messages over one aiohttp session kept 1,000 brokers at 1 Hz. Envelopes
-depend only on (active, epoch, renew), so the serialized bytes are cached.
+depend only on (active, epoch, renew, lease), so the serialized bytes are cached.
 
 Every failure becomes a :class:`HeartbeatError` whose ``reached`` says whether the
 request may have been received: only a failed connect proves it was not, and the
@@ -211,10 +211,13 @@ class HeartbeatClient:
         return self._session
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - the client lives as long as the process
-    def _envelope(self, active: bool, epoch: int, renew: bool) -> bytes:
+    def _envelope(self, active: bool, epoch: int, renew: bool, lease_seconds: float | None = None) -> bytes:
         # renewLease is sent only when false: absent means true, and a renewal stays
-        # the message every broker built against the first WSDL understands.
-        extra = {} if renew else {"renewLease": False}
+        # the message every broker built against the first WSDL understands. So is
+        # leaseSeconds only when given (a handover renewal): absent = the broker's own lease.
+        extra: dict[str, object] = {} if renew else {"renewLease": False}
+        if lease_seconds is not None:
+            extra["leaseSeconds"] = lease_seconds
         message = self._client.create_message(
             self._client.service,
             "Heartbeat",
@@ -232,11 +235,15 @@ class HeartbeatClient:
         epoch: int,
         *,
         renew: bool = True,
+        lease_seconds: float | None = None,
         limit_seconds: float | None = None,
     ) -> HeartbeatReply:
         """``renew=False`` (with ``active=True``) checks the active without renewing its lease;
-        ``limit_seconds`` replaces the client's timeout for this call (an activation's is longer)."""
-        body = self._envelope(active, epoch, renew)
+        ``lease_seconds`` makes a renewal a handover renewal (WSDL ``leaseSeconds``: the lease it
+        asks, which the broker honours only for its Active term at its epoch, capped at its
+        ``--max-lease-seconds``); ``limit_seconds`` replaces the client's timeout for this call
+        (an activation's is longer)."""
+        body = self._envelope(active, epoch, renew, lease_seconds)
         limit = self._timeout if limit_seconds is None else _client_timeout(limit_seconds)
         offered: list[str] = []
         refused: HeartbeatError | None = None

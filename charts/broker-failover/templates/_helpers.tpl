@@ -48,10 +48,21 @@ Called with (list $ shardIndex).
 {{- define "broker-failover.peering" -}}
 {{- $root := index . 0 -}}
 {{- $shard := index . 1 -}}
-{{- if and $root.Values.operator.peering (gt (int $root.Values.operator.shards) 1) -}}
-{{ $root.Values.operator.peering }}-shard-{{ $shard }}
+{{- $base := include "broker-failover.peeringBase" $root -}}
+{{- if and $base (gt (int $root.Values.operator.shards) 1) -}}
+{{ $base }}-shard-{{ $shard }}
 {{- else -}}
-{{ $root.Values.operator.peering }}
+{{ $base }}
+{{- end -}}
+{{- end }}
+
+{{- /*
+The kopf peering name before any shard suffix: operator.peering, or the release's full name when
+that is empty; nothing with operator.standalone (no peering: the pre-issue-40 layout).
+*/ -}}
+{{- define "broker-failover.peeringBase" -}}
+{{- if not .Values.operator.standalone -}}
+{{ .Values.operator.peering | default (include "broker-failover.fullname" .) }}
 {{- end -}}
 {{- end }}
 

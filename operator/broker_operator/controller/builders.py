@@ -152,6 +152,11 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
         # "5", not "5.0" (the value is part of the template hash), and every digit of a decimal
         # lease such as 2.5 (":g" would keep six).
         {"name": environment.BROKER_LEASE_SECONDS, "value": f"{spec.heartbeat.lease_seconds:.17g}"},
+        # The cap of a handover renewal's lease: what a successor waits out (core/handover.py).
+        {
+            "name": environment.BROKER_MAX_LEASE_SECONDS,
+            "value": f"{spec.heartbeat.granted_handover_seconds:.17g}",
+        },
         {"name": environment.BROKER_MAX_DELIVERIES, "value": str(spec.max_deliveries)},
         {"name": environment.BROKER_ON_POISON, "value": spec.on_poison},
         *_connection_env(environment.BROKER_BACKEND_URL, spec.backend),

@@ -9,6 +9,7 @@ global variable.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.settings import ControllerSettings
+from broker_operator.core.model import HANDOVER_SEND_SECONDS
 
 MEMO_KEY = "broker_failover_controller"
 
@@ -34,10 +36,21 @@ class ControllerContext:
     # Clusters whose engine runs now (daemon._run_engine): what the periodic token re-reads are
     # spread over (ControllerSettings.token_recheck_for).
     running_engines: int = 0
+    # When the first engine of this process saw the operator exit (monotonic): every handover
+    # renewal is sent within HANDOVER_SEND_SECONDS of it (handover_deadline).
+    exit_seen_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine_api is None:
             self.engine_api = self.api
+
+    def handover_deadline(self) -> float:
+        """Until when (monotonic) this exiting process may still send handover renewals: one
+        window for the whole process, counted from the first engine that saw the exit, so that a
+        successor started since then waits out every one of them (core/handover.py)."""
+        if self.exit_seen_at is None:
+            self.exit_seen_at = time.monotonic()
+        return self.exit_seen_at + HANDOVER_SEND_SECONDS
 
     def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
         key = (namespace, cluster)

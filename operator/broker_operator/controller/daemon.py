@@ -225,6 +225,13 @@ def cluster_deleted(stopped: Any) -> bool:
     return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
+def operator_exiting(stopped: Any) -> bool:
+    """Whether kopf stopped the daemon because the operator process exits (SIGTERM), not because
+    it pauses for a peer (which may already be handling: no handover then), nor a deletion."""
+    reason = getattr(stopped, "reason", None)
+    return reason is not None and bool(reason & kopf.DaemonStoppingReason.OPERATOR_EXITING)
+
+
 async def _run_engine(
     *,
     context: ControllerContext,
@@ -318,9 +325,11 @@ async def _run_engine(
     finally:
         context.running_engines -= 1
         stop.cancel()
-        observations.wake = None
-        observations.retarget = None
-        observations.repoint = None
+        observations.wake = observations.retarget = observations.repoint = None
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
+        if operator_exiting(stopped):
+            # An upgrade, a drain of this pod's node: the successor must find the active still in
+            # its lease however long it takes to start (core/handover.py).
+            await loop.hand_over(context.handover_deadline())
         await heartbeats.close()

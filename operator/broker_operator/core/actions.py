@@ -31,6 +31,9 @@ class SendHeartbeat:
     # tells both targets its epoch before it answers), so the loop waits at least
     # ACTIVATION_MIN_TIMEOUT_SECONDS for it.
     activation: bool = False
+    # A handover renewal (WSDL ``leaseSeconds``): the lease a stopping operator grants its active
+    # so that its successor has time to start; None: the broker's own lease (core/handover.py).
+    lease_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from broker_operator.core.knowledge import (
     Move,
     MoveKind,
     apply_pod_facts,
+    later_bound,
     preference_order,
     reconcile_targets,
 )
@@ -240,9 +241,12 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
     if move.candidate is not None:
         # The loop always reports an activation's outcome before the next step; if
         # it did not, count the candidate as tried and possibly active (safe side).
+        unreported = state.broker(move.candidate)
         state = state.with_broker(
             move.candidate,
-            possibly_active_until=now + config.settings.fence_seconds,
+            possibly_active_until=later_bound(
+                unreported.possibly_active_until if unreported else None, now + config.settings.fence_seconds
+            ),
             unanswered_activation=True,
         )
         move = replace(move, candidate=None, tried=move.tried | {move.candidate})

@@ -245,7 +245,13 @@ def initial_state(
     active_epoch: int | None = None,
     last_move: LastMove | None = None,
 ) -> EngineState:
-    """The engine's knowledge right after (re)start: everyone possibly active for one fence period.
+    """The engine's knowledge right after (re)start: everyone possibly active for the start fence.
+
+    The start fence (``HeartbeatSettings.start_fence_seconds``) is the longest lease a predecessor
+    could have granted, a handover's, whether or not this engine read a status that says so. A
+    cluster whose recorded ``epoch`` is 0 was never activated by anyone (an epoch is granted by a
+    conditional write to this object before any activation), so no broker of it was handed over:
+    its brokers get the lease's fence, as before.
 
     ``epoch`` may be sent again only to the broker that holds it: ``last_active``, if the status
     says it was activated with that very epoch (``active_epoch``). An earlier engine allocates an
@@ -259,14 +265,18 @@ def initial_state(
     one, so that its status does not erase it (a replica taking over right after a drain's
     switchover wrote ``lastFailover: null`` over the switchover it had not seen happen).
     """
-    fence_until = now + config.settings.fence_seconds
+    settings = config.settings
+    fence_until = now + (settings.start_fence_seconds if epoch > 0 else settings.fence_seconds)
     brokers = tuple(
         BrokerKnowledge(name=t.name, url=t.url, priority=t.priority, possibly_active_until=fence_until)
         for t in config.targets
     )
-    holds_epoch = last_active is not None and active_epoch == epoch
     if config.target(last_active or "") is None:
+        # Out of the spec (scaled down, pods without IPs yet): it is not renewed, and the epoch it
+        # holds ends with it. Asked before `holds_epoch`, or its epoch went to the next broker
+        # activated (a property test found b1 activated with the epoch b0 held).
         last_active = None
+    holds_epoch = last_active is not None and active_epoch == epoch
     startup = Move(MoveKind.STARTUP, from_=last_active, reason="OperatorStarted", started_at=now, order=())
     return EngineState(
         brokers=brokers,
@@ -281,6 +291,12 @@ def initial_state(
         last_move=last_move,
         wall_offset=wall_now - now,
     )
+
+
+def later_bound(bound: float | None, until: float) -> float:
+    """A broker's ``possibly_active_until`` after an ``active=true`` that may have renewed it to
+    ``until``: the broker keeps the later of its lease deadlines (a handover's may be the later)."""
+    return until if bound is None else max(bound, until)
 
 
 def preference_order(

@@ -28,6 +28,7 @@ from broker_operator.core.spec_fields import (
     FAILBACK,
     FAILBACK_STABLE,
     FAILURE_THRESHOLD,
+    HANDOVER_LEASE,
     HEARTBEAT_INTERVAL,
     HEARTBEAT_TIMEOUT,
     LEASE,
@@ -124,6 +125,14 @@ def cel_number(value: float) -> str:
     return f"{'-' if sign else ''}{mantissa}e{exponent:+03d}"
 
 
+# A stopping operator sends its handover renewals within HANDOVER_SEND_SECONDS of the moment its
+# first engine saw the exit, and never after; an engine that starts adds HANDOVER_WINDOW_SECONDS
+# to the fence of every broker (start_fence_seconds). The second beyond the sending covers the
+# exiting process's event-loop lag before it saw the exit and the requests' way to the brokers.
+HANDOVER_SEND_SECONDS = 1.0
+HANDOVER_WINDOW_SECONDS = 2.0
+
+
 @dataclass(frozen=True)
 class HeartbeatSettings:
     """The heartbeat and failback settings of one BrokerCluster, in seconds.
@@ -138,6 +147,8 @@ class HeartbeatSettings:
     timeout_seconds: float = float(HEARTBEAT_TIMEOUT.default or 0)
     failure_threshold: int = FAILURE_THRESHOLD.default or 0
     lease_seconds: float = float(LEASE.default or 0)
+    # Asked for by the handover renewal of a stopping operator (taken as at least the lease).
+    handover_lease_seconds: float = float(HANDOVER_LEASE.default or 0)
     standby_probe_seconds: float = float(STANDBY_PROBE.default or 0)  # 0 = standbys are never probed
     failback: FailbackMode = FailbackMode.AUTOMATIC  # FAILBACK.default; test_crd checks they agree
     failback_stable_seconds: float = float(FAILBACK_STABLE.default or 0)
@@ -181,6 +192,7 @@ class HeartbeatSettings:
         timeout = _duration(heartbeat, HEARTBEAT_TIMEOUT, problems, crd_bounds=crd_bounds)
         threshold = FAILURE_THRESHOLD.read(heartbeat, problems)
         lease = _duration(heartbeat, LEASE, problems, crd_bounds=crd_bounds)
+        handover = _duration(heartbeat, HANDOVER_LEASE, problems, crd_bounds=crd_bounds)
         probe = _duration(heartbeat, STANDBY_PROBE, problems, crd_bounds=crd_bounds)
         stable = _duration(spec, FAILBACK_STABLE, problems, crd_bounds=crd_bounds)
         problems += _rule_problems(interval, timeout, threshold, lease)
@@ -192,6 +204,7 @@ class HeartbeatSettings:
             timeout_seconds=timeout,
             failure_threshold=threshold,
             lease_seconds=lease,
+            handover_lease_seconds=handover,
             standby_probe_seconds=probe,
             failback=FailbackMode(failback),
             failback_stable_seconds=stable,
@@ -202,6 +215,22 @@ class HeartbeatSettings:
     def fence_seconds(self) -> float:
         """After this long without a possibly-received ``active=true``, a broker is surely inactive."""
         return self.lease_seconds + self.lease_margin_seconds
+
+    @property
+    def granted_handover_seconds(self) -> float:
+        """The lease a handover renewal asks for: ``handoverLeaseSeconds``, at least the lease."""
+        return max(self.handover_lease_seconds, self.lease_seconds)
+
+    @property
+    def start_fence_seconds(self) -> float:
+        """How long an engine that just started counts every broker possibly active.
+
+        A predecessor it may never have heard of (a stopped process, a replica that handled
+        before it) may have handed a broker over with the longest lease it could grant, within
+        ``HANDOVER_WINDOW_SECONDS`` of its stop, and that stop came before this engine started
+        (docs/failover-engine.md, "Operator restarts and upgrades: the fence").
+        """
+        return self.granted_handover_seconds + HANDOVER_WINDOW_SECONDS + self.lease_margin_seconds
 
 
 def _rule_problems(interval: float, timeout: float, threshold: int, lease: float) -> list[str]:

@@ -39,6 +39,7 @@ from broker_operator.core.knowledge import (
     LastMove,
     MoveKind,
     failure_code,
+    later_bound,
 )
 
 _EVENT_OF_KIND = {
@@ -150,7 +151,11 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         return state.with_broker(broker.name, **changes)
 
     if seen.renew:
-        changes.update(possibly_active_until=fence_until, ready_since=None, unanswered_activation=False)
+        changes.update(
+            possibly_active_until=later_bound(broker.possibly_active_until, fence_until),
+            ready_since=None,
+            unanswered_activation=False,
+        )
     else:
         changes.update(ready_since=None)
     if seen.broker == state.active:
@@ -205,7 +210,9 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
         changes["last_contact_at"] = now
     if seen.active and seen.reached and seen.renew:
         changes.update(
-            possibly_active_until=now + config.settings.fence_seconds,
+            possibly_active_until=later_bound(
+                broker.possibly_active_until, now + config.settings.fence_seconds
+            ),
             unanswered_activation=True,
         )
     if seen.active and seen.broker == state.active:

@@ -155,6 +155,9 @@ HEARTBEAT_INTERVAL: Final = NumberField("heartbeat.intervalSeconds", 0.1, 60, 1)
 HEARTBEAT_TIMEOUT: Final = NumberField("heartbeat.timeoutSeconds", 0.1, 60, 1)
 FAILURE_THRESHOLD: Final = IntegerField("heartbeat.failureThreshold", 1, 100, 2)
 LEASE: Final = NumberField("heartbeat.leaseSeconds", 0.1, 3600, 5)
+# The lease a stopping operator grants the actives it hands over (issue 40): long enough for its
+# successor to start and renew them; a successor waits it out before it activates anyone else.
+HANDOVER_LEASE: Final = NumberField("heartbeat.handoverLeaseSeconds", 0.1, 3600, 30)
 STANDBY_PROBE: Final = IntegerField("heartbeat.standbyProbeSeconds", 0, 3600, 10, seconds=True)
 FAILBACK: Final = ChoiceField("failback", ("Automatic", "Manual"), "Automatic")
 FAILBACK_STABLE: Final = IntegerField("failbackStableSeconds", 0, 86400, 30, seconds=True)
@@ -191,6 +194,7 @@ FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField | Boole
     HEARTBEAT_TIMEOUT,
     FAILURE_THRESHOLD,
     LEASE,
+    HANDOVER_LEASE,
     STANDBY_PROBE,
     FAILBACK,
     FAILBACK_STABLE,

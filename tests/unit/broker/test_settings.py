@@ -122,3 +122,29 @@ def test_the_lease_margin_is_the_operators(tmp_path: Path, lease: float, margin:
     )
     assert settings.lease_margin_seconds == pytest.approx(margin)
     assert settings.lease_tick_seconds == pytest.approx(tick)
+
+
+def test_the_max_lease_defaults_to_the_lease_and_may_only_lengthen_it(tmp_path: Path) -> None:
+    env = {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS}
+    assert parse_settings(["--lease-seconds", "3"], env).max_lease_cap_seconds == 3.0
+    assert parse_settings(["--lease-seconds", "3"], env).max_lease_seconds is None
+    settings = parse_settings(["--lease-seconds", "3"], {**env, "BROKER_MAX_LEASE_SECONDS": "30"})
+    assert settings.max_lease_cap_seconds == 30.0
+    # The lease watcher, the margin and the stall rule stay the lease's.
+    assert (settings.lease_margin_seconds, settings.lease_tick_seconds) == pytest.approx((0.3, 0.1))
+    flag_wins = parse_settings(["--max-lease-seconds", "10"], {**env, "BROKER_MAX_LEASE_SECONDS": "30"})
+    assert flag_wins.max_lease_cap_seconds == 10.0
+    with pytest.raises(
+        SettingsError,
+        match=r"--max-lease-seconds / BROKER_MAX_LEASE_SECONDS = 2 is below --lease-seconds / "
+        r"BROKER_LEASE_SECONDS \(5\)",
+    ):
+        parse_settings(["--max-lease-seconds", "2"], env)
+
+
+@pytest.mark.parametrize("flag", ["--lease-seconds", "--max-lease-seconds"])
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_a_lease_must_be_a_finite_number(tmp_path: Path, flag: str, text: str) -> None:
+    # A NaN lease would never run out: every comparison with it is false.
+    with pytest.raises(SettingsError, match=f"{flag} / .* = '{text}' is not a finite number"):
+        parse_settings([f"{flag}={text}"], {"BROKER_DATA_DIR": str(tmp_path), **VERIFIERS})

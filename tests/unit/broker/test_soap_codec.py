@@ -53,6 +53,56 @@ def test_heartbeat_renew_lease_must_be_a_boolean() -> None:
     assert raised.value.code is FaultCode.MALFORMED_REQUEST
 
 
+def test_heartbeat_lease_seconds_is_optional_after_renew_lease_and_absent_is_none() -> None:
+    plain = soap_codec.parse_request(zeep_request("Heartbeat", active=True, epoch=3, operatorId="op"))
+    assert isinstance(plain, HeartbeatRequest) and plain.lease_seconds is None
+    body = zeep_request(
+        "Heartbeat", active=True, epoch=3, operatorId="op", renewLease=True, leaseSeconds=30.0
+    )
+    assert soap_codec.parse_request(body) == HeartbeatRequest(
+        active=True, epoch=3, operator_id="op", renew_lease=True, lease_seconds=30.0
+    )
+    alone = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", leaseSeconds=2.5)
+    assert soap_codec.parse_request(alone) == HeartbeatRequest(
+        active=True, epoch=3, operator_id="op", lease_seconds=2.5
+    )
+
+
+# Huge is a lease the broker caps at its --max-lease-seconds, not a hostile value.
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1e300", 1e300), (" 30 ", 30.0), ("0.25", 0.25), ("1E3", 1e3)]
+)
+def test_heartbeat_lease_seconds_takes_any_positive_finite_double(text: str, seconds: float) -> None:
+    body = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", leaseSeconds=30.0)
+    body = body.replace(b">30.0</ns0:leaseSeconds>", f">{text}</ns0:leaseSeconds>".encode())
+    parsed = soap_codec.parse_request(body)
+    assert isinstance(parsed, HeartbeatRequest) and parsed.lease_seconds == seconds
+
+
+@pytest.mark.parametrize("text", ["NaN", "INF", "-INF", "1e400", "0", "-0", "-5", "-1e-300", "soon", ""])
+def test_heartbeat_lease_seconds_that_is_no_positive_finite_number_is_a_client_fault(text: str) -> None:
+    body = zeep_request("Heartbeat", active=True, epoch=3, operatorId="op", leaseSeconds=30.0)
+    assert b">30.0</ns0:leaseSeconds>" in body
+    with pytest.raises(SoapFaultError) as raised:
+        soap_codec.parse_request(
+            body.replace(b">30.0</ns0:leaseSeconds>", f">{text}</ns0:leaseSeconds>".encode())
+        )
+    assert raised.value.code is FaultCode.MALFORMED_REQUEST and raised.value.client
+
+
+def test_heartbeat_lease_seconds_before_renew_lease_is_not_valid_against_the_wsdl() -> None:
+    body = zeep_request(
+        "Heartbeat", active=True, epoch=3, operatorId="op", renewLease=True, leaseSeconds=30.0
+    )
+    swapped = body.replace(
+        b"<ns0:renewLease>true</ns0:renewLease><ns0:leaseSeconds>30.0</ns0:leaseSeconds>",
+        b"<ns0:leaseSeconds>30.0</ns0:leaseSeconds><ns0:renewLease>true</ns0:renewLease>",
+    )
+    assert swapped != body
+    with pytest.raises(SoapFaultError, match="not valid against the WSDL"):
+        soap_codec.parse_request(swapped)
+
+
 def test_send_messages_built_by_zeep_is_parsed_in_bundle_order() -> None:
     messages = [
         {"stream": "b", "seq": 4, "msgId": "m4", "payload": "<x>&amp;</x>"},

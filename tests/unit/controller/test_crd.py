@@ -80,6 +80,7 @@ def test_schema_defaults_equal_the_operators_defaults() -> None:
         "timeoutSeconds": 1,
         "failureThreshold": 2,
         "leaseSeconds": 5,
+        "handoverLeaseSeconds": 30,
         "standbyProbeSeconds": 10,
     }
     assert defaulted["failback"] == "Automatic"
@@ -214,7 +215,7 @@ def test_the_heartbeat_durations_are_decimal_seconds_in_both() -> None:
     # Sub-second heartbeats on Kubernetes: the CRD says `number` (integers stay valid JSON numbers),
     # and the parsers read these three as floats; the other durations stay whole seconds.
     heartbeat = spec_schema()["properties"]["heartbeat"]["properties"]
-    decimal = {"intervalSeconds", "timeoutSeconds", "leaseSeconds"}
+    decimal = {"intervalSeconds", "timeoutSeconds", "leaseSeconds", "handoverLeaseSeconds"}
     assert {name for name, sub in heartbeat.items() if sub["type"] == "number"} == decimal
     assert {f.path for f in fields.FIELDS if isinstance(f, fields.NumberField)} == {
         f"heartbeat.{name}" for name in decimal

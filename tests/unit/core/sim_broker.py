@@ -32,6 +32,8 @@ class SimBroker:
 
     name: str
     lease: float
+    # --max-lease-seconds: what a handover renewal may grant (0: the lease, the broker's default).
+    max_lease: float = 0.0
     alive: bool = True
     partitioned: bool = False
     slow: bool = False
@@ -43,7 +45,11 @@ class SimBroker:
     queued: list[SendHeartbeat] = field(default_factory=list)
 
     def __post_init__(self, epoch: int) -> None:
-        self.term = TermMachine.for_lease(self.lease, epoch=epoch)
+        self.term = self._term(epoch)
+
+    def _term(self, epoch: int) -> TermMachine:
+        cap = max(self.lease, self.max_lease)
+        return TermMachine.for_lease(self.lease, max_lease_seconds=cap, epoch=epoch)
 
     def new_process(self, epoch: int | None = None) -> None:
         """kill -9 or a restart: a process starts Inactive with its stored epoch, nothing else.
@@ -51,7 +57,7 @@ class SimBroker:
         ``epoch``: a disk that stores another one (a re-created cluster's brokers remember theirs).
         """
         stored = self.term.epoch if epoch is None else epoch
-        self.term = TermMachine.for_lease(self.lease, epoch=stored)
+        self.term = self._term(stored)
         self.paused_at, self.queued = None, []
         self.journal_error = None  # recovery opens it again
 
@@ -69,8 +75,14 @@ class SimBroker:
         term.watch_from(max(term.last_tick, now - term.tick_seconds))
         term.tick(now)
 
-    def handle(
-        self, active: bool, epoch: int, now: float, renew: bool = True, target_epoch: int = 0
+    def handle(  # noqa: PLR0917 - the Heartbeat's own fields, in the callers' order
+        self,
+        active: bool,
+        epoch: int,
+        now: float,
+        renew: bool = True,
+        target_epoch: int = 0,
+        lease_seconds: float | None = None,
     ) -> HeartbeatReply:
         """One Heartbeat handled at ``now``, in the broker's order (lifecycle.Broker.heartbeat).
 
@@ -89,7 +101,7 @@ class SimBroker:
         answer = term.renewal_arrives(now)
         if answer.reply is None:
             term.drain_due()  # under the heartbeat lock, first thing
-            answer = term.renew(epoch, now, self.journal_error)
+            answer = term.renew(epoch, now, self.journal_error, lease_seconds=lease_seconds)
             if isinstance(answer.awaiting, StoreEpoch):
                 term.epoch_stored(answer.awaiting.epoch)
                 answer = term.proceed(now)

@@ -67,6 +67,7 @@ from broker_operator.core import (
     status_of,
     step,
 )
+from broker_operator.core.handover import handover_renewal
 from tests.unit.core.sim_broker import SimBroker
 
 RTT = 0.002  # a loopback round trip, in simulated seconds
@@ -107,6 +108,7 @@ class World:
     epoch_owner: dict[int, str] = field(default_factory=dict)
     active_true_calls: list[tuple[float, str]] = field(default_factory=list)
     renewals: list[tuple[float, str]] = field(default_factory=list)  # active=true that may renew a lease
+    handovers: list[tuple[float, str]] = field(default_factory=list)  # handover renewals sent
     # Every answer the engine received: when, to which request, what the broker said.
     answers: list[tuple[float, SendHeartbeat, HeartbeatReply]] = field(default_factory=list)
     target_epoch: int = 0  # the highest epoch the (simulated) backend and cloud were told of
@@ -150,7 +152,8 @@ class World:
             active_epoch=stored_epoch if last_active else None,  # left active with it (left_active)
         )
         # Processes may run before the spec names them (pods without IPs yet).
-        brokers = {name: SimBroker(name, settings.lease_seconds) for name in [*names, *processes]}
+        handover = settings.granted_handover_seconds
+        brokers = {name: SimBroker(name, settings.lease_seconds, handover) for name in [*names, *processes]}
         world = cls(config, brokers, state, pod_mode=pod_mode, now=now, stored_epoch=stored_epoch)
         world.by_url = {pool_url(name): broker for name, broker in brokers.items()}
         world.stored_epochs = [stored_epoch]
@@ -209,7 +212,7 @@ class World:
         for name in names:
             if name not in self.brokers:
                 self.brokers[name] = self.by_url[pool_url(name)] = SimBroker(
-                    name, config.settings.lease_seconds
+                    name, config.settings.lease_seconds, config.settings.granted_handover_seconds
                 )
             current = self.brokers[name]
             url = next(u for u, b in self.by_url.items() if b is current)
@@ -221,7 +224,12 @@ class World:
                 self.retired.append(previous)
                 self.addresses += 1
                 url = f"http://127.0.1.{self.addresses}:{9000 + NAMES_POOL.index(name)}/soap"
-                fresh = SimBroker(name, config.settings.lease_seconds, epoch=previous.term.epoch)
+                fresh = SimBroker(
+                    name,
+                    config.settings.lease_seconds,
+                    config.settings.granted_handover_seconds,
+                    epoch=previous.term.epoch,
+                )
                 self.brokers[name] = self.by_url[url] = fresh
             targets.append(BrokerTarget(name, url, NAMES_POOL.index(name)))
         self.config = ClusterConfig.of(
@@ -284,6 +292,22 @@ class World:
         self.recorded_status = status
         self.pending, self.signals = [], []
         self.engine_epochs = set(range(1, self.stored_epoch + 1))  # all inherited now
+
+    def operator_hands_over(self, gap: float, lost_status_writes: int = 0) -> None:
+        """The operator exits gracefully (an upgrade): its engine's handover renewal
+        (core/handover.py) goes out like any heartbeat (a partitioned, paused or dead broker does
+        not take it), no engine runs for ``gap`` seconds (the pod's replacement), and then the
+        successor starts as in :meth:`operator_restarts`."""
+        action = handover_renewal(self.state, self.config, self.now)
+        if action is not None:
+            self.active_true_calls.append((self.now, action.broker))
+            self.renewals.append((self.now, action.broker))
+            self.handovers.append((self.now, action.broker))
+            self._heartbeat(action)
+        self._run_processes()
+        self.now += gap
+        self._run_processes()  # the brokers' lease watchers ran on meanwhile
+        self.operator_restarts(lost_status_writes)
 
     def crash(self, name: str, *, noticed_after: float | None = None) -> None:
         """kill -9. ``noticed_after``: the watch proves it (FIN, then a refused connect, now) and the
@@ -445,7 +469,9 @@ class World:
         if watcher_ran:
             broker.run_until(self.now)
         was_active, was_epoch = broker.active, broker.term.epoch
-        reply = broker.handle(action.active, action.epoch, self.now, action.renew, self.target_epoch)
+        reply = broker.handle(
+            action.active, action.epoch, self.now, action.renew, self.target_epoch, action.lease_seconds
+        )
         # A new term: an inactive broker activated, or an active one took a higher epoch (its log
         # shows the term end and the next begin, ``TermMachine.epoch_stored``).
         if broker.active and (not was_active or broker.term.epoch != was_epoch):

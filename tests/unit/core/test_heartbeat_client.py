@@ -7,12 +7,15 @@ client against real brokers over HTTP.
 
 from __future__ import annotations
 
+from http.server import BaseHTTPRequestHandler
+
 import pytest
 from lxml import etree
 
 from broker_contracts.soap import NAMESPACE, BrokerState
 from broker_operator.core import BrokerTarget
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError
+from tests.loopback_http import serving
 
 TARGET = BrokerTarget("b0", "http://127.0.0.1:9/soap", 0)
 ENVELOPE = '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>{}</soap:Body></soap:Envelope>'
@@ -103,3 +106,51 @@ async def test_refused_connection_is_marked_not_reached(client: HeartbeatClient)
         assert not error.value.reached
     finally:
         await client.close()
+
+
+def test_lease_seconds_is_in_the_request_only_when_given(client: HeartbeatClient) -> None:
+    assert b"leaseSeconds" not in client._envelope(True, 42, True, None)
+    heartbeat = etree.fromstring(client._envelope(True, 42, True, 30.0)).find(f".//{{{NAMESPACE}}}Heartbeat")
+    assert heartbeat is not None
+    assert [etree.QName(child).localname for child in heartbeat] == [
+        "active",
+        "epoch",
+        "operatorId",
+        "leaseSeconds",
+    ]
+    assert float(heartbeat[3].text or "") == 30.0
+
+
+ACTIVE_AT_4 = (
+    f'<HeartbeatResponse xmlns="{NAMESPACE}"><state>Active</state><epoch>4</epoch></HeartbeatResponse>'
+)
+
+
+async def test_a_handover_renewal_sends_lease_seconds_over_the_wire_and_a_renewal_does_not() -> None:
+    """Through a loopback HTTP server that records each body and answers as an Active broker."""
+    bodies: list[bytes] = []
+
+    class Broker(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            payload = reply(ACTIVE_AT_4)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/xml")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    client = HeartbeatClient("token", "unit-test", 5.0)
+    try:
+        with serving(Broker) as url:
+            target = BrokerTarget("b0", url + "/soap", 0)
+            assert (await client.heartbeat(target, True, 4)).state is BrokerState.ACTIVE
+            assert (await client.heartbeat(target, True, 4, lease_seconds=30.0)).state is BrokerState.ACTIVE
+            await client.heartbeat(target, True, 4)
+    finally:
+        await client.close()
+    leases = [etree.fromstring(body).find(f".//{{{NAMESPACE}}}leaseSeconds") for body in bodies]
+    assert [lease is not None and float(lease.text or "") for lease in leases] == [False, 30.0, False]

@@ -57,6 +57,8 @@ def heartbeat_settings(draw: st.DrawFn) -> HeartbeatSettings:
         timeout_seconds=draw(st.sampled_from([0.1, 0.2])),
         failure_threshold=threshold,
         lease_seconds=lease,
+        # Below the lease it is taken as the lease (HeartbeatSettings.granted_handover_seconds).
+        handover_lease_seconds=draw(st.sampled_from([0.1, lease + 2.0])),
         standby_probe_seconds=draw(st.sampled_from([0.0, 1.0, 10.0])),
         failback=draw(st.sampled_from(list(FailbackMode))),
         failback_stable_seconds=draw(st.sampled_from([0.0, 3.0])),
@@ -160,6 +162,19 @@ class FailoverMachine(RuleBasedStateMachine):
         # the successor must not send an epoch that may be another broker's.
         self.world.operator_restarts(lost_status_writes)
 
+    # The same gap as operator_restarts; the gap: the pod's replacement, within or past the lease.
+    @precondition(lambda self: self.world.only_spec_brokers_may_be_active())
+    @rule(gap=st.sampled_from([0.0, 1.5, 8.0]), lost_status_writes=st.integers(0, 2), cut_off=st.booleans())
+    def operator_hands_over(self, gap: float, lost_status_writes: int, cut_off: bool) -> None:
+        # A graceful exit (an upgrade): the active's handover renewal, then nobody renews for
+        # `gap`, then the successor starts with the start fence and no memory of the handover.
+        # `cut_off`: the active is partitioned right after it took the handover, so the successor
+        # must fail it over, and must wait out the handover lease it never heard of to do it.
+        active = self.world.state.active
+        self.world.operator_hands_over(gap, lost_status_writes)
+        if cut_off and active is not None:
+            self.world.brokers[active].partitioned = True
+
     @rule(data=st.data(), on=st.booleans())
     def partition(self, data: st.DataObject, on: bool) -> None:
         self.world.brokers[self._name(data)].partitioned = on
@@ -245,7 +260,8 @@ class FailoverMachine(RuleBasedStateMachine):
                 world.restart(broker.name)
         heartbeat = world.config.settings
         settle = (
-            3 * heartbeat.fence_seconds
+            heartbeat.start_fence_seconds
+            + 3 * heartbeat.fence_seconds
             + heartbeat.failback_stable_seconds
             + 3 * heartbeat.standby_probe_seconds
         )
