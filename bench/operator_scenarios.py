@@ -94,6 +94,8 @@ class Figures:
     failbacks: int
     gaps: list[float]  # per active broker, its longest time without a renewal, sorted
     lapsed: int  # brokers whose lease ran out
+    lapsed_clusters: list[int]
+    not_handed_over: list[int]  # clusters active at the start whose active got no handover renewal
     leases: Counter[str]
     renewals: int
     handover_renewals: int
@@ -140,6 +142,10 @@ def figures(
         failbacks=failbacks,
         gaps=sorted(gap for record in end for gap in record["longest_gaps"].values()),
         lapsed=sum(len(record["lapsed"]) for record in end),
+        lapsed_clusters=sorted({int(index) for record in end for index in record["lapsed"]}),
+        not_handed_over=sorted(
+            set(range(clusters)) - {index for record in end for index in record["handed_over"]}
+        ),
         leases=leases,
         renewals=sum(record["renewals"] for record in end),
         handover_renewals=sum(record["handover_renewals"] for record in end),
@@ -169,6 +175,12 @@ def histogram(values: list[float], width: int = 40) -> list[str]:
     return lines
 
 
+def names(indices: list[int], shown: int = 10) -> str:
+    """Cluster names (``c<i>``), the first ``shown`` of them."""
+    listed = ", ".join(f"c{index}" for index in indices[:shown])
+    return f"({listed}{', ...' if len(indices) > shown else ''})" if indices else ""
+
+
 def report(result: Figures) -> None:
     gaps, lease = result.gaps, result.lease_seconds
     done = (
@@ -193,6 +205,13 @@ def report(result: Figures) -> None:
         f" renewals {result.renewals}, of them handover renewals {result.handover_renewals};"
         f" requested (s): {leases}; leases that ran out: {result.lapsed}"
     )
+    if result.lapsed_clusters:
+        print(f"    clusters whose active's lease ran out: {names(result.lapsed_clusters)}")
+    if result.handover_renewals:
+        print(
+            f"    clusters whose active got no handover renewal: {len(result.not_handed_over)}"
+            f" {names(result.not_handed_over)}".rstrip()
+        )
     print("    the longest time without a renewal, per active:")
     for line in histogram(gaps):
         print(line)

@@ -99,6 +99,7 @@ class LeaseRecords:
         self.leases: Counter[str] = Counter()
         self.renewals = 0
         self.handovers = 0
+        self.handed: set[str] = set()  # brokers that got a handover renewal
 
     def expire(self, host: str, now: float) -> int | None:
         """A broker whose lease ran out fences itself (it is no longer active, and only an epoch
@@ -140,6 +141,7 @@ class LeaseRecords:
             self.renewals += 1
             if requested is not None:  # a handover renewal: the broker grants it, capped
                 self.handovers += 1
+                self.handed.add(host)
                 granted = min(requested, self.max_lease_seconds)
         self.highest_epoch[host] = max(reply_epoch, self.highest_epoch.get(host, 0))
         self.held[host] = Held(reply_epoch, now, now + granted)
@@ -163,6 +165,7 @@ class LeaseRecords:
             "leases": dict(self.leases),
             "renewals": self.renewals,
             "handover_renewals": self.handovers,
+            "handed_over": sorted(cluster_index(h) for h in self.handed),
         }
         self._start_over()
         return record
