@@ -276,7 +276,9 @@ def report_steady(args: argparse.Namespace, window: Window, requests: list[Reque
     # peering) are a process's, not a cluster's: printed, and left out of the headline.
     keepalives = writes.pop(KEEPALIVES, 0)
     print(f"  operator writes: {describe(writes, wall)}; peering keep-alives {keepalives / wall:.2f}/s")
-    print(f"  operator reads and watches: {describe(steady - writes, wall)}")
+    print(
+        f"  operator reads and watches: {describe(steady - writes - Counter({KEEPALIVES: keepalives}), wall)}"
+    )
     print(f"  watch events sent (all watchers): {describe(window.watch_events, wall)}")
     per_cluster = ramp_writes / args.clusters
     print(
