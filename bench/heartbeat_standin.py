@@ -6,14 +6,21 @@ and with ``refuse_activations`` stores each activation's epoch and then refuses 
 ``BACKEND_UNREACHABLE``, as a broker whose backend and cloud are unreachable. Per address it
 also keeps the longest time between two accepted ``active=true`` heartbeats (``Renewals``), and
 prints them as one JSON line on SIGUSR1: from outside the operator's process, how long a broker
-went without its lease renewed. Benchmark scaffolding, not a broker: the engine's integration
-tests use real brokers.
+went without its lease renewed.
+
+A handover renewal (``leaseSeconds``, from a stopping operator) is honoured as a broker honours
+it: only by a renewal of an active address at its epoch, capped at ``max_lease_seconds``; a value
+that is not a finite number above 0 is refused. The lease it grants is recorded, and so is every
+renewal that came after the lease then in force had run out (``lapsed``: a real broker would have
+fenced itself by then). Benchmark scaffolding, not a broker: the engine's integration tests use
+real brokers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import signal
 import time
@@ -21,8 +28,12 @@ import time
 __all__ = ["TOKEN", "Renewals", "StandinProtocol", "address", "serve_standin"]
 
 TOKEN = "bench-operator-token-of-32-bytes"  # the operator refuses a token under 32 bytes
+LEASE_SECONDS = 5.0  # the clusters' heartbeat.leaseSeconds in the benchmarks (the design's default)
+MAX_LEASE_SECONDS = 30.0  # what their pods would get as BROKER_MAX_LEASE_SECONDS (handoverLeaseSeconds)
 _ACTIVE = re.compile(rb"<(?:\w+:)?active>(true|false|1|0)</")
 _EPOCH = re.compile(rb"<(?:\w+:)?epoch>(\d+)</")
+_CHECK = re.compile(rb"<(?:\w+:)?renewLease>\s*(?:false|0)\s*</")
+_LEASE = re.compile(rb"<(?:\w+:)?leaseSeconds>([^<]*)</")
 _LENGTH = re.compile(rb"(?i)content-length:\s*(\d+)")
 _AUTH = f"Bearer {TOKEN}".encode()
 _REPLY = (
@@ -45,23 +56,47 @@ def address(group: int, index: int) -> str:
 
 class Renewals:
     """Per broker address, the longest time between two accepted ``active=true`` heartbeats since
-    the last report: how long a real broker would have gone without its lease renewed."""
+    the last report: how long a real broker would have gone without its lease renewed. Also the
+    leases handover renewals granted, and the renewals that came after the lease in force (the
+    normal one, or a handover's) had run out: a real broker would have fenced itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease_seconds: float = LEASE_SECONDS) -> None:
+        self.lease_seconds = lease_seconds
         self.last: dict[str, float] = {}
         self.longest: dict[str, float] = {}
+        self.deadline: dict[str, float] = {}  # when the lease in force runs out
+        self.handover_leases: list[float] = []
+        self.lapsed = 0
 
-    def renewed(self, host: str) -> None:
+    def renewed(self, host: str, *, granted: float | None = None, activation: bool = False) -> None:
+        """An accepted ``active=true``; ``granted``: a handover's lease; ``activation``: a new term."""
         now = time.monotonic()
         previous = self.last.get(host)
         self.last[host] = now
         if previous is not None and now - previous > self.longest.get(host, 0.0):
             self.longest[host] = now - previous
+        deadline = self.deadline.get(host)
+        if deadline is not None and now > deadline and not activation:
+            self.lapsed += 1
+        if activation or deadline is None:
+            deadline = -math.inf  # a new term starts with a normal lease, as a broker's does
+        if granted is not None:
+            self.handover_leases.append(granted)
+        self.deadline[host] = max(deadline, now + (self.lease_seconds if granted is None else granted))
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "longest_gaps": sorted(self.longest.values()),
+            "handover_leases": sorted(self.handover_leases),
+            "lapsed": self.lapsed,
+        }
 
     def report(self) -> None:
         """One JSON line on stdout (the bench reads it on SIGUSR1), then start over."""
-        print(json.dumps({"longest_gaps": sorted(self.longest.values())}), flush=True)
+        print(json.dumps(self.snapshot()), flush=True)
         self.longest.clear()
+        self.handover_leases.clear()
+        self.lapsed = 0
 
 
 class StandinProtocol(asyncio.Protocol):
@@ -78,10 +113,12 @@ class StandinProtocol(asyncio.Protocol):
         state: dict[str, tuple[bool, int]],
         refuse_activations: bool = False,
         renewals: Renewals | None = None,
+        max_lease_seconds: float = MAX_LEASE_SECONDS,
     ) -> None:
         self.state = state
         self.renewals = renewals if renewals is not None else Renewals()
         self.refuse_activations = refuse_activations
+        self.max_lease_seconds = max_lease_seconds
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.host = ""
@@ -112,7 +149,10 @@ class StandinProtocol(asyncio.Protocol):
         if _AUTH not in head or not active_match or not epoch_match:
             return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
         active, epoch = active_match.group(1) in (b"true", b"1"), int(epoch_match.group(1))
-        _, stored = self.state.get(self.host, (False, 0))
+        asked = _lease_asked(body)
+        if asked is not None and not (math.isfinite(asked) and asked > 0):
+            return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"  # a broker's fault
+        was_active, stored = self.state.get(self.host, (False, 0))
         if active and epoch < stored:
             code = "<unavailabilityCode>STALE_EPOCH</unavailabilityCode>"
             text = _REPLY.format(state="Unavailable", code=code, epoch=stored)
@@ -124,7 +164,10 @@ class StandinProtocol(asyncio.Protocol):
             self.state[self.host] = (active, max(epoch, stored))
             text = _REPLY.format(state="Active" if active else "Inactive", code="", epoch=max(epoch, stored))
             if active:
-                self.renewals.renewed(self.host)
+                # Honoured as a broker honours it: a renewal of the active at its epoch, capped.
+                handover = asked is not None and was_active and epoch == stored and not _CHECK.search(body)
+                granted = min(asked, self.max_lease_seconds) if handover and asked is not None else None
+                self.renewals.renewed(self.host, granted=granted, activation=not was_active or epoch > stored)
         payload = text.encode()
         return (
             b"HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: "
@@ -132,6 +175,17 @@ class StandinProtocol(asyncio.Protocol):
             + b"\r\n\r\n"
             + payload
         )
+
+
+def _lease_asked(body: bytes) -> float | None:
+    """The ``leaseSeconds`` a heartbeat asks, NaN when it is no number, None when absent."""
+    match = _LEASE.search(body)
+    if match is None:
+        return None
+    try:
+        return float(match.group(1))
+    except ValueError:
+        return math.nan
 
 
 def serve_standin(group: int, count: int, refuse_activations: bool, port: int) -> None:

@@ -64,6 +64,7 @@ from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
 from broker_operator.status_writer import EventWriter, StatusWriter
+from broker_operator.wakeup import Wakeup
 
 __all__ = [
     "BrokerStatus",
@@ -156,45 +157,6 @@ def cluster_phase(cluster: str) -> float:
     return zlib.crc32(cluster.encode()) / 2**32
 
 
-class _Wakeup:
-    """Sleep until a delay has passed or ``set()`` is called, whichever comes first; ``set()``
-    before the sleep makes it return at once, until ``clear()``.
-
-    What ``asyncio.timeout`` around ``Event.wait`` does, without its exceptions: that ends every
-    idle wait in a CancelledError and a TimeoutError, whose tracebacks are reference cycles the
-    cyclic collector has to find, thousands a second with 2,000 clusters (docs/benchmarks.md).
-    """
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        if self._waiter is not None:
-            _resolve(self._waiter)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def sleep(self, delay: float) -> None:
-        if self._set:
-            return
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(delay, _resolve, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 class ClusterLoop:
     """The heartbeat loop of one BrokerCluster (see the module docstring)."""
 
@@ -236,7 +198,7 @@ class ClusterLoop:
             failovers=initial.failovers if initial else 0,
             last_move=_recorded_last_move(initial),
         )
-        self._wakeup = _Wakeup()
+        self._wakeup = Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch
         self._signals: list[Observation] = []  # from the watch connections, for the next step

@@ -10,7 +10,10 @@ are the fence, and neither depends on it. So the loop hands each status here and
 - the newest status wins: statuses handed over while a write runs are folded into one write
   of the last of them (intermediate phases may not reach the API server at all);
 - a failed write is logged and left for the next status the loop hands over, which comes
-  within an interval (the loop re-evaluates at least once per interval).
+  within an interval (the loop re-evaluates at least once per interval);
+- a write refused because a newer engine's term has begun (:class:`StatusFenced`: the stored
+  epoch is above this engine's) is logged once and lands nothing: the newer status stands, and a
+  later hand-over is tried again (it goes through once this engine holds the newest epoch).
 
 Events go the same way, every one of them, in order. They were kopf's to post, from a queue
 that kopf drops when the operator stops: a drain's ``Switchover`` was lost with the evicted
@@ -31,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 # Events waiting while the API server does not take them: the oldest go first past this.
 EVENT_BACKLOG = 100
+
+
+class StatusFenced(Exception):  # noqa: N818 - named for what it is, like engine.ServiceFenced
+    """The status was not written: the cluster's stored epoch is above the writer's, so a newer
+    engine has begun a term and its status must stand (``controller/status_fence.py``)."""
 
 
 class _BackgroundWriter:
@@ -81,6 +89,7 @@ class StatusWriter(_BackgroundWriter):
         self._write = write
         self.recorded = recorded  # the last status the API server took (or the one resumed from)
         self._wanted: ClusterStatus | None = None
+        self._fenced: ClusterStatus | None = None  # the last status refused as stale (said once)
 
     def submit(self, status: ClusterStatus) -> None:
         """Have ``status`` written soon, unless it is what was last written."""
@@ -96,6 +105,12 @@ class StatusWriter(_BackgroundWriter):
                 continue
             try:
                 await self._write(status)
+            except StatusFenced as fenced:  # a newer engine's status stands; this one is stale
+                (logger.debug if status == self._fenced else logger.warning)(
+                    "%s: status not recorded: %s", self._cluster, fenced
+                )
+                self._fenced = status
+                continue
             except Exception:  # the loop hands the status over again at its next step
                 logger.exception("%s: recording status failed", self._cluster)
                 continue

@@ -191,6 +191,7 @@ def broker_argv(
     on_poison: str,
     message_log_dir: Path | None,
     extra: Sequence[str],
+    max_lease_seconds: float | None = None,
 ) -> list[str]:
     argv = [
         PYTHON,
@@ -227,6 +228,8 @@ def broker_argv(
     ]
     if message_log_dir is not None:
         argv += ["--message-log-dir", str(message_log_dir)]
+    if max_lease_seconds is not None:  # the longest lease a handover renewal may grant
+        argv += ["--max-lease-seconds", str(max_lease_seconds)]
     return argv + list(extra)
 
 
@@ -252,6 +255,7 @@ class ProcessSet:
         token: str = DEFAULT_TOKEN,
         backend_token: str = DEFAULT_BACKEND_TOKEN,
         lease_seconds: float = 5.0,
+        max_lease_seconds: float | None = None,
         cluster: str = "acme-1000",
         account: str = "acme",
         company: str = "1000",
@@ -287,6 +291,7 @@ class ProcessSet:
             account=account,
             company=company,
             lease_seconds=lease_seconds,
+            max_lease_seconds=max_lease_seconds,
             max_deliveries=max_deliveries,
             on_poison=on_poison,
             message_log_dir=message_log_dir,

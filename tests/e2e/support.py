@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from local_cluster.cluster import REPO_ROOT, ClusterAccess
+from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings, built_tools_dir
+from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane
 from local_cluster.relay import Relay, deploy_relay
 from local_cluster.sealed_cluster import SealedCluster
 
@@ -215,3 +216,31 @@ def relay_in_new_namespace(cluster: SealedCluster, prefix: str, **deploy: Any) -
         LIVE_RELAYS.remove(relay)
         relay.uninstall()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+class PlaneAccess(ClusterAccess):
+    """kubectl and API clients as the admin of a control plane alone (``control_plane_only``)."""
+
+    def __init__(self, settings: LocalClusterSettings, plane: ControlPlane) -> None:
+        self.settings = settings
+        self.plane = plane
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+
+@contextlib.contextmanager
+def control_plane_only(workdir: Path, crds: Iterable[str] = ()) -> Iterator[PlaneAccess]:
+    """etcd, kube-apiserver and kube-controller-manager on loopback, no node (nothing runs pods),
+    with the repository's ``crds/`` files named in ``crds`` applied and Established; stopped after."""
+    tools = built_tools_dir()
+    plane = start_control_plane(ControlPlaneSettings(tools_dir=tools, workdir=workdir / "plane"))
+    try:
+        access = PlaneAccess(LocalClusterSettings(tools_dir=tools, workdir=workdir), plane)
+        for crd in crds:
+            access.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
+        access.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield access
+    finally:
+        plane.stop()

@@ -432,7 +432,7 @@ class PausableShell(KubernetesClusterShell):
         self.hold_next_status = False
         self.held = asyncio.Event()  # a status write is waiting to be sent
         self.resume = asyncio.Event()
-        self.written = asyncio.Event()  # the held write has reached the API server
+        self.written = asyncio.Event()  # the held write has reached the API server, or was refused
         self.events: list[str] = []
 
     async def record_status(self, status: ClusterStatus) -> None:
@@ -440,9 +440,11 @@ class PausableShell(KubernetesClusterShell):
         if hold:
             self.held.set()
             await self.resume.wait()
-        await super().record_status(status)
-        if hold:
-            self.written.set()
+        try:
+            await super().record_status(status)
+        finally:
+            if hold:
+                self.written.set()
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
         self.events.append(reason)  # kopf's event poster works only inside a running kopf
@@ -499,7 +501,8 @@ def test_a_paused_engine_resuming_never_writes_an_older_epoch_back(
             await asyncio.wait_for(shell.held.wait(), timeout=30)
             # ... while another operator allocates the next epoch, by the same compare-and-swap.
             assert await allocate_epoch(api, namespace, "stalled", current=1) == 2
-            # The engine resumes: its status write must leave the other operator's epoch alone.
+            # The engine resumes: its status write must leave the other operator's epoch alone
+            # (it is refused now, the stored epoch being above the engine's: status_fence.py).
             shell.resume.set()
             await asyncio.wait_for(shell.written.wait(), timeout=30)
             assert await stored_epoch(api, namespace, "stalled") == 2, "an older epoch was written back"

@@ -140,8 +140,8 @@ def test_a_drain_of_the_actives_node_switches_over_first_then_evicts(relay: Rela
     )
     # The broker the budget protects: the pod labelled active, which the operator moves with the
     # activation. Not status.active: seen once in CI, it still named the first active for 11 s
-    # after the label had moved (a stopped engine's status write lost, docs/operator.md, "Fixed
-    # 2026-11-27"), so the drain evicted a standby and no switchover was due.
+    # after the label had moved (a late status write of the replica that handled first, over the
+    # next engine's; docs/operator.md, "Fixed 2026-11-28"), so the drain evicted a standby.
     old_active = wait_for("one pod labelled active", lambda: _labelled_active(relay))
     node = _node_of(relay, old_active)
     try:

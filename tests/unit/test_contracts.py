@@ -190,3 +190,42 @@ def test_every_variable_the_operator_sets_in_a_broker_pod_is_read_by_the_broker(
         "http://erp.example/broker",
         "https://cloud.example/api",
     )
+
+
+@pytest.mark.parametrize(("handover", "cap"), [(None, 30.0), (12.5, 12.5), (3, 7.0)])
+def test_the_pods_max_lease_is_the_granted_handover_lease_and_the_broker_starts_with_it(
+    tmp_path: Path, handover: float | None, cap: float
+) -> None:
+    """What a successor waits out is what the broker may grant: handoverLeaseSeconds, at least the
+    lease (a smaller one would be a broker that refuses to start, --max-lease-seconds below the lease)."""
+    heartbeat: dict[str, float] = {"leaseSeconds": 7}
+    if handover is not None:
+        heartbeat["handoverLeaseSeconds"] = handover
+    spec = parse_spec(
+        "orders",
+        {
+            "account": "acme",
+            "company": "1000",
+            "heartbeat": heartbeat,
+            "backend": {"url": "http://erp.example/broker"},
+            "cloud": {"url": "https://cloud.example/api"},
+        },
+    )
+    env = {
+        variable["name"]: variable.get("value")
+        for variable in builders.broker_container("orders", spec)["env"]
+    }
+    (tmp_path / "token").write_text(token_verifier("operator"))
+    (tmp_path / "backend").write_text(token_verifier("backend"))
+    settings = broker_settings.parse_settings(
+        [],
+        {
+            environment.BROKER_DATA_DIR: str(tmp_path),
+            environment.BROKER_LEASE_SECONDS: str(env[environment.BROKER_LEASE_SECONDS]),
+            environment.BROKER_MAX_LEASE_SECONDS: str(env.get(environment.BROKER_MAX_LEASE_SECONDS, "")),
+            environment.BROKER_TOKEN_VERIFIER_FILE: str(tmp_path / "token"),
+            environment.BROKER_BACKEND_TOKEN_VERIFIER_FILE: str(tmp_path / "backend"),
+        },
+    )
+    assert settings.max_lease_cap_seconds == spec.heartbeat.granted_handover_seconds == cap
+    assert settings.lease_seconds == 7

@@ -283,10 +283,17 @@ def template_hash(cluster: str, spec: ClusterSpec) -> str:
     same template, and the role moves on every failover without a restart. The pod's
     securityContext is in: a changed ``spec.podSecurityContext`` replaces the pods. So are the
     scheduling fields the spec sets, but not the default spread: pods made before the operator
-    spread them keep their hash and are not replaced by an upgrade of the operator alone.
+    spread them keep their hash and are not replaced by an upgrade of the operator alone; nor
+    the handover lease's cap, for the same reason.
     """
+    container = broker_container(cluster, spec)
+    # Out of the hash: the handover lease's cap (issue 40). An operator upgrade that added it must
+    # not replace every broker pod (a switchover per cluster, the pause the handover exists to
+    # avoid), and a pod without it, or with an older value, is safe: the operator never asks for
+    # more than handoverLeaseSeconds, and the broker grants no more than its own cap.
+    container["env"] = [e for e in container["env"] if e["name"] != environment.BROKER_MAX_LEASE_SECONDS]
     template: Manifest = {
-        "container": broker_container(cluster, spec),
+        "container": container,
         "volumes": pod_volumes(cluster, 0, spec),
         "securityContext": pod_security_context(spec),
     }

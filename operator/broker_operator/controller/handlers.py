@@ -122,16 +122,20 @@ def _register_startup(registry: kopf.OperatorRegistry) -> None:
         if context.settings.peering is None:
             return
         try:
-            await join_peering(
+            joined = await join_peering(
                 context.api,
                 context.settings.peering,
                 context.settings.namespaces,
                 priority=settings.peering.priority,
                 lifetime_seconds=settings.peering.lifetime,
                 identity=own_identity(),
+                pinned=context.settings.peering_priority is not None,
             )
-        except ApiException as error:  # a courtesy: kopf's own peering still runs without it
+        except ApiException as error:  # kopf's own peering still runs without it, by start time
             logger.warning("peering %r: no early announcement: %s", context.settings.peering, error)
+            return
+        # Below every replica already there: kopf's keep-alives carry this one from now on.
+        settings.peering.priority = joined.priority
 
 
 def _drives_cluster(*, namespace: str | None, name: str, memo: Any, **_: Any) -> bool:

@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody, OwnerReference, PodBody
+from broker_operator.controller.peering import PeeringConflict
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
@@ -112,8 +113,8 @@ class KubeApi:
         }
         await self._thread(self._core.create_namespaced_event, involved["namespace"], body)
 
-    async def peering_exists(self, name: str, namespace: str | None) -> bool:
-        """Whether kopf's peering object ``name`` exists (listed by name: the chart grants list, not get)."""
+    async def read_peering(self, name: str, namespace: str | None) -> Mapping[str, Any] | None:
+        """kopf's peering object ``name``, or None (listed by name: the chart grants list, not get)."""
         selector = f"metadata.name={name}"
         if namespace is None:
             result = await self._thread(
@@ -132,32 +133,46 @@ class KubeApi:
                 names.PEERINGS,
                 field_selector=selector,
             )
-        return bool(cast(Mapping[str, Any], result).get("items"))
+        items = cast(Mapping[str, Any], result).get("items") or []
+        return cast(Mapping[str, Any], items[0]) if items else None
 
     async def write_peer(
-        self, name: str, namespace: str | None, identity: str, record: Mapping[str, Any]
+        self,
+        name: str,
+        namespace: str | None,
+        identity: str,
+        record: Mapping[str, Any],
+        resource_version: str | None = None,
     ) -> None:
-        """Merge this replica's record into the peering object's status, as kopf's keep-alive does."""
-        patch = {"status": {identity: dict(record)}}
-        if namespace is None:
-            await self._thread(
-                self._custom.patch_cluster_custom_object,
-                names.KOPF_GROUP,
-                names.KOPF_VERSION,
-                names.CLUSTER_PEERINGS,
-                name,
-                patch,
-            )
-        else:
-            await self._thread(
-                self._custom.patch_namespaced_custom_object,
-                names.KOPF_GROUP,
-                names.KOPF_VERSION,
-                namespace,
-                names.PEERINGS,
-                name,
-                patch,
-            )
+        """Merge this replica's record into the peering object's status, as kopf's keep-alive does;
+        with ``resource_version``, only if the object is still at it (else ``PeeringConflict``)."""
+        patch: dict[str, Any] = {"status": {identity: dict(record)}}
+        if resource_version is not None:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            if namespace is None:
+                await self._thread(
+                    self._custom.patch_cluster_custom_object,
+                    names.KOPF_GROUP,
+                    names.KOPF_VERSION,
+                    names.CLUSTER_PEERINGS,
+                    name,
+                    patch,
+                )
+            else:
+                await self._thread(
+                    self._custom.patch_namespaced_custom_object,
+                    names.KOPF_GROUP,
+                    names.KOPF_VERSION,
+                    namespace,
+                    names.PEERINGS,
+                    name,
+                    patch,
+                )
+        except ApiException as error:
+            if error.status == HTTP_CONFLICT and resource_version is not None:
+                raise PeeringConflict(f"{name} changed since resourceVersion {resource_version}") from error
+            raise
 
     async def create(self, manifest: Mapping[str, Any]) -> bool:
         """Create a core/v1 object, NetworkPolicy, EndpointSlice or PodDisruptionBudget unless it exists;

@@ -1,8 +1,10 @@
-"""Joining kopf's peering before kopf looks at it: wait for the peering object, announce early.
+"""Joining kopf's peering before kopf looks at it: wait for the peering object, rank below every
+live replica, announce early.
 
 kopf decides which replica handles the BrokerClusters from the records in the peering object
 (``KopfPeering`` per watched namespace, ``ClusterKopfPeering`` cluster-wide): a replica that
-sees a live record of higher priority pauses. Two gaps let two replicas handle at once:
+sees a live record of higher priority pauses, and resumes when none is left. Three gaps let two
+replicas handle at once:
 
 * Helm creates custom resources after Deployments, so on a first install the operator pods can
   start before the peering object exists. kopf's keep-alive then finds nothing to write, its
@@ -10,11 +12,21 @@ sees a live record of higher priority pauses. Two gaps let two replicas handle a
   at the next keep-alive, 20 to 25 s later (measured: two replicas granting epochs 1 to 3 to
   two brokers in turn at install; the compare-and-swap kept each epoch single).
 * Replicas started at the same instant each list the object before the other's first record.
+* A priority taken from the clock when the process starts does not say who joined first. A
+  replica that took its priority first but whose record landed later (a slow first API call on a
+  loaded node) outranked the replica that had joined, found itself alone and resumed: that one
+  paused and handed every cluster over, seconds into the install, and the two engines overlapped
+  (the drain test's flake; ``tests/e2e/test_two_replicas_at_install.py``).
 
 So, before kopf starts its peering (startup handlers run first), each replica waits for the
-object (bounded), writes its own record in kopf's format, and waits a moment for the records of
-replicas started with it: kopf's first listing then holds them all, and only the highest resumes.
-Peering decides who handles; the epoch compare-and-swap stays the fence (``epochs.py``).
+object (bounded), reads the records in it, takes a priority below every live record but its own
+(its start-time priority when that is lower already), and writes its record in kopf's format on
+condition of the object's ``resourceVersion`` it read: two replicas joining at once are ordered by
+the API server, and the second one re-reads and ranks below the first. Whoever joined first
+therefore always ranks highest, and a replica never outranks one already handling. It then waits
+a moment, so that kopf's first listing usually holds every record. A pinned priority
+(``--peering-priority``) is kept as it is. Peering decides who handles; the epoch compare-and-swap
+stays the fence (``epochs.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +36,8 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
 PEERING_OBJECT_WAIT_SECONDS: Final = 60.0
@@ -34,16 +47,38 @@ POLL_SECONDS: Final = 0.25
 SETTLE_SECONDS: Final = 1.0
 """After its own record is written: long enough for a replica started at the same instant to
 have written its record too (each polls for the object every 0.25 s)."""
+WRITE_ATTEMPTS: Final = 10
+"""Conditional writes of the record before giving up (each loses only to another replica's write)."""
 
 log = logging.getLogger(__name__)
 
 
+class PeeringConflict(Exception):  # noqa: N818 - the API server's 409, named for what it means here
+    """The peering object changed since it was read: read it again and rank again."""
+
+
 class PeeringApi(Protocol):
-    async def peering_exists(self, name: str, namespace: str | None) -> bool: ...
+    async def read_peering(self, name: str, namespace: str | None) -> Mapping[str, Any] | None:
+        """The peering object, or None if it does not exist."""
+        ...
 
     async def write_peer(
-        self, name: str, namespace: str | None, identity: str, record: Mapping[str, Any]
-    ) -> None: ...
+        self,
+        name: str,
+        namespace: str | None,
+        identity: str,
+        record: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge ``record`` into the object's status under ``identity``; with ``resource_version``,
+        only if the object is still at that version, else raise :class:`PeeringConflict`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Joined:
+    found: bool  # every peering object was there within the wait
+    priority: int  # the priority to run kopf's peering with
 
 
 def peer_record(priority: int, lifetime_seconds: int, now: datetime | None = None) -> dict[str, Any]:
@@ -52,10 +87,63 @@ def peer_record(priority: int, lifetime_seconds: int, now: datetime | None = Non
     return {"priority": int(priority), "lifetime": int(lifetime_seconds), "lastseen": seen.isoformat()}
 
 
+def live_priorities(
+    peering: Mapping[str, Any] | None, *, besides: str | None, now: datetime | None = None
+) -> list[int]:
+    """The priorities of the records in ``peering`` that kopf counts as alive (``lastseen`` plus
+    ``lifetime`` not yet past), but ``besides``'s own; unreadable records are left out."""
+    moment = now or datetime.now(UTC)
+    found: list[int] = []
+    for identity, record in ((peering or {}).get("status") or {}).items():
+        if identity == besides or not isinstance(record, Mapping):
+            continue
+        try:
+            seen = datetime.fromisoformat(str(record["lastseen"]))
+            if seen.tzinfo is None:
+                seen = seen.replace(tzinfo=UTC)
+            alive = seen + timedelta(seconds=int(record.get("lifetime", 60))) > moment
+            priority = int(record.get("priority", 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if alive:
+            found.append(priority)
+    return found
+
+
+def rank_below(priority: int, live: list[int]) -> int:
+    """``priority``, or one below the lowest live record when that is not lower already: strictly
+    below every live record (kopf pauses every replica that shares a priority)."""
+    return min(priority, min(live) - 1) if live else priority
+
+
 def own_identity() -> str | None:
     """kopf's identity for this replica when it is predictable: ``POD_ID`` (the chart sets the pod's
     name). Otherwise kopf makes one with random parts, and no record can be written for it."""
     return os.environ.get("POD_ID") or None
+
+
+async def _wait_for_objects(
+    api: PeeringApi, name: str, places: list[str | None], wait_seconds: float
+) -> dict[str | None, Mapping[str, Any]] | None:
+    deadline = time.monotonic() + wait_seconds
+    said = False
+    while True:
+        found = {place: await api.read_peering(name, place) for place in places}
+        missing = [place for place, body in found.items() if body is None]
+        if not missing:
+            return {place: body for place, body in found.items() if body is not None}
+        if time.monotonic() >= deadline:
+            log.warning(
+                "peering %r: no %s after %.0f s; kopf handles nothing until it exists (the chart creates it)",
+                name,
+                _describe(name, missing),
+                wait_seconds,
+            )
+            return None
+        if not said:
+            log.info("peering %r: waiting for %s (the chart creates it)", name, _describe(name, missing))
+            said = True
+        await asyncio.sleep(POLL_SECONDS)
 
 
 async def join_peering(
@@ -66,38 +154,44 @@ async def join_peering(
     priority: int,
     lifetime_seconds: int,
     identity: str | None,
+    pinned: bool = False,
     wait_seconds: float = PEERING_OBJECT_WAIT_SECONDS,
     settle_seconds: float = SETTLE_SECONDS,
-) -> bool:
-    """Wait for each peering object, write this replica's record into it, settle; True if all were
-    found within ``wait_seconds`` (else a warning: kopf pauses until they exist anyway)."""
+) -> Joined:
+    """Wait for each peering object, rank below every live replica (unless ``pinned``), write this
+    replica's record into each on condition of its version, settle. ``Joined.found`` is False if an
+    object was missing after ``wait_seconds`` (a warning: kopf pauses until they exist anyway)."""
     places: list[str | None] = list(namespaces) or [None]
-    deadline = time.monotonic() + wait_seconds
-    missing = list(places)
-    said = False
-    while missing:
-        missing = [place for place in missing if not await api.peering_exists(name, place)]
-        if not missing:
-            break
-        if time.monotonic() >= deadline:
-            log.warning(
-                "peering %r: no %s after %.0f s; kopf handles nothing until it exists (the chart creates it)",
-                name,
-                _describe(name, missing),
-                wait_seconds,
-            )
-            return False
-        if not said:
-            log.info("peering %r: waiting for %s (the chart creates it)", name, _describe(name, missing))
-            said = True
-        await asyncio.sleep(POLL_SECONDS)
-    if identity is not None:
-        record = peer_record(priority, lifetime_seconds)
-        for place in places:
-            await api.write_peer(name, place, identity, record)
-        log.info("peering %r: announced %s (priority %d) before kopf's first look", name, identity, priority)
+    objects = await _wait_for_objects(api, name, places, wait_seconds)
+    if objects is None:
+        return Joined(found=False, priority=priority)
+    chosen = priority
+    for _ in range(WRITE_ATTEMPTS):
+        if not pinned:
+            live = [p for body in objects.values() for p in live_priorities(body, besides=identity)]
+            chosen = rank_below(priority, live)
+        if identity is None:
+            break  # kopf's identity is random: nothing to write, but still ranked below the others
+        try:
+            for place, body in objects.items():
+                version = None if pinned else body.get("metadata", {}).get("resourceVersion")
+                await api.write_peer(name, place, identity, peer_record(chosen, lifetime_seconds), version)
+        except PeeringConflict:
+            # Another replica wrote since the read: its record may rank where this one would.
+            objects = {place: await api.read_peering(name, place) or body for place, body in objects.items()}
+            continue
+        log.info(
+            "peering %r: announced %s (priority %d%s) before kopf's first look",
+            name,
+            identity,
+            chosen,
+            "" if chosen == priority else ", below every live replica",
+        )
         await asyncio.sleep(settle_seconds)
-    return True
+        break
+    else:
+        log.warning("peering %r: the record of %s kept losing to other writes; left to kopf", name, identity)
+    return Joined(found=True, priority=chosen)
 
 
 def _describe(name: str, places: list[str | None]) -> str:

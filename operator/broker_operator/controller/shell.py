@@ -9,9 +9,10 @@ server for one BrokerCluster:
   epoch (``active_service.py``; a Service of the selector era is converted first), then
   move the ``role=active`` label, off every other pod first (endpoints mode has no
   pods and no Service: nothing to point);
-- ``record_status``: a merge patch of the status subresource without ``epoch``
-  (which has no precondition here and so must not be written here); the engine
-  calls it only when the status changed, so there is no write per heartbeat;
+- ``record_status``: a merge patch of the status subresource without ``epoch`` (whose only
+  writer is the allocation), on condition that the stored epoch is not above the engine's
+  (``status_fence.py``: a late write of an older engine never stands over a newer one's); the
+  engine calls it only when the status changed, so there is no write per heartbeat;
 - ``record_event``: a Kubernetes Event on the BrokerCluster, posted here rather than by kopf's
   poster, whose queue is dropped when the operator stops (the engine posts it beside its steps,
   ``status_writer.EventWriter``, and lets it land within its grace);
@@ -34,6 +35,7 @@ from broker_operator.controller import active_service, builders, names
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations, facts_for, main_port
+from broker_operator.controller.status_fence import record_status_under_epoch
 from broker_operator.core.model import PodFacts
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import EpochConflict
@@ -156,8 +158,10 @@ class KubernetesClusterShell:
             await self._api.set_pod_role(self._namespace, active, names.ROLE_ACTIVE)
 
     async def record_status(self, status: ClusterStatus) -> None:
-        await self._api.patch_cluster_status(
-            self._namespace, self._cluster, {"status": status.to_status_patch()}
+        # Not over a newer engine's status: on condition of the stored epoch (status_fence.py).
+        fields = status.to_status_patch()
+        await record_status_under_epoch(
+            self._api, self._namespace, self._cluster, fields, status.epoch, known=self._body
         )
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:

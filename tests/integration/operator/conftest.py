@@ -33,11 +33,16 @@ pytestmark = pytest.mark.integration
 # Fast but not twitchy on a shared 2-core machine: a loopback heartbeat takes ~ms,
 # a 0.5 s timeout leaves room for a busy scheduler.
 LEASE = 2.0
+# The brokers' --max-lease-seconds: what a handover renewal may grant (test_engine_handover.py).
+# SETTINGS asks for no more than the lease, so that an engine restarted in the other tests waits
+# out a silent broker for the lease's fence and the 2 s handover window, not for 30 s.
+HANDOVER_CAP = 6.0
 SETTINGS = HeartbeatSettings(
     interval_seconds=0.5,
     timeout_seconds=0.5,
     failure_threshold=2,
     lease_seconds=LEASE,
+    handover_lease_seconds=LEASE,
     standby_probe_seconds=1.0,
     failback_stable_seconds=1.0,
     lease_margin_seconds=0.25,
@@ -192,7 +197,11 @@ async def cluster(processes: ProcessSet, tmp_path: Path) -> AsyncIterator[Broker
     backend = processes.start_backend_simulator()
     brokers = {
         name: processes.start_broker(
-            name=name, backend_url=backend.url, cloud_url=cloud.url, lease_seconds=LEASE
+            name=name,
+            backend_url=backend.url,
+            cloud_url=cloud.url,
+            lease_seconds=LEASE,
+            extra_args=("--max-lease-seconds", f"{HANDOVER_CAP:g}"),
         )
         for name in ("b0", "b1", "b2")
     }

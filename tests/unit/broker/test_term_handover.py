@@ -137,3 +137,11 @@ def test_the_broker_fences_itself_at_the_extended_deadline_not_before() -> None:
     reason = "lease expired: no active=true heartbeat for 20s (the lease a handover renewal granted)"
     assert effects == (SelfFenced(3, reason), StopAccepting(reason))
     assert not term.active and term.fenced_epoch == 3
+
+
+def test_a_handover_lease_below_the_normal_one_grants_that_shorter_lease() -> None:
+    term = active_at(3)
+    renew(term, 3, T0 + 4.5, lease=1.0)
+    assert term.lease_deadline == T0 + 4.5 + 1.0  # not the normal lease's T0 + 9.5
+    renew(term, 3, T0 + 5, lease=0.1)  # shortens nothing already granted
+    assert term.lease_deadline == T0 + 4.5 + 1.0

@@ -209,6 +209,26 @@ def test_template_hash_follows_the_spec_not_the_role() -> None:
     assert builders.template_hash("orders", base) != builders.template_hash("orders", changed)
 
 
+def test_the_handover_cap_reaches_the_pod_but_not_its_template_hash() -> None:
+    # Issue 40: an operator upgrade that adds the cap must not replace every broker pod (a
+    # switchover per cluster); the pod's env carries it, the hash is what the earlier version made.
+    base = parse_spec("orders", {"account": "a", "company": "c"})
+    longer = parse_spec("orders", {"account": "a", "company": "c", "heartbeat": {"handoverLeaseSeconds": 90}})
+    pod = builders.build_pod(OWNER, 0, base, active=False)
+    assert env_of(pod)["BROKER_MAX_LEASE_SECONDS"] == "30"
+    assert env_of(builders.build_pod(OWNER, 0, longer, active=False))["BROKER_MAX_LEASE_SECONDS"] == "90"
+    assert builders.template_hash("orders", base) == builders.template_hash("orders", longer)
+    container = builders.broker_container("orders", base)
+    container["env"] = [e for e in container["env"] if e["name"] != "BROKER_MAX_LEASE_SECONDS"]
+    earlier = {
+        "container": container,
+        "volumes": builders.pod_volumes("orders", 0, base),
+        "securityContext": builders.pod_security_context(base),
+    }
+    encoded = json.dumps(earlier, sort_keys=True, separators=(",", ":")).encode()
+    assert builders.template_hash("orders", base) == hashlib.sha256(encoded).hexdigest()[:16]
+
+
 def test_broker_pods_serve_the_operator_on_a_named_admin_port_and_probes_stay_on_the_main_one() -> None:
     pod = builders.build_pod(OWNER, 0, parse_spec("orders", {"account": "a", "company": "c"}), active=False)
     (container,) = pod["spec"]["containers"]
@@ -466,8 +486,10 @@ def test_a_given_affinity_replaces_the_spread_and_scheduling_fields_roll_the_pod
         parse_spec("orders", {"account": "a", "company": "c", "tolerations": tolerations}),
     ]
     assert len({builders.template_hash("orders", spec) for spec in variants}) == len(variants)
+    container = builders.broker_container("orders", base)
+    container["env"] = [e for e in container["env"] if e["name"] != "BROKER_MAX_LEASE_SECONDS"]  # issue 40
     without_scheduling = {
-        "container": builders.broker_container("orders", base),
+        "container": container,
         "volumes": builders.pod_volumes("orders", 0, base),
         "securityContext": builders.pod_security_context(base),
     }

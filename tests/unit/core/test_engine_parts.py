@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from collections.abc import Iterator
 
@@ -14,20 +15,20 @@ from prometheus_client import REGISTRY
 
 from broker_operator import metrics
 from broker_operator.core.status import ClusterStatus
-from broker_operator.engine import _Wakeup
 from broker_operator.garbage_collection import THRESHOLDS, tune_collector
-from broker_operator.status_writer import EVENT_BACKLOG, EventWriter, StatusWriter
+from broker_operator.status_writer import EVENT_BACKLOG, EventWriter, StatusFenced, StatusWriter
+from broker_operator.wakeup import Wakeup
 
 
 async def test_a_wakeup_sleeps_its_delay_when_nobody_wakes_it() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     started = time.monotonic()
     await wakeup.sleep(0.05)
     assert time.monotonic() - started >= 0.045
 
 
 async def test_set_ends_a_sleep_at_once_and_a_set_before_the_sleep_skips_it() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     started = time.monotonic()
     asyncio.get_running_loop().call_later(0.02, wakeup.set)
     await asyncio.wait_for(wakeup.sleep(30.0), timeout=5.0)
@@ -39,7 +40,7 @@ async def test_set_ends_a_sleep_at_once_and_a_set_before_the_sleep_skips_it() ->
 
 
 async def test_a_cancelled_sleep_leaves_no_timer_behind() -> None:
-    wakeup = _Wakeup()
+    wakeup = Wakeup()
     task = asyncio.create_task(wakeup.sleep(30.0))
     await asyncio.sleep(0.01)
     task.cancel()
@@ -182,3 +183,30 @@ async def test_the_event_writer_lands_what_was_handed_over_within_the_grace(grac
     writer.cancel_after(grace)
     await asyncio.sleep(grace + 0.3)
     assert posted == (["Switchover", "Activated"] if grace else [])
+
+
+async def test_a_status_refused_as_stale_is_not_recorded_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusing = [True, True]
+    written: list[str] = []
+
+    async def write(status: ClusterStatus) -> None:
+        if refusing:
+            refusing.pop()
+            raise StatusFenced("the stored epoch is above this engine's")
+        written.append(status.phase)
+
+    writer = StatusWriter("c", write, None)
+    with caplog.at_level(logging.DEBUG, logger="broker_operator.status_writer"):
+        writer.submit(_status("Healthy"))
+        await writer.flush()
+        writer.submit(_status("Healthy"))  # handed over again: refused again, said no louder
+        await writer.flush()
+    assert written == [] and writer.recorded is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "not recorded" in warnings[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)  # a refusal is no error: no traceback
+    writer.submit(_status("Degraded"))  # this engine holds the newest epoch again
+    await writer.flush()
+    assert written == ["Degraded"] and writer.recorded == _status("Degraded")

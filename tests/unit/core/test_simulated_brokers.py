@@ -72,3 +72,14 @@ def test_a_check_with_an_epoch_below_the_stored_one_is_stale() -> None:
     reply = broker.handle(True, 1, 10.5, renew=False)  # the old model answered Active
     assert (reply.state, reply.unavailability_code) == (BrokerState.UNAVAILABLE, "STALE_EPOCH")
     assert broker.active  # and nothing changed
+
+
+def test_a_simulated_broker_honours_a_handover_renewal_as_the_broker_does() -> None:
+    broker = SimBroker("b0", lease=1.0, max_lease=4.0)
+    assert broker.handle(True, 1, 0.0).state is BrokerState.ACTIVE
+    broker.run_until(0.5)
+    assert broker.handle(True, 1, 0.5, lease_seconds=100.0).state is BrokerState.ACTIVE  # capped at 4 s
+    broker.run_until(4.5)
+    assert broker.active and broker.acts_as_active(4.5)  # past its 1 s lease: the handover's holds
+    broker.run_until(4.6)
+    assert not broker.active  # fenced once the capped lease ran out, with nothing after it
