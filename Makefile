@@ -126,7 +126,7 @@ bench-operator: venv ## Operator scale: clusters heartbeated at 1 Hz by one oper
 	$(BIN)/python bench/bench_operator.py
 
 .PHONY: bench-operator-k8s
-bench-operator-k8s: venv tools ## The real operator, as two shards, against a real API server holding 2,000 BrokerClusters: its API writes, reads and the watch events while steady.
+bench-operator-k8s: venv tools ## The real operator, as two shards, against a real API server holding 2,000 BrokerClusters: its API writes, reads and the watch events while steady; then its upgrade, restart and kill -9, read at the brokers' leases.
 	$(BIN)/python bench/bench_operator_k8s.py --shards 2
 
 .PHONY: bench-validator

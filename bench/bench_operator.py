@@ -126,12 +126,18 @@ def run_operator(clusters: int, warmup: float, window: float, tuned_gc: bool, po
             epoch: int,
             *,
             renew: bool = True,
+            lease_seconds: float | None = None,
             limit_seconds: float | None = None,
         ) -> HeartbeatReply:
             started = time.perf_counter()
             try:
                 return await super().heartbeat(
-                    target, active, epoch, renew=renew, limit_seconds=limit_seconds
+                    target,
+                    active,
+                    epoch,
+                    renew=renew,
+                    lease_seconds=lease_seconds,
+                    limit_seconds=limit_seconds,
                 )
             finally:
                 if self.recording:

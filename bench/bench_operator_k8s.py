@@ -6,8 +6,8 @@ This one runs the whole product path, on loopback only:
 
 - a control plane (``local_cluster.control_plane``: etcd, kube-apiserver with an audit log,
   kube-controller-manager) and the BrokerCluster CRD;
-- the two heartbeat stand-in processes of ``bench_operator.py`` serving 2*N brokers (127.1.x.y,
-  127.2.x.y; benchmark scaffolding, see ``heartbeat_standin.py``);
+- two heartbeat stand-in processes serving 2*N brokers (127.1.x.y, 127.2.x.y; benchmark
+  scaffolding, see ``heartbeat_standin.py`` and ``standin_records.py``);
 - the operator as users run it (``python -m broker_operator``: kopf, every handler, the reconcile
   timer every 10 s, metrics), logged in as a ServiceAccount so that the audit log tells its
   requests from everyone else's (bound to ``cluster-admin`` here: RBAC is not what is measured);
@@ -27,13 +27,21 @@ ones before it are active (``--batch 0``: all before the operator starts). Once 
 - from the operator's ``/metrics``: heartbeats to actives per cluster per second, failed
   heartbeats and failovers in the window (0 when steady), and its CPU from ``/proc``.
 
-Then (unless ``--no-restart``) it restarts the operator as a rollout does (SIGTERM, a new process)
-and reads the new process's ``/metrics`` every second: for each cluster, how long from the
-SIGTERM until its active answered a heartbeat of the new process, against the 5 s lease the
-clusters keep (a real broker not renewed within its lease fences itself; the stand-ins do not).
+Then, each from a steady state, the scenarios of ``--scenarios`` (``operator_scenarios.py``): the
+operator's upgrade (a rolling replacement of every process, a standby first, as the chart's
+RollingUpdate with peering does it), its restart (SIGTERM, new processes) and kill -9 (new
+processes). The operator peers as the chart's defaults have it (``--peering``), each shard under its
+own name. The brokers' stand-ins keep each broker's lease as a broker does (``standin_records.py``:
+a handover renewal extends it, a lease that ran out fences the broker) and say, per scenario, how
+many brokers were activated at a new epoch, how many clusters failed over and back, each active's
+longest time without a renewal (a histogram), and how many leases ran out.
 
-Prints the figures, ``operator_k8s_idle_watch_events_per_s`` and last the headline
-``operator_k8s_idle_writes_per_s`` (goal 0). ``--plot`` (``.cache/bench/operator-k8s.png``)
+Prints the figures, per scenario ``operator_<scenario>_reactivations``, ``_failovers``,
+``_failbacks`` (goal 0 each) and ``_max_renewal_gap_s`` (goal below half of leaseSeconds), then
+``operator_k8s_idle_watch_events_per_s`` and last the headline ``operator_k8s_idle_writes_per_s``
+(goal 0; kopf's peering keep-alives, one per process every 5-10 s, are printed beside it and not
+counted). A size or a scenario that does not settle is a result: it says so and the headline is
+still printed. ``--plot`` (``.cache/bench/operator-k8s.png``)
 draws the operator's requests per second over the whole run (creation, activation, steady).
 Every process it starts is stopped at the end.
 """
@@ -41,10 +49,7 @@ Every process it starts is stopped at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -59,15 +64,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.api_audit import WRITES, Request, counts, describe, in_window, operator_requests, plot  # noqa: E402
-from bench.bench_operator import start, stop  # noqa: E402  # the root is on the path now
+from bench.bench_operator import stop  # noqa: E402  # the root is on the path now
 from bench.heartbeat_standin import TOKEN, address  # noqa: E402
-from bench.operator_processes import Operators, OperatorSample, operator_metrics, operator_sample, samples  # noqa: E402
+from bench.operator_processes import Operators, OperatorSample, operator_sample, samples  # noqa: E402
+from bench.operator_scenarios import SCENARIOS, Figures, run_scenario, start_standins  # noqa: E402
 from local_cluster.cluster import ClusterAccess, KubectlError, LocalClusterSettings, built_tools_dir  # noqa: E402
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane  # noqa: E402
 from local_cluster.pki import write_kubeconfig  # noqa: E402
 
 NAMESPACE = "bench"
 CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+PEERING_CRDS = ROOT / "crds" / "kopf.dev_peerings.yaml"
+KEEPALIVES = "patch kopfpeerings"  # the audit log's (verb, resource) of kopf's peering keep-alives
 LEASE_SECONDS = 5.0  # the design's default heartbeat.leaseSeconds, which the clusters here keep
 
 
@@ -104,11 +112,19 @@ def cluster_manifest(index: int, port: int) -> dict[str, Any]:
     }
 
 
-def prepare(kube: Kube, plane: ControlPlane, workdir: Path) -> Path:
-    """CRD, namespace, the operator's ServiceAccount and token, the shared Secret; its kubeconfig."""
-    kube.run("apply", "-f", str(CRD))
-    kube.run("wait", "--for=condition=Established", "crd/brokerclusters.broker.failover.dev", "--timeout=60s")
+def prepare(kube: Kube, plane: ControlPlane, workdir: Path, args: argparse.Namespace) -> Path:
+    """CRDs, namespace, the peering objects (as the chart creates them), the operator's
+    ServiceAccount and token, the shared Secret; its kubeconfig."""
+    kube.run("apply", "-f", str(CRD), "-f", str(PEERING_CRDS))
+    for crd in ("brokerclusters.broker.failover.dev", "kopfpeerings.kopf.dev"):
+        kube.run("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     kube.run("create", "namespace", NAMESPACE)
+    if args.peering:
+        names = (
+            [args.peering] if args.shards == 1 else [f"{args.peering}-shard-{i}" for i in range(args.shards)]
+        )
+        items = [peering_object(name) for name in names]
+        kube.run("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     kube.run("create", "serviceaccount", "broker-operator", "-n", NAMESPACE)
     kube.run(
         "create",
@@ -127,6 +143,14 @@ def prepare(kube: Kube, plane: ControlPlane, workdir: Path) -> Path:
         user="broker-operator",
         token=token,
     )
+
+
+def peering_object(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "KopfPeering",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+    }
 
 
 def create_clusters(kube: Kube, first: int, end: int, port: int) -> None:
@@ -195,23 +219,21 @@ class Window:
     after: OperatorSample
 
 
-def start_standins(clusters: int, port: int) -> list[subprocess.Popen[bytes]]:
-    standins = [start(["--standin", str(group), str(clusters), "--port", str(port)]) for group in (1, 2)]
-    for standin in standins:
-        assert standin.stdout is not None
-        if standin.stdout.readline().strip() != b"ready":
-            raise RuntimeError("a heartbeat stand-in did not start")
-    return standins
-
-
 def measure(args: argparse.Namespace, kube: Kube, operators: Operators) -> Window:
     marks = {"operator started": time.time()}
+    began = time.monotonic()
     logs = ", ".join(str(operator.process.log_path) for operator in operators.running)
     started = "operator started" if operators.shards == 1 else f"{operators.shards} operator shards started"
     print(f"{started} (log {logs}); waiting for every cluster's active", flush=True)
-    took = bring_up(args, kube)
+    try:
+        took = bring_up(args, kube)
+        print(
+            f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True
+        )
+    except RuntimeError as reason:  # a result: this size does not settle here (the figures go on)
+        took = time.monotonic() - began
+        print(f"N={args.clusters}: did not settle ({reason}); measuring the window anyway", flush=True)
     marks["all active"] = time.time()
-    print(f"all {args.clusters} clusters active after {took:.0f} s; settling {args.settle:g} s", flush=True)
     time.sleep(args.settle)
     events_before, before = watch_events(kube), operator_sample(operators)
     marks["window"] = time.time()
@@ -220,34 +242,6 @@ def measure(args: argparse.Namespace, kube: Kube, operators: Operators) -> Windo
     marks["window end"] = time.time()
     operators.check_alive()
     return Window(marks, took, events_after - events_before, before, after)
-
-
-@dataclass(frozen=True)
-class Restart:
-    seen: list[float]  # per cluster: SIGTERM to the new process's first renewal, in its /metrics
-    gaps: list[float]  # per active broker: its longest time without a renewal, as the stand-ins saw it
-
-
-def report_restart(
-    args: argparse.Namespace, restart: Restart, requests: list[Request], marks: dict[str, float]
-) -> None:
-    gaps = restart.gaps
-    late = sum(1 for seconds in gaps if seconds > LEASE_SECONDS)
-    print(
-        f"  operator restart (SIGTERM, a new process): the longest time each active went without a"
-        f" renewal: p50 {gaps[len(gaps) // 2]:.1f} s, p99 {gaps[int(0.99 * (len(gaps) - 1))]:.1f} s,"
-        f" max {gaps[-1]:.1f} s; {late} of {len(gaps)} over the {LEASE_SECONDS:g} s lease"
-        " (a real broker would have fenced itself and been activated again)"
-    )
-    if len(restart.seen) == args.clusters:
-        print(f"  the new process's /metrics showed every cluster renewed within {restart.seen[-1]:.1f} s")
-    else:
-        print(
-            f"  the new process's /metrics showed only {len(restart.seen)} of {args.clusters} clusters"
-            f" renewed within {args.active_timeout:g} s"
-        )
-    writes = in_window(requests, marks["restart"], marks["all renewed"])
-    print(f"  operator writes until then: {counts(writes, WRITES)}")
 
 
 @dataclass(frozen=True)
@@ -278,8 +272,13 @@ def report_steady(args: argparse.Namespace, window: Window, requests: list[Reque
         f" failovers {after.failovers - before.failovers:.0f},"
         f" operator cpu {(after.cpu_seconds - before.cpu_seconds) / wall:.2f} cores"
     )
-    print(f"  operator writes: {describe(writes, wall)}")
-    print(f"  operator reads and watches: {describe(steady - writes, wall)}")
+    # kopf's peering keep-alives (one patch per process every 5-10 s, with the chart's default
+    # peering) are a process's, not a cluster's: printed, and left out of the headline.
+    keepalives = writes.pop(KEEPALIVES, 0)
+    print(f"  operator writes: {describe(writes, wall)}; peering keep-alives {keepalives / wall:.2f}/s")
+    print(
+        f"  operator reads and watches: {describe(steady - writes - Counter({KEEPALIVES: keepalives}), wall)}"
+    )
     print(f"  watch events sent (all watchers): {describe(window.watch_events, wall)}")
     per_cluster = ramp_writes / args.clusters
     print(
@@ -291,45 +290,24 @@ def report_steady(args: argparse.Namespace, window: Window, requests: list[Reque
     return Steady(sum(window.watch_events.values()) / wall, sum(writes.values()) / wall)
 
 
-ACTIVE_HEARTBEATS = re.compile(
-    r'^broker_failover_heartbeats_total\{cluster="([^"]+)",outcome="active"\}', re.M
-)
-
-
-def restart(operators: Operators, marks: dict[str, float]) -> None:
-    """Stop the operator (every shard) with SIGTERM, as a rollout does, and start new ones."""
-    marks["restart"] = time.time()
-    operators.stop(grace_seconds=30)
-    operators.start(generation="-restarted")
-    print(
-        f"operator restarted ({time.time() - marks['restart']:.1f} s to stop the old one);"
-        " waiting for renewals"
-    )
-
-
-def longest_gaps(standins: list[subprocess.Popen[bytes]]) -> list[float]:
-    """Per active broker, the longest time without an accepted renewal since the last call, as the
-    stand-ins saw it (``heartbeat_standin.Renewals``), sorted."""
-    gaps: list[float] = []
-    for standin in standins:
-        assert standin.stdout is not None
-        os.kill(standin.pid, signal.SIGUSR1)
-        gaps += json.loads(standin.stdout.readline())["longest_gaps"]
-    return sorted(gaps)
-
-
-def wait_renewed(args: argparse.Namespace, operators: Operators, marks: dict[str, float]) -> list[float]:
-    """For each cluster, the seconds from the restart's SIGTERM until the new process's first heartbeat
-    that its active answered, read from the new process's /metrics."""
-    renewed: dict[str, float] = {}
-    while len(renewed) < args.clusters and time.time() - marks["restart"] < args.active_timeout:
-        time.sleep(1.0)  # each read renders every cluster's series: not free for the operator
-        for operator in operators.running:
-            with contextlib.suppress(OSError):  # not listening yet
-                for cluster in ACTIVE_HEARTBEATS.findall(operator_metrics(operator.metrics_port)):
-                    renewed.setdefault(cluster, time.time() - marks["restart"])
-    marks["all renewed"] = time.time()
-    return sorted(renewed.values())
+def scenarios(
+    args: argparse.Namespace, kube: Kube, operators: Operators, standins: list[subprocess.Popen[bytes]]
+) -> dict[str, Figures]:
+    """Each of ``--scenarios`` from a steady state (``operator_scenarios``); stops at one that left
+    the clusters unsettled (the figures so far stand)."""
+    results: dict[str, Figures] = {}
+    for name in args.scenarios:
+        try:
+            wait_all_active(kube, args.clusters, args.active_timeout)
+        except RuntimeError as reason:
+            print(f"  operator {name}: not run, the clusters did not settle ({reason})", flush=True)
+            break
+        time.sleep(args.between)
+        results[name] = run_scenario(
+            name, operators, standins, args.clusters, after=args.after, timeout=args.active_timeout
+        )
+        operators.check_alive()
+    return results
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
@@ -340,32 +318,36 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     standins: list[subprocess.Popen[bytes]] = []
     try:
         kube = Kube(plane, tools)
-        kubeconfig = prepare(kube, plane, workdir)
-        standins = start_standins(args.clusters, args.port)
+        kubeconfig = prepare(kube, plane, workdir, args)
+        standins = start_standins(args.clusters, args.port, LEASE_SECONDS, args.max_lease_seconds)
         if not args.batch:
             create_clusters(kube, 0, args.clusters, args.port)
-        operators = Operators(args.shards, workdir, kubeconfig, NAMESPACE)
+        operators = Operators(args.shards, workdir, kubeconfig, NAMESPACE, peering=args.peering or None)
         operators.start()
         window = measure(args, kube, operators)
         time.sleep(2)  # the audit log's buffered last lines
         requests = operator_requests(plane.audit_log)
         steady = report_steady(args, window, requests)
-        all_renewed = True
-        if args.restart:
-            longest_gaps(standins)  # starts the stand-ins' count over
-            restart(operators, window.marks)
-            seen = wait_renewed(args, operators, window.marks)
-            time.sleep(2)  # every renewal the new process made is in the stand-ins' count
-            restarted = Restart(seen, longest_gaps(standins))
+        results = scenarios(args, kube, operators, standins)
+        if results:
             time.sleep(2)  # the audit log's buffered last lines
             requests = operator_requests(plane.audit_log)
-            report_restart(args, restarted, requests, window.marks)
-            all_renewed = len(seen) == args.clusters
+        for name, result in results.items():
+            writes = in_window(requests, result.began, result.began + result.took)
+            print(
+                f"  operator writes during the {name}, until every cluster was renewed:"
+                f" {counts(writes, WRITES)}"
+            )
         plot(requests, window.marks, args.plot)
         print(f"  plot: {args.plot}")
+        for name, result in results.items():
+            print(f"operator_{name}_reactivations={result.reactivations}")
+            print(f"operator_{name}_failovers={result.failovers}")
+            print(f"operator_{name}_failbacks={result.failbacks}")
+            print(f"operator_{name}_max_renewal_gap_s={max(result.gaps, default=0.0):.2f}")
         print(f"operator_k8s_idle_watch_events_per_s={steady.watch_events_per_s:.1f}")
         print(f"operator_k8s_idle_writes_per_s={steady.writes_per_s:.1f}")
-        return 0 if all_renewed else 1
+        return 0
     finally:
         if operators is not None:
             operators.stop()
@@ -395,10 +377,33 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--active-timeout", type=float, default=900.0)
     parser.add_argument(
-        "--no-restart",
-        dest="restart",
-        action="store_false",
-        help="skip the operator restart after the window (how long until every active is renewed)",
+        "--scenarios",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=list(SCENARIOS),
+        help="after the window, in this order, each from a steady state: upgrade (a rolling"
+        " replacement, maxSurge 1, peering), restart (SIGTERM, new processes), kill (kill -9, new"
+        " processes); empty: none",
+    )
+    parser.add_argument(
+        "--after",
+        type=float,
+        default=20.0,
+        help="seconds a scenario goes on after every cluster was renewed (failbacks, cascades)",
+    )
+    parser.add_argument(
+        "--between", type=float, default=10.0, help="seconds of steady state before each scenario"
+    )
+    parser.add_argument(
+        "--peering",
+        default="broker-operator",
+        help="the chart's operator.peering (each shard peers as NAME-shard-i); empty: standalone"
+        " (then no upgrade scenario: it needs a standby)",
+    )
+    parser.add_argument(
+        "--max-lease-seconds",
+        type=float,
+        default=30.0,
+        help="the longest lease a broker grants a handover renewal (spec.heartbeat.handoverLeaseSeconds)",
     )
     parser.add_argument(
         "--port", type=int, default=18090, help="the stand-ins' port on each 127.1/127.2 address"
@@ -411,6 +416,9 @@ def main() -> int:
     )
     parser.add_argument("--workdir", type=Path, help="kept afterwards (default: a temporary directory)")
     args = parser.parse_args()
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown or ("upgrade" in args.scenarios and not args.peering):
+        parser.error(f"--scenarios: {unknown or 'upgrade needs --peering'} (known: {', '.join(SCENARIOS)})")
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the control plane, the operator and
     # the stand-ins are stopped (without it they outlived the benchmark).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -23,6 +23,7 @@ from broker_simulators.local_processes import free_port
 from local_cluster.processes import ManagedProcess, kill_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
+PEERING_LIFETIME_SECONDS = 15  # the chart's OPERATOR_PEERING_LIFETIME_SECONDS
 
 
 def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
@@ -74,14 +75,22 @@ def operator_sample(operators: Operators) -> OperatorSample:
 class RunningOperator:
     process: ManagedProcess
     metrics_port: int
+    health_port: int
+    shard: int
+    pod: str  # its POD_ID with peering (kopf's identity), else ""
 
 
 class Operators:
     """The operator processes: one, or one per shard (``--shards N``: ``--shard i/N`` each, as the
-    chart's ``operator.shards`` runs them), each with its own log and metrics port on loopback."""
+    chart's ``operator.shards`` runs them), each with its own log and metrics port on loopback;
+    with ``peering``, each shard peers under the chart's name for it (the peering objects are the
+    caller's to create), so that a second process of a shard can start as a standby."""
 
-    def __init__(self, shards: int, workdir: Path, kubeconfig: Path, namespace: str) -> None:
+    def __init__(
+        self, shards: int, workdir: Path, kubeconfig: Path, namespace: str, peering: str | None = None
+    ) -> None:
         self.shards = shards
+        self.peering = peering
         self.namespace = namespace
         self.workdir = workdir
         self.kubeconfig = kubeconfig
@@ -91,30 +100,80 @@ class Operators:
         suffix = "" if self.shards == 1 else f"-{shard}"
         return self.workdir / f"operator{generation}{suffix}.log"
 
+    def peering_name(self, shard: int) -> str | None:
+        """Shard i's kopf peering name, as the chart names it (``<peering>-shard-<i>`` when sharded)."""
+        if self.peering is None:
+            return None
+        return self.peering if self.shards == 1 else f"{self.peering}-shard-{shard}"
+
     def start(self, generation: str = "") -> None:
-        """``python -m broker_operator`` as the chart runs it, one namespace, metrics on loopback."""
+        """Every shard's process, as the chart runs them."""
         for shard in range(self.shards):
-            port = free_port("127.0.0.1")
-            argv = [
-                sys.executable,
-                "-m",
-                "broker_operator",
-                "--namespace",
-                self.namespace,
-                "--operator-id",
-                "bench",
-            ]
-            argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
-            if self.shards > 1:
-                argv += ["--shard", f"{shard}/{self.shards}"]
-            process = ManagedProcess(
-                f"broker-operator-{shard}",
-                argv,
-                log_path=self.log(shard, generation),
-                env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"},
-                cwd=ROOT,
-            )
-            self.running.append(RunningOperator(process, port))
+            self.running.append(self.start_shard(shard, generation))
+
+    def start_shard(self, shard: int, generation: str, pod: str | None = None) -> RunningOperator:
+        """``python -m broker_operator`` as the chart runs it, one namespace, metrics and ``/healthz``
+        on loopback; with peering, the chart's peering name, lifetime and ``POD_ID`` (``pod``: the
+        pod's name, by default one of this generation's; the same name is a restarted container)."""
+        port, health = free_port("127.0.0.1"), free_port("127.0.0.1")
+        argv = [
+            sys.executable,
+            "-m",
+            "broker_operator",
+            "--namespace",
+            self.namespace,
+            "--operator-id",
+            "bench",
+        ]
+        argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+        argv += ["--liveness", f"http://127.0.0.1:{health}/healthz"]
+        if self.shards > 1:
+            argv += ["--shard", f"{shard}/{self.shards}"]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        name = self.peering_name(shard)
+        if name is not None:
+            argv += ["--peering", name, "--peering-lifetime-seconds", str(PEERING_LIFETIME_SECONDS)]
+            env["POD_ID"] = pod or f"broker-operator-{shard}{generation}"
+        process = ManagedProcess(
+            f"broker-operator-{shard}", argv, log_path=self.log(shard, generation), env=env, cwd=ROOT
+        )
+        return RunningOperator(process, port, health, shard, env.get("POD_ID", ""))
+
+    def wait_healthy(self, operator: RunningOperator, timeout: float) -> float:
+        """Seconds until its ``/healthz`` answers (kopf serves it once its startup handlers are done:
+        what a Deployment's startup probe waits for before it stops an old pod); raises past
+        ``timeout`` or if the process exits."""
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            if operator.process.popen.poll() is not None:
+                raise RuntimeError(f"an operator exited; see {operator.process.log_path}")
+            url = f"http://127.0.0.1:{operator.health_port}/healthz"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5):
+                return time.monotonic() - began
+            time.sleep(0.2)
+        raise RuntimeError(f"no /healthz within {timeout:g} s; see {operator.process.log_path}")
+
+    def terminate(self, operator: RunningOperator, grace_seconds: float) -> float:
+        """SIGTERM to one process (its pod deleted); the seconds until it exited (SIGKILL after
+        ``grace_seconds``, as the kubelet does). It leaves ``running``."""
+        began = time.monotonic()
+        kill_process_group(operator.process.popen.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            operator.process.popen.wait(timeout=grace_seconds)
+        took = time.monotonic() - began
+        operator.process.stop(grace_seconds=0)
+        self.running = [other for other in self.running if other is not operator]
+        return took
+
+    def kill(self) -> list[RunningOperator]:
+        """kill -9 of every process (an OOM kill, a node crash); the ones killed."""
+        killed = list(self.running)
+        for operator in killed:
+            kill_process_group(operator.process.popen.pid, signal.SIGKILL)
+        for operator in killed:
+            operator.process.stop(grace_seconds=0)
+        self.running = []
+        return killed
 
     def stop(self, grace_seconds: float = 10) -> None:
         """SIGTERM to every process at once (a rollout stops them together), SIGKILL to any still
