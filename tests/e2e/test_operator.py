@@ -227,6 +227,7 @@ def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster,
         "timeoutSeconds": 1,
         "failureThreshold": 2,
         "leaseSeconds": 5,
+        "handoverLeaseSeconds": 30,
         "standbyProbeSeconds": 10,
     }
     assert (defaulted["failback"], defaulted["failbackStableSeconds"]) == ("Automatic", 30)
@@ -303,7 +304,7 @@ def test_decimal_heartbeat_seconds_are_accepted_and_kept(
     created = apply(sealed_cluster, namespace, broker_cluster("decimal", replicas=1, heartbeat=heartbeat))
     assert created.returncode == 0, created.stderr
     stored = sealed_cluster.get_json(namespace, "bc", "decimal")["spec"]
-    assert stored["heartbeat"] == {**heartbeat, "standbyProbeSeconds": 10}
+    assert stored["heartbeat"] == {**heartbeat, "handoverLeaseSeconds": 30, "standbyProbeSeconds": 10}
     settings = parse_spec("decimal", stored).heartbeat
     assert (settings.interval_seconds, settings.timeout_seconds, settings.lease_seconds) == (0.2, 0.2, 2.5)
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "decimal", "--wait=false")
@@ -404,6 +405,7 @@ class InProcessBrokers:
         *,
         renew: bool = True,
         limit_seconds: float | None = None,
+        lease_seconds: float | None = None,  # a handover's; these stand-ins keep no lease
     ) -> HeartbeatReply:
         name = target.name
         if not self.reachable[name]:
