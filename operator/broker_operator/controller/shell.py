@@ -64,6 +64,9 @@ class KubernetesClusterShell:
         self._broker_names = broker_names
         self._manages_pods = manages_pods
         self._service_converted = False
+        # The highest epoch this engine was granted: its status writes are of that term at least,
+        # though a step's status is computed before the grant is folded in (record_status).
+        self._granted = 0
         self._slice = active_service.KnownSlice()  # the last write's result: the next one's precondition
         self._tidying: asyncio.Task[None] | None = None
 
@@ -80,6 +83,7 @@ class KubernetesClusterShell:
             logger.warning("%s/%s: epoch %d not granted: %s", self._namespace, self._cluster, epoch, conflict)
             raise
         logger.info("%s/%s: epoch %d recorded", self._namespace, self._cluster, granted)
+        self._granted = max(self._granted, granted)
         return granted
 
     async def point_active(self, active: str | None, epoch: int, url: str | None) -> None:
@@ -160,8 +164,11 @@ class KubernetesClusterShell:
     async def record_status(self, status: ClusterStatus) -> None:
         # Not over a newer engine's status: on condition of the stored epoch (status_fence.py).
         fields = status.to_status_patch()
+        # Its own latest grant counts: the status of the step that allocated still carries the
+        # epoch before it, and was refused as "a newer engine's" (CI, 2026-11-28).
+        epoch = max(status.epoch, self._granted)
         await record_status_under_epoch(
-            self._api, self._namespace, self._cluster, fields, status.epoch, known=self._body
+            self._api, self._namespace, self._cluster, fields, epoch, known=self._body
         )
 
     async def record_event(self, reason: str, message: str, warning: bool) -> None:
