@@ -68,6 +68,7 @@ from bench.bench_operator import stop  # noqa: E402  # the root is on the path n
 from bench.heartbeat_standin import TOKEN, address  # noqa: E402
 from bench.operator_processes import Operators, OperatorSample, operator_sample, samples  # noqa: E402
 from bench.operator_scenarios import SCENARIOS, Figures, run_scenario, start_standins  # noqa: E402
+from broker_operator.core import spec_fields  # noqa: E402
 from local_cluster.cluster import ClusterAccess, KubectlError, LocalClusterSettings, built_tools_dir  # noqa: E402
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane  # noqa: E402
 from local_cluster.pki import write_kubeconfig  # noqa: E402
@@ -76,7 +77,8 @@ NAMESPACE = "bench"
 CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 PEERING_CRDS = ROOT / "crds" / "kopf.dev_peerings.yaml"
 KEEPALIVES = "patch kopfpeerings"  # the audit log's (verb, resource) of kopf's peering keep-alives
-LEASE_SECONDS = 5.0  # the design's default heartbeat.leaseSeconds, which the clusters here keep
+# The default heartbeat.leaseSeconds, which the clusters here keep (their specs leave it out).
+LEASE_SECONDS = float(spec_fields.LEASE.default)
 
 
 class Kube(ClusterAccess):

@@ -72,7 +72,7 @@ class BrokerSettings:
     token_verifier_file: Path | None = None
     backend_token_verifier_file: Path | None = None
     token_grace_seconds: float = 30.0
-    lease_seconds: float = 5.0
+    lease_seconds: float = 10.0  # the CRD's heartbeat.leaseSeconds default
     # The longest lease a handover renewal (WSDL leaseSeconds, from a stopping operator) may grant;
     # None: lease_seconds, i.e. no handover lengthens the lease. The lease watcher, the margin and
     # the stall rule stay lease_seconds' (docs/broker.md, "Handover renewal").

@@ -226,7 +226,7 @@ def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster,
         "intervalSeconds": 1,
         "timeoutSeconds": 1,
         "failureThreshold": 2,
-        "leaseSeconds": 5,
+        "leaseSeconds": 10,
         "handoverLeaseSeconds": 30,
         "standbyProbeSeconds": 10,
     }
@@ -899,8 +899,8 @@ def test_an_operator_killed_and_restarted_keeps_the_active_and_its_epoch(
     first = start_operator(sealed_cluster, namespace, tmp_path / "first.log")
     second: LocalProcess | None = None
     try:
-        # A 15 s lease: an operator restart on a loaded 2-core machine can take longer than the
-        # default 5 s (the broker would then rightly fence itself, and the epoch would move on).
+        # A 15 s lease: an operator restart on a loaded 2-core machine can take close to the
+        # default 10 s (the broker would then rightly fence itself, and the epoch would move on).
         manifest = broker_cluster(
             "restart",
             replicas=2,

@@ -4,7 +4,7 @@ A new broker image is a spec change (``kubectl patch bc ... spec.image``, or the
 again): the operator replaces the standby first, switches over to it once, then replaces the old
 active, which stays a standby. A new chart version is ``helm upgrade``: the operator's pod is
 replaced the way the chart's defaults say, and the new one resumes the same active at the same
-epoch, without a failover (issue 40). Here with the example's heartbeat (a 5 s lease) and the
+epoch, without a failover (issue 40). Here with the example's heartbeat (a 10 s lease) and the
 chart's defaults (no replicas, peering or strategy set), twice in a row, as a user upgrades: a new
 image tag, then a changed CPU request (``local_cluster.operator_upgrade``). The active's lease must
 never run out: no self-fence in its log, no ``LEASE_EXPIRED`` in the status, its container not
@@ -45,7 +45,8 @@ def relay(sealed_cluster: SealedCluster) -> Iterator[Relay]:
             f"localhost/broker-failover/{image}:0.1.0", f"localhost/broker-failover/{image}:0.1.1"
         )
     # Manual failback: a failback after the roll would be a second, unrelated switchover. The
-    # example's heartbeat as it is (a 5 s lease): issue 40 is that an upgrade must not need more.
+    # example's heartbeat as it is (a 10 s lease): the old pod hands over, so no lease need
+    # outlast the replacement (issue 40).
     with relay_in_new_namespace(
         sealed_cluster, "upgrade", streams=STREAMS, messages_per_stream=10, spec={"failback": "Manual"}
     ) as relay:

@@ -23,10 +23,13 @@ object (bounded), reads the records in it, takes a priority below every live rec
 (its start-time priority when that is lower already), and writes its record in kopf's format on
 condition of the object's ``resourceVersion`` it read: two replicas joining at once are ordered by
 the API server, and the second one re-reads and ranks below the first. Whoever joined first
-therefore always ranks highest, and a replica never outranks one already handling. It then waits
-a moment, so that kopf's first listing usually holds every record. A pinned priority
-(``--peering-priority``) is kept as it is. Peering decides who handles; the epoch compare-and-swap
-stays the fence (``epochs.py``).
+therefore always ranks highest, and a replica never outranks one already handling. kopf starts at
+once after that write: a record its first listing may miss was written later, so it ranks lower
+and pauses itself. This matters after a kill -9, where the restarted container must renew the
+leases within ``leaseSeconds`` (issue 40). A pinned priority (``--peering-priority``) is kept as it
+is and written unconditionally, so that replica then waits a moment, so that kopf's first listing
+usually holds every record. Peering decides who handles; the epoch compare-and-swap stays the
+fence (``epochs.py``).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ PEERING_OBJECT_WAIT_SECONDS: Final = 60.0
 handles nothing until the object exists)."""
 POLL_SECONDS: Final = 0.25
 SETTLE_SECONDS: Final = 1.0
-"""After its own record is written: long enough for a replica started at the same instant to
-have written its record too (each polls for the object every 0.25 s)."""
+"""After a pinned priority's record is written (unordered by the API server): long enough for a
+replica started at the same instant to have written its record too (each polls for the object
+every 0.25 s)."""
 WRITE_ATTEMPTS: Final = 10
 """Conditional writes of the record before giving up (each loses only to another replica's write)."""
 
@@ -159,8 +163,9 @@ async def join_peering(
     settle_seconds: float = SETTLE_SECONDS,
 ) -> Joined:
     """Wait for each peering object, rank below every live replica (unless ``pinned``), write this
-    replica's record into each on condition of its version, settle. ``Joined.found`` is False if an
-    object was missing after ``wait_seconds`` (a warning: kopf pauses until they exist anyway)."""
+    replica's record into each on condition of its version (``pinned``: unconditionally, then
+    settle). ``Joined.found`` is False if an object was missing after ``wait_seconds`` (a warning:
+    kopf pauses until they exist anyway)."""
     places: list[str | None] = list(namespaces) or [None]
     objects = await _wait_for_objects(api, name, places, wait_seconds)
     if objects is None:
@@ -187,7 +192,8 @@ async def join_peering(
             chosen,
             "" if chosen == priority else ", below every live replica",
         )
-        await asyncio.sleep(settle_seconds)
+        if pinned:
+            await asyncio.sleep(settle_seconds)
         break
     else:
         log.warning("peering %r: the record of %s kept losing to other writes; left to kopf", name, identity)

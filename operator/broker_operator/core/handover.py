@@ -1,6 +1,6 @@
 """The handover renewal: what a stopping operator sends its active so that a restart moves nothing.
 
-An active broker stays active only while the operator renews its lease (``leaseSeconds``, 5 s by
+An active broker stays active only while the operator renews its lease (``leaseSeconds``, 10 s by
 default). Replacing the operator's pod (an upgrade, a drain of its node) takes longer than that on
 a loaded node, and longer the more clusters the new process must resume: the active would fence
 itself and be activated again under a new epoch, a pause in traffic at every upgrade. So when the

@@ -154,7 +154,9 @@ BACKEND_TOKEN_KEY: Final = TextField("auth.backendTokenSecretRef.key", "token")
 HEARTBEAT_INTERVAL: Final = NumberField("heartbeat.intervalSeconds", 0.1, 60, 1)
 HEARTBEAT_TIMEOUT: Final = NumberField("heartbeat.timeoutSeconds", 0.1, 60, 1)
 FAILURE_THRESHOLD: Final = IntegerField("heartbeat.failureThreshold", 1, 100, 2)
-LEASE: Final = NumberField("heartbeat.leaseSeconds", 0.1, 3600, 5)
+# 10 s: an operator restarted after a kill -9 renews within about 4-5 s on a quiet two-core node
+# (make bench-operator-upgrade-k8s); the lease must outlast that, plus an interval, with a margin.
+LEASE: Final = NumberField("heartbeat.leaseSeconds", 0.1, 3600, 10)
 # The lease a stopping operator grants the actives it hands over (issue 40): long enough for its
 # successor to start and renew them; a successor waits it out before it activates anyone else.
 HANDOVER_LEASE: Final = NumberField("heartbeat.handoverLeaseSeconds", 0.1, 3600, 30)

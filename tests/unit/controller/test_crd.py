@@ -79,7 +79,7 @@ def test_schema_defaults_equal_the_operators_defaults() -> None:
         "intervalSeconds": 1,
         "timeoutSeconds": 1,
         "failureThreshold": 2,
-        "leaseSeconds": 5,
+        "leaseSeconds": 10,
         "handoverLeaseSeconds": 30,
         "standbyProbeSeconds": 10,
     }

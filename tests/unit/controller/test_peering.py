@@ -5,6 +5,7 @@ tests/e2e/test_two_replicas_at_install.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -93,3 +94,14 @@ async def test_a_pinned_priority_is_kept() -> None:
         api, "p", ("ns",), priority=30, lifetime_seconds=60, identity="h", pinned=True, settle_seconds=0
     )
     assert joined.priority == 30 and api.writes == [("h", 30, None)]
+
+
+async def test_a_ranked_join_hands_over_to_kopf_at_once() -> None:
+    # A restarted container (kill -9) must renew the leases within leaseSeconds: no settle after a
+    # write the API server ordered. A settle of an hour would run past the bound and fail here.
+    api = Peerings(rival=("operator-l", 20))
+    join = join_peering(
+        api, "p", ("ns",), priority=30, lifetime_seconds=60, identity="h", settle_seconds=3600
+    )
+    joined = await asyncio.wait_for(join, timeout=10)
+    assert joined.priority == 19

@@ -22,7 +22,7 @@ def test_defaults_are_the_designs() -> None:
     assert spec.image == DEFAULT_IMAGE
     heartbeat = spec.heartbeat
     assert (heartbeat.interval_seconds, heartbeat.timeout_seconds, heartbeat.failure_threshold) == (1, 1, 2)
-    assert (heartbeat.lease_seconds, heartbeat.standby_probe_seconds) == (5, 10)
+    assert (heartbeat.lease_seconds, heartbeat.standby_probe_seconds) == (10, 10)
     assert (heartbeat.failback, heartbeat.failback_stable_seconds) == ("Automatic", 30)
     # The one parser of the heartbeat fields is the engine's: the same settings object.
     assert heartbeat == HeartbeatSettings.from_spec(minimal())

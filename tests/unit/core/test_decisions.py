@@ -43,7 +43,7 @@ FAST = HeartbeatSettings(
 def test_settings_defaults_follow_the_design() -> None:
     settings = HeartbeatSettings.from_spec({})
     assert (settings.interval_seconds, settings.timeout_seconds, settings.failure_threshold) == (1, 1, 2)
-    assert (settings.lease_seconds, settings.standby_probe_seconds) == (5, 10)
+    assert (settings.lease_seconds, settings.standby_probe_seconds) == (10, 10)
     assert settings.failback is FailbackMode.AUTOMATIC and settings.failback_stable_seconds == 30
     custom = HeartbeatSettings.from_spec(
         {
