@@ -4,9 +4,10 @@ The gap it closes (operator/broker_operator/controller/peering.py): Helm creates
 after the operator's Deployment, so both replicas of a fresh install used to find no peering
 object, resume together and handle the same BrokerCluster for 20 s (epochs 1 to 3 granted in turn
 to two brokers, seen in a soak). Here the join waits for the object, writes each replica's record
-in kopf's own format (kopf's ``Peer`` parses it as alive), two replicas started at the same
-instant each find the other's record before either hands over to kopf, and the one whose record
-landed second ranks below the first. ``test_two_replicas_at_install.py`` runs two operators.
+in kopf's own format (kopf's ``Peer`` parses it as alive), and of two replicas started at the same
+instant the one whose record landed second finds the first's before it hands over to kopf and
+ranks below it; the first hands over at once (a restarted container after a kill -9 must renew the
+leases soon: issue 40). ``test_two_replicas_at_install.py`` runs two operators.
 """
 
 from __future__ import annotations
@@ -78,17 +79,16 @@ def test_replicas_started_together_wait_for_the_object_and_see_each_other(
     assert asyncio.run(both()) == [True, True]
     assert time.monotonic() - started >= 1.5  # they waited for the object
     creator.join(timeout=30)
-    # Each replica hands over to kopf only once the other's record is there too.
-    assert seen_when_done == {
-        "operator-a": {"operator-a", "operator-b"},
-        "operator-b": {"operator-a", "operator-b"},
-    }
     status = sealed_cluster.get_json(namespace, "kopfpeering", PEERING)["status"]
     peers = {name: Peer(identity=name, **record) for name, record in status.items()}
     # Alive, and the one whose record landed second ranks below the first (distinct priorities).
     assert not any(peer.is_dead for peer in peers.values()), peers
     first, second = sorted(peers, key=lambda name: peers[name].lastseen)
     assert peers[second].priority < peers[first].priority, peers
+    # The second saw the first's record before it handed over to kopf: it knew to stand by. The
+    # first may hand over without the second's (it ranks highest either way).
+    assert seen_when_done[second] == {first, second}, seen_when_done
+    assert first in seen_when_done[first], seen_when_done
 
 
 def test_without_the_object_it_gives_up_in_bounded_time_and_writes_nothing(
