@@ -63,6 +63,7 @@ from broker_operator.core.knowledge import LastMove
 from broker_operator.core.model import BrokerTarget, HeartbeatSettings, PodFacts, SettingsError
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, parse_time
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError, HeartbeatReply
+from broker_operator.loop_lag import LoopLag, loop_lag
 from broker_operator.status_writer import EventWriter, StatusWriter
 from broker_operator.wakeup import Wakeup
 
@@ -104,6 +105,9 @@ class EpochConflict(Exception):  # noqa: N818 - the name is part of the engine/s
 # An activation answers after the broker told both targets its epoch (two HTTP round trips): with
 # the sub-second timeouts a fast failover uses, a busy node made it miss them (docs/benchmarks.md).
 ACTIVATION_MIN_TIMEOUT_SECONDS = 1.0
+# A heartbeat's timeout is the operator's own when its event loop ran this late (a share of the
+# timeout) during the call: the rest of the timeout is then too short to blame the broker.
+OPERATOR_LATE_SHARE = 0.5
 
 
 class ServiceFenced(Exception):  # noqa: N818 - named for what it is, like EpochConflict
@@ -357,6 +361,7 @@ class ClusterLoop:
     async def _heartbeat(self, action: SendHeartbeat) -> Observation:
         target = self._config.target(action.broker) or BrokerTarget(action.broker, action.url, priority=-1)
         started = time.perf_counter()
+        lag, sent_at = loop_lag(), asyncio.get_running_loop().time()
         timeout = self._config.settings.timeout_seconds
         if action.activation:
             timeout = max(timeout, ACTIVATION_MIN_TIMEOUT_SECONDS)
@@ -371,29 +376,51 @@ class ClusterLoop:
                     lease_seconds=action.lease_seconds,
                 )
         except TimeoutError:
-            outcome: Observation = HeartbeatFailed(
-                action.broker,
-                action.active,
-                action.epoch,
-                reached=True,
-                reason=f"timeout after {timeout:g}s",
-                renew=action.renew,
+            outcome: Observation = self._timed_out(
+                action, f"timeout after {timeout:g}s", timeout, lag, sent_at
             )
         except HeartbeatError as error:
-            outcome = HeartbeatFailed(
-                action.broker,
-                action.active,
-                action.epoch,
-                reached=error.reached,
-                reason=error.reason,
-                renew=action.renew,
-                peer_closed=error.peer_closed,
-            )
+            if error.timed_out:
+                outcome = self._timed_out(action, error.reason, timeout, lag, sent_at)
+            else:
+                outcome = HeartbeatFailed(
+                    action.broker,
+                    action.active,
+                    action.epoch,
+                    reached=error.reached,
+                    reason=error.reason,
+                    renew=action.renew,
+                    peer_closed=error.peer_closed,
+                )
         else:
             outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
-        kind = outcome.reply.state.lower() if isinstance(outcome, HeartbeatAnswered) else "failed"
+        if isinstance(outcome, HeartbeatAnswered):
+            kind = outcome.reply.state.lower()
+        else:
+            kind = "late" if isinstance(outcome, HeartbeatFailed) and outcome.operator_late else "failed"
         self._series.heartbeat(kind, time.perf_counter() - started)
         return outcome
+
+    def _timed_out(
+        self, action: SendHeartbeat, reason: str, timeout: float, lag: LoopLag, sent_at: float
+    ) -> HeartbeatFailed:
+        """A heartbeat with no reply in time; the operator's own fault if its loop ran late: the
+        sampler saw it late during the call, or this very timeout came late (a loop blocked up to
+        now has not let the sampler record that yet)."""
+        overdue = asyncio.get_running_loop().time() - (sent_at + timeout)
+        late = max(overdue, lag.max_lateness_since(sent_at))
+        operator_late = late >= OPERATOR_LATE_SHARE * timeout
+        if operator_late:
+            reason = f"{reason}, this operator's event loop {late:.1f}s late: not counted against the broker"
+        return HeartbeatFailed(
+            action.broker,
+            action.active,
+            action.epoch,
+            reached=True,
+            reason=reason,
+            renew=action.renew,
+            operator_late=operator_late,
+        )
 
     async def _allocate(self, action: AllocateEpoch) -> Observation:
         try:

@@ -71,6 +71,7 @@ class HeartbeatError(Exception):
         reached: bool,
         code: str | None = None,
         peer_closed: bool = False,
+        timed_out: bool = False,
     ) -> None:
         # The URL as shown (an endpoint's may carry userinfo); ``reason`` comes redacted from the client.
         super().__init__(f"heartbeat to {target.name} at {redact_url(target.url)}: {reason}")
@@ -81,6 +82,7 @@ class HeartbeatError(Exception):
         # The connection was closed or reset by the peer before any reply: whatever process got
         # the request is gone or never read it (a live broker answers; it does not reset).
         self.peer_closed = peer_closed
+        self.timed_out = timed_out  # no reply within the limit (the engine asks whose delay that was)
 
 
 @dataclass
@@ -281,7 +283,9 @@ class HeartbeatClient:
             reason = self._redact(f"cannot connect: {error.os_error}")
             raise HeartbeatError(target, reason, reached=False) from error
         except TimeoutError as error:
-            raise HeartbeatError(target, f"timeout after {limit.total:g}s", reached=True) from error
+            raise HeartbeatError(
+                target, f"timeout after {limit.total:g}s", reached=True, timed_out=True
+            ) from error
         except aiohttp.ClientError as error:
             closed = isinstance(error, aiohttp.ServerDisconnectedError) or (
                 isinstance(error, aiohttp.ClientOSError) and error.errno in _PEER_CLOSED_ERRNOS

@@ -20,7 +20,8 @@ from broker_operator.core.status import Phase
 
 HEARTBEATS: Final = Counter(
     "broker_failover_heartbeats",
-    "Heartbeat calls made, by cluster and outcome (active, inactive, unavailable, failed).",
+    "Heartbeat calls made, by cluster and outcome (active, inactive, unavailable, failed; late: a"
+    " timeout while this operator's own event loop ran late, not counted against the broker).",
     ["cluster", "outcome"],
 )
 HEARTBEAT_FAILURES: Final = Counter(
@@ -90,7 +91,7 @@ class ClusterSeries:
 # The label values the engine uses with the per-cluster metrics (engine.py), so that
 # a deleted cluster's series can be dropped one by one (prometheus_client has no
 # "remove by one label" call).
-HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed")
+HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed", "late")
 CHANGES_OF_ACTIVE: Final = ("Failover", "Switchover", "Failback")
 
 

@@ -99,6 +99,9 @@ class HeartbeatFailed:
     # Reached, but the connection was reset or closed by the peer before any reply: no live
     # process answered it (proof of nothing by itself; see observe._process_gone).
     peer_closed: bool = False
+    # A timeout while the operator's own event loop ran late by at least half the timeout
+    # (loop_lag.py): the delay was the operator's, so the timeout says nothing about the broker.
+    operator_late: bool = False
 
 
 @dataclass(frozen=True)

@@ -200,12 +200,20 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     broker = state.broker(seen.broker)
     if broker is None:
         return state
-    changes: dict[str, object] = {
-        "state": BrokerState.UNAVAILABLE.value,
-        "code": failure_code(seen.reason, seen.reached),
-        "message": seen.reason,
-        "ready_since": None,
-    }
+    # The active's timeout while the operator's own loop ran late says nothing about the broker:
+    # counted, a takeover's burst failed healthy actives over (issue 40). What the call may have
+    # done at the broker (renewed its lease) still counts below, for the fence.
+    operator_late = seen.operator_late and seen.broker == state.active
+    changes: dict[str, object] = (
+        {}
+        if operator_late
+        else {
+            "state": BrokerState.UNAVAILABLE.value,
+            "code": failure_code(seen.reason, seen.reached),
+            "message": seen.reason,
+            "ready_since": None,
+        }
+    )
     if seen.reached and not seen.peer_closed:
         changes["last_contact_at"] = now
     if seen.active and seen.reached and seen.renew:
@@ -215,7 +223,7 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
             ),
             unanswered_activation=True,
         )
-    if seen.active and seen.broker == state.active:
+    if seen.active and seen.broker == state.active and not operator_late:
         changes["failures"] = broker.failures + 1
     state = state.with_broker(broker.name, **changes)
     move = state.move
@@ -223,7 +231,7 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
         state = state.with_broker(
             seen.broker,
             activation_failed_at=now,
-            activation_code=changes["code"],
+            activation_code=failure_code(seen.reason, seen.reached),
             activation_message=seen.reason,
         )
         state = replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))

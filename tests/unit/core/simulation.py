@@ -41,7 +41,7 @@ it is gone, as a pod name is reused only after the old pod is deleted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker_operator.core import (
     ActivePointed,
@@ -121,6 +121,9 @@ class World:
     by_url: dict[str, SimBroker] = field(default_factory=dict)
     # Brokers whose pod's node is being drained (pod mode): PodFacts.node_draining.
     draining: set[str] = field(default_factory=set)
+    # The operator's own event loop runs late (loop_lag.py): every reply misses its timeout, and
+    # the engine knows the delay was its own (HeartbeatFailed.operator_late).
+    operator_late: bool = False
 
     @classmethod
     def create(
@@ -457,8 +460,8 @@ class World:
             self.pending.append(timed_out)
             return timeout
         reply = self._act(broker, action)
-        if broker.slow:
-            self.pending.append(timed_out)
+        if broker.slow or self.operator_late:
+            self.pending.append(replace(timed_out, operator_late=self.operator_late))
             return timeout
         answered = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
         self.pending.append(answered)

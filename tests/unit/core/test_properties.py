@@ -190,6 +190,11 @@ class FailoverMachine(RuleBasedStateMachine):
     def slow_replies(self, data: st.DataObject, on: bool) -> None:
         self.world.brokers[self._name(data)].slow = on
 
+    @rule(on=st.booleans())
+    def operator_runs_late(self, on: bool) -> None:
+        # The operator's own loop is behind: its timeouts are not counted against the brokers.
+        self.world.operator_late = on
+
     @rule(data=st.data())
     def journal_fails(self, data: st.DataObject) -> None:
         # A journal write fails: the broker fences itself and is no standby until restarted.
@@ -253,6 +258,7 @@ class FailoverMachine(RuleBasedStateMachine):
         if not hasattr(self, "world"):
             return
         world = self.world
+        world.operator_late = False
         for broker in world.brokers.values():
             broker.partitioned = broker.slow = broker.activation_fails = False
             world.resume(broker.name)
