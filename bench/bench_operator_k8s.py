@@ -78,7 +78,7 @@ CRD = ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
 PEERING_CRDS = ROOT / "crds" / "kopf.dev_peerings.yaml"
 KEEPALIVES = "patch kopfpeerings"  # the audit log's (verb, resource) of kopf's peering keep-alives
 # The default heartbeat.leaseSeconds, which the clusters here keep (their specs leave it out).
-LEASE_SECONDS = float(spec_fields.LEASE.default)
+LEASE_SECONDS = float(spec_fields.LEASE.default or 0.0)  # never None: the field has a default
 
 
 class Kube(ClusterAccess):
@@ -119,7 +119,16 @@ def prepare(kube: Kube, plane: ControlPlane, workdir: Path, args: argparse.Names
     ServiceAccount and token, the shared Secret; its kubeconfig."""
     kube.run("apply", "-f", str(CRD), "-f", str(PEERING_CRDS))
     for crd in ("brokerclusters.broker.failover.dev", "kopfpeerings.kopf.dev"):
-        kube.run("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        for attempt in range(5):
+            try:
+                kube.run("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+                break
+            except KubectlError:
+                # kubectl wait fails at once ("<nil> is of the type <nil>") on a CRD whose status
+                # has no conditions yet, a moment after its creation: look again.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5)
     kube.run("create", "namespace", NAMESPACE)
     if args.peering:
         names = (
