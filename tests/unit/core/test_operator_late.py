@@ -10,27 +10,9 @@ running the broker's own term machine.
 
 from __future__ import annotations
 
-from broker_operator.core import HeartbeatSettings
-from tests.unit.core.simulation import World
+from tests.unit.core.test_handover import SETTINGS, steady_world
 
-SETTINGS = HeartbeatSettings(
-    interval_seconds=0.5,
-    timeout_seconds=0.2,
-    failure_threshold=2,
-    lease_seconds=2.0,
-    handover_lease_seconds=10.0,
-    standby_probe_seconds=1.0,
-    failback_stable_seconds=2.0,
-    lease_margin_seconds=0.25,
-)
 LATE_FOR = 5 * SETTINGS.lease_seconds  # far past failureThreshold times the interval
-
-
-def steady_world() -> World:
-    world = World.create(["b0", "b1"], SETTINGS)
-    world.run(3.0)
-    assert world.actives() == ["b0"]
-    return world
 
 
 def test_a_late_operator_fails_no_healthy_active_over() -> None:
