@@ -200,10 +200,14 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     broker = state.broker(seen.broker)
     if broker is None:
         return state
-    # The active's timeout while the operator's own loop ran late says nothing about the broker:
-    # counted, a takeover's burst failed healthy actives over (issue 40). What the call may have
-    # done at the broker (renewed its lease) still counts below, for the fence.
-    operator_late = seen.operator_late and seen.broker == state.active
+    move = state.move
+    # A timeout while the operator's own loop ran late says nothing about the broker: counted
+    # against the active, a takeover's burst failed healthy actives over; against a move's
+    # candidate, a successor walked past the recorded active it was renewing and activated the
+    # standby under a new epoch (issue 40). The candidate is asked again instead. What the call
+    # may have done at the broker (renewed its lease) still counts below, for the fence.
+    candidate = move is not None and move.candidate == seen.broker
+    operator_late = seen.operator_late and (seen.broker == state.active or candidate)
     changes: dict[str, object] = (
         {}
         if operator_late
@@ -226,16 +230,17 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     if seen.active and seen.broker == state.active and not operator_late:
         changes["failures"] = broker.failures + 1
     state = state.with_broker(broker.name, **changes)
-    move = state.move
-    if seen.active and move is not None and move.candidate == seen.broker:
-        state = state.with_broker(
-            seen.broker,
-            activation_failed_at=now,
-            activation_code=failure_code(seen.reason, seen.reached),
-            activation_message=seen.reason,
-        )
-        state = replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
-    return state
+    if not (seen.active and move is not None and move.candidate == seen.broker):
+        return state
+    if operator_late:
+        return replace(state, move=replace(move, candidate=None))
+    state = state.with_broker(
+        seen.broker,
+        activation_failed_at=now,
+        activation_code=failure_code(seen.reason, seen.reached),
+        activation_message=seen.reason,
+    )
+    return replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))
 
 
 def complete_move(

@@ -95,6 +95,19 @@ def test_a_broker_cut_off_during_an_upgrade_is_waited_out_for_the_start_fence() 
     assert b1_at >= started + SETTINGS.start_fence_seconds
 
 
+def test_a_standby_cut_off_during_an_upgrade_does_not_hold_the_active_back() -> None:
+    # The successor renews the recorded holder of the newest epoch first. Waiting for b1's
+    # active=false answer, which never came, it let b0's handover lease run out, and b0 came
+    # back under a new epoch after the start fence.
+    world = steady_world()
+    world.brokers["b1"].partitioned = True
+    world.operator_hands_over(UPGRADE_GAP)
+    world.run(SETTINGS.start_fence_seconds + 3.0)
+    assert world.actives() == ["b0"]
+    assert [(name, epoch) for _, name, epoch in world.activations] == [("b0", 1)], "activated again"
+    assert world.state.active == "b0" and world.state.active_epoch == 1
+
+
 def test_an_active_cut_off_after_it_took_the_handover_is_not_overlapped() -> None:
     # It holds the handover lease; the successor never heard of it. Activating b1 after the plain
     # lease's fence would give two actives (the world asserts none at every activation).

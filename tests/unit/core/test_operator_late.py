@@ -49,3 +49,20 @@ def test_a_late_operator_still_fails_a_crashed_active_over() -> None:
     world.operator_late = False
     world.run(LATE_FOR)
     assert world.actives() == ["b1"]  # ... and completes once it is on time again
+
+
+def test_a_successor_late_at_start_keeps_the_recorded_active() -> None:
+    # A takeover at 200 clusters: the new process's first call to the recorded active timed out
+    # while its loop ran late; the start move walked on, fenced it and activated the standby under
+    # a new epoch ("Activated: broker b ... replacing a (OperatorStarted)"). Late, it must retry
+    # the recorded active instead, as a late operator keeps a steady active.
+    world = steady_world()
+    world.operator_hands_over(gap=1.0)
+    world.operator_late = True
+    world.run(LATE_FOR)
+    assert world.actives() == ["b0"]
+    world.operator_late = False
+    world.run(3.0)
+    assert world.actives() == ["b0"] and world.state.active == "b0"
+    assert [(name, epoch) for _, name, epoch in world.activations] == [("b0", 1)]
+    assert world.state.active_epoch == 1 and world.state.failovers == 0
