@@ -204,6 +204,16 @@ class ClusterLoop:
             failovers=initial.failovers if initial else 0,
             last_move=_recorded_last_move(initial),
         )
+        logger.info(
+            "%s: starting from status active=%s epoch=%s activeEpoch=%s; brokers with addresses: %s;"
+            " epoch %s",
+            cluster,
+            initial.active if initial else None,
+            initial.epoch if initial else 0,
+            initial.active_epoch if initial else None,
+            ", ".join(t.name for t in targets) or "none",
+            "kept for " + str(self._state.epoch_holder) if self._state.epoch_holder else "ended",
+        )
         self._wakeup = Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0
         self._watch = watch

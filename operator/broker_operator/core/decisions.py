@@ -272,7 +272,7 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
     target = state.broker(candidate)
     assert target is not None
     if target.earlier_address_possibly_active(now) or (
-        not _renews_recorded_holder(state, move, candidate)
+        not state.resumes_holder(candidate)
         and any(b.name != candidate and b.possibly_active(now) for b in state.brokers)
     ):
         plan.state = state  # _fence_and_probe sends the active=false calls
@@ -282,19 +282,6 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
     )
     plan.heartbeat(target, active=True, epoch=state.epoch, activation=True)
     plan.activating = True
-
-
-def _renews_recorded_holder(state: EngineState, move: Move, candidate: str) -> bool:
-    """A restarted engine's first call: the recorded active, with the newest epoch it holds.
-
-    Renewed before the others are fenced (issue 40): a successor that first waited for every
-    standby's ``active=false`` answer let the recorded active's lease run out whenever one of
-    those answers came late. No second broker can be active meanwhile: the newest epoch went to
-    this broker alone (``epoch_usable``), every other broker was fenced or out of its lease before
-    it was activated with it, and none was activated since, for that takes a newer epoch, which
-    the stored ``status.epoch`` would show (``initial_state``'s ``holds_epoch``).
-    """
-    return move.kind is MoveKind.STARTUP and candidate == move.from_ and state.epoch_holder == candidate
 
 
 def _walk_exhausted(state: EngineState, config: ClusterConfig, move: Move, now: float) -> EngineState:

@@ -219,6 +219,29 @@ class EngineState:
     # The active's node is being drained and no standby could take over: said once per drain.
     drain_blocked_reported: bool = False
 
+    def resumes_holder(self, name: str) -> bool:
+        """Whether ``name`` is a restarted engine's start move's first candidate: the recorded
+        active, with the newest epoch, which the status says it was activated with.
+
+        The successor resumes a term rather than starting one, so it treats that broker as the
+        running engine treats its active: renewed before the others are fenced (issue 40: a
+        successor that first waited for every standby's ``active=false`` answer let the active's
+        lease run out whenever one came late, or never, from a standby cut off during an
+        upgrade), and passed over only after ``failureThreshold`` failures (one slow answer to a
+        takeover's burst moved 11 actives of 500). No second broker can be active meanwhile: the
+        newest epoch went to this broker alone (``decisions.epoch_usable``), every other broker
+        was known inactive when it was activated with it, and none was activated since, which
+        takes a newer epoch the stored ``status.epoch`` would show (``initial_state``).
+        """
+        move = self.move
+        return (
+            move is not None
+            and move.kind is MoveKind.STARTUP
+            and move.from_ == name
+            and self.epoch_holder == name
+            and not self.epoch_ended
+        )
+
     def broker(self, name: str) -> BrokerKnowledge | None:
         for broker in self.brokers:  # a loop, not next() over a generator: called often per step
             if broker.name == name:

@@ -227,12 +227,14 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
             ),
             unanswered_activation=True,
         )
-    if seen.active and seen.broker == state.active and not operator_late:
+    resumed = candidate and state.resumes_holder(seen.broker)
+    if seen.active and (seen.broker == state.active or resumed) and not operator_late:
         changes["failures"] = broker.failures + 1
     state = state.with_broker(broker.name, **changes)
     if not (seen.active and move is not None and move.candidate == seen.broker):
         return state
-    if operator_late:
+    if operator_late or (resumed and broker.failures + 1 < config.settings.failure_threshold):
+        # Asked again, as the active it was: one failure is not a failover (knowledge.resumes_holder).
         return replace(state, move=replace(move, candidate=None))
     state = state.with_broker(
         seen.broker,

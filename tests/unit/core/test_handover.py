@@ -108,6 +108,28 @@ def test_a_standby_cut_off_during_an_upgrade_does_not_hold_the_active_back() -> 
     assert world.state.active == "b0" and world.state.active_epoch == 1
 
 
+def test_one_slow_answer_from_the_recorded_active_after_an_upgrade_moves_nothing() -> None:
+    # A takeover's burst at 500 clusters: the recorded active's first answer came after the
+    # timeout. Walking on at once needs a new epoch and moved 11 of 500 actives; a running engine
+    # fails its active over only after failureThreshold failures, and so does a successor.
+    world = steady_world()
+    world.operator_hands_over(UPGRADE_GAP)
+    world.brokers["b0"].slow = True
+    world.run(SETTINGS.timeout_seconds / 2)
+    world.brokers["b0"].slow = False
+    world.run(5.0)
+    assert [(name, epoch) for _, name, epoch in world.activations] == [("b0", 1)], "activated again"
+    assert world.actives() == ["b0"] and world.state.active == "b0"
+
+
+def test_a_recorded_active_that_keeps_timing_out_after_an_upgrade_is_failed_over() -> None:
+    world = steady_world()
+    world.brokers["b0"].slow = True
+    world.operator_hands_over(UPGRADE_GAP)
+    world.run(SETTINGS.start_fence_seconds + 5.0)
+    assert world.actives() == ["b1"] and world.state.active == "b1"
+
+
 def test_an_active_cut_off_after_it_took_the_handover_is_not_overlapped() -> None:
     # It holds the handover lease; the successor never heard of it. Activating b1 after the plain
     # lease's fence would give two actives (the world asserts none at every activation).
