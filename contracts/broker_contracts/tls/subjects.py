@@ -182,12 +182,14 @@ def peer_subject(certificate_subject: Iterable[Iterable[tuple[str, str]]]) -> Su
 
 
 def _escape(value: str) -> str:
-    out = "".join(f"\\{char}" if char in '"+,;<>\\=' else char for char in value)
-    if out.startswith((" ", "#")):
-        out = "\\" + out
-    if out.endswith(" "):
-        out = out[:-1] + "\\ "
-    return out
+    """RFC 4514's escapes: the special characters, a leading space or '#', a trailing space."""
+    last = len(value) - 1
+    return "".join(
+        f"\\{char}"
+        if char in '"+,;<>\\=' or (index == 0 and char in " #") or (index == last and char == " ")
+        else char
+        for index, char in enumerate(value)
+    )
 
 
 def render_subject(subject: Subject) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ssl
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from broker_contracts.tls.subjects import SubjectError, parse_subject, peer_subject, render_subject
@@ -88,6 +88,7 @@ _TYPES = st.sampled_from(
 )
 
 
+@example([[("commonName", " ")]])  # a value that is both a leading and a trailing space
 @given(st.lists(st.lists(st.tuples(_TYPES, _VALUES), min_size=1, max_size=3), min_size=1, max_size=4))
 def test_rendering_and_parsing_round_trip(rdns: list[list[tuple[str, str]]]) -> None:
     subject = tuple(tuple(sorted(rdn)) for rdn in rdns)
