@@ -72,6 +72,10 @@ class AuthFailure(enum.Enum):
     MISSING = "missing"  # no ``Authorization: Bearer`` value at all
     UNKNOWN = "unknown"  # a value that matches neither role's verifier
     WRONG_ROLE = "wrong_role"  # the other role's valid credential, for an operation not its own
+    # --allowed-client-subjects (client_certificates.py): the connection presented no client
+    # certificate, or one whose subject is not listed.
+    NO_CLIENT_CERTIFICATE = "no_client_certificate"
+    CLIENT_SUBJECT_NOT_ALLOWED = "client_subject_not_allowed"
 
 
 class AuthFailureLog:

@@ -41,7 +41,7 @@ from broker_service.journal import Journal, JournalError, confirmed_frame, recov
 from broker_service.message_log_writer import MessageLogWriter
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import OutboundTable
-from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnreachableError
+from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnreachableError, upstream_context
 from broker_service.send_messages import BundleIntake
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import AcceptResult, HeartbeatRequest, SendMessagesRequest
@@ -108,6 +108,7 @@ class Broker:
             broker_name=settings.name,
             timeout_seconds=settings.relay_timeout_seconds,
             reply_limit_bytes=settings.relay_reply_limit_bytes,
+            ssl_context=upstream_context(settings),
         )
         self._lock = asyncio.Lock()
         self._background: list[asyncio.Task[None]] = []

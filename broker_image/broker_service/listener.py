@@ -17,6 +17,13 @@ slow clients have to be stopped here, at the connection:
   ``web.Server`` and closes, as it opens, each one over ``--max-connections``, before it has cost
   more than its accept. Per listener: a full main port does not lock the operator out of the
   admin port.
+* **Under TLS** (``--tls-dir``) aiohttp's handler sees a connection only once its handshake is
+  done, so the cap and the header deadline start there. The handshake itself is bounded by
+  ``ssl_handshake_timeout`` of the event loop's ``create_server`` (asyncio's and uvloop's
+  default is 60 s), which aiohttp's ``TCPSite`` does not pass on: :class:`TlsSite` does, with
+  ``--tls-handshake-timeout-seconds``. A connection that sends no ClientHello, or stops half
+  way, is closed then: it holds no handler task meanwhile, only its socket and TLS state, and
+  is not counted by the cap.
 
 :func:`serve` replaces ``web.run_app`` for the main listener so that it can use this runner; it
 does what ``run_app`` did for the broker: signal handling (SIGTERM and SIGINT end it, and the
@@ -31,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -72,6 +80,57 @@ class ListenerRunner(web.AppRunner):
         return server
 
 
+class TlsSite(web.TCPSite):
+    """A ``TCPSite`` that serves TLS with a bounded handshake (``ssl_handshake_timeout``).
+
+    ``TCPSite.start`` calls ``loop.create_server`` without that argument, so this ``start`` makes
+    the same call with it (aiohttp 3.11 to 3.14 keep the attributes used here; a test of the
+    timeout fails if they move).
+    """
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext,
+        handshake_timeout_seconds: float,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self._handshake_timeout = handshake_timeout_seconds
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite's does
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self._handshake_timeout,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
+
+
+def site(
+    runner: web.BaseRunner,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    handshake_timeout_seconds: float,
+) -> web.TCPSite:
+    """A plain ``TCPSite``, or a :class:`TlsSite` when there is a context to serve."""
+    if ssl_context is None:
+        return web.TCPSite(runner, host, port)
+    return TlsSite(
+        runner, host, port, ssl_context=ssl_context, handshake_timeout_seconds=handshake_timeout_seconds
+    )
+
+
 async def serve(
     make_app: Callable[[], Awaitable[web.Application]],
     *,
@@ -80,6 +139,8 @@ async def serve(
     max_connections: int,
     header_timeout_seconds: float,
     shutdown_timeout: float,
+    ssl_context: ssl.SSLContext | None = None,
+    handshake_timeout_seconds: float = 10.0,
 ) -> None:
     """Serve the main listener until SIGTERM or SIGINT, then clean up (deactivate, drain) and return.
 
@@ -100,7 +161,7 @@ async def serve(
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await site(runner, host, port, ssl_context, handshake_timeout_seconds).start()
         await stop.wait()
     finally:
         await runner.cleanup()

@@ -59,6 +59,22 @@ class BrokerMetrics:
             ["role", "reason"],
             registry=r,
         )
+        # TLS listeners (listener_tls.py): which certificate each serves now, and its reloads.
+        self.tls_serving_certificate = Gauge(
+            "broker_tls_serving_certificate",
+            "1 for the serial of the certificate each TLS listener serves to new connections",
+            ["listener", "serial"],
+            registry=r,
+        )
+        self.tls_reloads = Counter(
+            "broker_tls_reloads", "Rotated TLS files served to new connections", ["listener"], registry=r
+        )
+        self.tls_reload_failures = Counter(
+            "broker_tls_reload_failures",
+            "Changed TLS files that did not load (the listener kept its certificate)",
+            ["listener"],
+            registry=r,
+        )
         self.relay_failures = Counter(
             "broker_relay_failures", "Calls to a target that failed in transport", ["target"], registry=r
         )

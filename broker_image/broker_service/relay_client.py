@@ -17,6 +17,12 @@ Bodies are encoded and replies decoded with the relay contract's codec
 thousands of ~500-byte messages) and sent as bytes; the broker never builds
 JSON by hand here.
 
+``https://`` targets are verified (chain and host name) against ``--upstream-ca-file``, or the
+system's trust store without it, with the TLS 1.2 floor of :func:`broker_contracts.tls.client_context`
+(:func:`upstream_context`); ``http://`` targets are called as before. A verification failure is a
+:class:`TargetUnreachableError` like any other transport failure (its text names the target and
+OpenSSL's reason). The bundle is read once, at start.
+
 Two boundaries are kept here, because this is where a target's answer enters the broker:
 
 * A reply is read up to ``reply_limit_bytes`` (``--relay-reply-limit-bytes``) and no further:
@@ -34,6 +40,7 @@ Two boundaries are kept here, because this is where a target's answer enters the
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -41,6 +48,8 @@ import aiohttp
 
 from broker_contracts import relay
 from broker_contracts.redact import redact
+from broker_contracts.tls import client_context
+from broker_service.settings import BrokerSettings
 from broker_service.target_credentials import RelayTarget, TargetCredentialError
 
 _READ_CHUNK = 64 * 1024
@@ -69,6 +78,15 @@ class TargetUnreachableError(RelayError):
     pass
 
 
+def upstream_context(settings: BrokerSettings) -> ssl.SSLContext | None:
+    """The context ``https://`` targets are verified with; None when no target URL is ``https://``
+    (then building one, and reading the system's store, is work for nothing)."""
+    urls = (settings.backend_url, settings.cloud_url)
+    if not any(url.lower().startswith("https://") for url in urls):
+        return None
+    return client_context(ca_file=settings.upstream_ca_file)
+
+
 class RelayClient:
     def __init__(
         self,
@@ -78,6 +96,7 @@ class RelayClient:
         broker_name: str,
         timeout_seconds: float,
         reply_limit_bytes: int,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.backend = backend
         self.cloud = cloud
@@ -85,9 +104,11 @@ class RelayClient:
         self.reply_limit_bytes = reply_limit_bytes
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
+        # None: aiohttp's default (the system's store); the broker passes upstream_context's.
+        self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=32, force_close=False)
+        connector = aiohttp.TCPConnector(limit=32, force_close=False, ssl=self._ssl)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
 
     async def close(self) -> None:

@@ -27,7 +27,13 @@ operations on held messages). Order of checks on ``POST /soap``:
    small part of the lease margin (docs/broker.md, "Request limits").
 5. Dispatch to the :class:`~broker_service.lifecycle.Broker`.
 
-Connections are bounded by :mod:`broker_service.listener` (count, header deadline).
+Connections are bounded by :mod:`broker_service.listener` (count, header deadline, TLS handshake).
+
+With ``--tls-dir`` both listeners serve TLS only (``listener_tls.py``): the admin port requires the
+operator's client certificate before any of the above, the credential stays the second factor;
+on the main port, with ``--allowed-client-subjects``, a listed client certificate is checked
+before step 1 (``client_certificates.py``). A plain-HTTP request to either port fails the
+handshake and never reaches this module, so no credential is ever read from one.
 
 With ``--admin-port`` the broker listens twice, so that a NetworkPolicy (which sees ports, never
 SOAP operations) can admit the operator's calls from the operator alone and ``SendMessages`` from
@@ -54,10 +60,12 @@ from aiohttp import web
 
 from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
-from broker_service import soap_codec
+from broker_service import listener, soap_codec
+from broker_service.client_certificates import ALLOWED_SUBJECTS_KEY, check_client_subject
 from broker_service.credentials import AuthFailure, AuthFailureLog, BrokerCredentials, Role
 from broker_service.lifecycle import Broker
 from broker_service.listener import ListenerRunner
+from broker_service.listener_tls import ListenerTls
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import (
     MAX_NAMESPACES_IN_SCOPE,
@@ -250,8 +258,9 @@ async def soap_post(request: web.Request) -> web.Response:
     settings = broker.settings
     started = time.perf_counter()
     try:
-        role = _caller_role(request, request.app[CREDENTIALS_KEY])
         refused = request.app[REFUSED_KEY]
+        check_client_subject(request, request.app[CREDENTIALS_KEY].failures, _needed_role(refused))
+        role = _caller_role(request, request.app[CREDENTIALS_KEY])
         if refused and role in refused:
             raise SoapFaultError(FaultCode.WRONG_PORT, refused[role])
         try:
@@ -333,8 +342,13 @@ def _soap_app(broker: Broker, credentials: BrokerCredentials, refused: Mapping[R
     return app
 
 
-def build_app(broker: Broker) -> web.Application:
-    """The main listener's application; with an admin port, it also runs the admin listener."""
+def build_app(broker: Broker, tls: ListenerTls | None = None) -> web.Application:
+    """The main listener's application; with an admin port, it also runs the admin listener.
+
+    ``tls`` (with ``--tls-dir``): the admin listener serves its context, and its files are
+    polled for rotations while the application runs; the main listener's site serves its
+    ``main`` context (``listener.serve``).
+    """
     settings = broker.settings
     credentials = BrokerCredentials.from_settings(
         settings, failures=AuthFailureLog(broker.metrics.auth_failures)
@@ -343,10 +357,15 @@ def build_app(broker: Broker) -> web.Application:
     app = _soap_app(broker, credentials, {} if admin_port is None else _refused_on_main(admin_port))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if settings.tls is not None and settings.tls.allowed_client_subjects:
+        app[ALLOWED_SUBJECTS_KEY] = settings.tls.allowed_client_subjects
     admin_runner: ListenerRunner | None = None
+    tls_poll: asyncio.Task[None] | None = None
 
     async def on_startup(app: web.Application) -> None:
-        nonlocal admin_runner
+        nonlocal admin_runner, tls_poll
+        if tls is not None:
+            tls_poll = asyncio.create_task(tls.poll(broker.metrics), name="tls-files")
         await broker.start()
         if admin_port is not None:
             admin_app = build_admin_app(broker, credentials)
@@ -360,7 +379,13 @@ def build_app(broker: Broker) -> web.Application:
                 shutdown_timeout=settings.drain_seconds,
             )
             await admin_runner.setup()
-            await web.TCPSite(admin_runner, settings.host, admin_port).start()
+            await listener.site(
+                admin_runner,
+                settings.host,
+                admin_port,
+                None if tls is None else tls.admin.context,
+                tls.settings.handshake_timeout_seconds if tls is not None else 0,
+            ).start()
             logger.info(
                 "admin port %d: Heartbeat and the admin operations; port %d: SendMessages",
                 admin_port,
@@ -375,6 +400,8 @@ def build_app(broker: Broker) -> web.Application:
         await broker.stop()
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if tls_poll is not None:
+            tls_poll.cancel()
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)

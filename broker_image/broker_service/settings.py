@@ -26,6 +26,13 @@ from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_contracts.token_verifier import VerifierError, parse_verifier
 from broker_service.target_credentials import TargetCredentialError, relay_target
+from broker_service.tls_settings import (
+    DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+    ListenerTlsSettings,
+    TlsSettingsError,
+    parse_listener_tls,
+    parse_upstream_ca,
+)
 
 
 class PoisonPolicy(StrEnum):
@@ -79,6 +86,10 @@ class BrokerSettings:
     max_lease_seconds: float | None = None
     max_deliveries: int = 5
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
+    # TLS on both listeners (tls_settings.py, docs/broker.md "TLS"); None: plain HTTP, as before.
+    tls: ListenerTlsSettings | None = None
+    # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
+    upstream_ca_file: Path | None = None
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
     # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
@@ -161,7 +172,14 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     ("--max-lease-seconds", BROKER_MAX_LEASE_SECONDS, None),  # None: --lease-seconds
     ("--max-deliveries", environment.BROKER_MAX_DELIVERIES, "5"),
     ("--on-poison", environment.BROKER_ON_POISON, PoisonPolicy.BLOCK_STREAM.value),
+    ("--tls-dir", environment.BROKER_TLS_DIR, ""),
+    ("--tls-reload-seconds", environment.BROKER_TLS_RELOAD_SECONDS, "10"),
+    ("--client-ca-file", environment.BROKER_CLIENT_CA_FILE, ""),
+    # One RFC 4514 subject per line in the variable; the flag may be given once per subject.
+    ("--allowed-client-subjects", environment.BROKER_ALLOWED_CLIENT_SUBJECTS, ""),
+    ("--upstream-ca-file", environment.BROKER_UPSTREAM_CA_FILE, ""),
 )
+_LIST_FLAGS = frozenset({"--allowed-client-subjects"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,7 +188,12 @@ def _parser() -> argparse.ArgumentParser:
         description="The stateful message broker; switched Active/Inactive only by the operator's Heartbeat.",
     )
     for flag, env, default in _ENV_FLAGS:
-        parser.add_argument(flag, default=None, help=f"(env {env}, default {default!r})")
+        if flag in _LIST_FLAGS:
+            parser.add_argument(
+                flag, default=None, action="append", help=f"repeatable (env {env}, one per line)"
+            )
+        else:
+            parser.add_argument(flag, default=None, help=f"(env {env}, default {default!r})")
     parser.add_argument("--body-limit-bytes", type=int, default=BrokerSettings.body_limit_bytes)
     parser.add_argument(
         "--operator-body-limit-bytes", type=int, default=BrokerSettings.operator_body_limit_bytes
@@ -192,6 +215,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--segment-max-seconds", type=float, default=BrokerSettings.segment_max_seconds)
     parser.add_argument("--drain-seconds", type=float, default=BrokerSettings.drain_seconds)
     parser.add_argument("--token-check-seconds", type=float, default=BrokerSettings.token_check_seconds)
+    parser.add_argument(
+        "--tls-handshake-timeout-seconds", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT_SECONDS
+    )
     return parser
 
 
@@ -218,6 +244,8 @@ def parse_settings(
     for flag, env, default in _ENV_FLAGS:
         key = flag.removeprefix("--").replace("-", "_")
         flag_value = getattr(args, key)
+        if isinstance(flag_value, list):  # a repeatable flag: its values, one per line
+            flag_value = "\n".join(flag_value)
         raw[key] = flag_value if flag_value is not None else environ.get(env, default)
 
     name = raw["name"] or environ.get("HOSTNAME", "broker")
@@ -246,6 +274,18 @@ def parse_settings(
     admin_port = _admin_port(str(raw["admin_port"] or ""), port)
     lease_seconds = _number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1)
     max_lease_seconds = _max_lease(raw["max_lease_seconds"], lease_seconds)
+    try:
+        tls = parse_listener_tls(
+            tls_dir=str(raw["tls_dir"] or ""),
+            reload_seconds=str(raw["tls_reload_seconds"] or "10"),
+            client_ca_file=str(raw["client_ca_file"] or ""),
+            allowed_client_subjects=str(raw["allowed_client_subjects"] or ""),
+            handshake_timeout_seconds=args.tls_handshake_timeout_seconds,
+            admin_port=admin_port,
+        )
+        upstream_ca_file = parse_upstream_ca(str(raw["upstream_ca_file"] or ""))
+    except TlsSettingsError as error:
+        raise SettingsError(str(error)) from None
     try:
         on_poison = PoisonPolicy(str(raw["on_poison"]))
     except ValueError:
@@ -286,6 +326,8 @@ def parse_settings(
             _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
         on_poison=on_poison,
+        tls=tls,
+        upstream_ca_file=upstream_ca_file,
         body_limit_bytes=args.body_limit_bytes,
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,

@@ -7,7 +7,8 @@ the broker's SOAP contract (``wsdl/broker.wsdl`` and the names in
 simulators and the Spark validator import these; none of them copies them.
 
 This package holds no behaviour beyond encoding and checking the contracts:
-no I/O besides reading the packaged WSDL, no asyncio, no Kubernetes.
+no I/O besides reading the packaged WSDL and, in :mod:`broker_contracts.tls`, the
+certificate files a TLS context is built from; no asyncio, no Kubernetes.
 """
 
 from importlib import resources

@@ -37,6 +37,15 @@ BROKER_LEASE_SECONDS: Final = "BROKER_LEASE_SECONDS"
 BROKER_MAX_LEASE_SECONDS: Final = "BROKER_MAX_LEASE_SECONDS"
 BROKER_MAX_DELIVERIES: Final = "BROKER_MAX_DELIVERIES"
 BROKER_ON_POISON: Final = "BROKER_ON_POISON"
+# TLS (docs/broker.md, "TLS"): the mounted TLS Secret's directory (tls.crt, tls.key, ca.crt; unset =
+# plain HTTP), how often it is read for a rotation, the CA of the backend's client certificates,
+# the subjects allowed to send bundles (one RFC 4514 subject per line), and the CA bundle for
+# https:// backend and cloud URLs (unset = the system's trust store).
+BROKER_TLS_DIR: Final = "BROKER_TLS_DIR"
+BROKER_TLS_RELOAD_SECONDS: Final = "BROKER_TLS_RELOAD_SECONDS"
+BROKER_CLIENT_CA_FILE: Final = "BROKER_CLIENT_CA_FILE"
+BROKER_ALLOWED_CLIENT_SUBJECTS: Final = "BROKER_ALLOWED_CLIENT_SUBJECTS"
+BROKER_UPSTREAM_CA_FILE: Final = "BROKER_UPSTREAM_CA_FILE"
 
 # Read by the broker but never set by the operator in a pod, which mounts the verifiers as files
 # (the *_FILE names above) and leaves the grace period at its default.
@@ -71,5 +80,10 @@ POD_ENVIRONMENT: Final = (
     BROKER_MAX_LEASE_SECONDS,
     BROKER_MAX_DELIVERIES,
     BROKER_ON_POISON,
+    BROKER_TLS_DIR,
+    BROKER_TLS_RELOAD_SECONDS,
+    BROKER_CLIENT_CA_FILE,
+    BROKER_ALLOWED_CLIENT_SUBJECTS,
+    BROKER_UPSTREAM_CA_FILE,
 )
 """Every variable the operator may set in a broker pod."""

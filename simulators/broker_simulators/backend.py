@@ -62,6 +62,7 @@ from lxml import etree
 
 from broker_contracts import environment, relay, soap
 from broker_contracts.soap import AcceptStatus, FaultCode
+from broker_simulators.serving_tls import add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
     BadRequestError,
     EpochFence,
@@ -113,6 +114,7 @@ class BackendSettings:
     autostart: bool = False
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
     token: str = ""  # the backend's credential towards the brokers (SendMessages)
+    tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
 
 
 @dataclass(slots=True)
@@ -606,6 +608,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         help="file with the backend's credential for SendMessages "
         "(env BROKER_BACKEND_TOKEN_FILE, or the value in BROKER_BACKEND_TOKEN)",
     )
+    add_tls_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
@@ -638,6 +641,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         autostart=args.autostart,
         poison=args.poison,
         token=token,
+        tls_dir=args.tls_dir,
     )
 
 
@@ -658,7 +662,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     use_fastest_event_loop()
     simulator = BackendSimulator(settings)
-    web.run_app(simulator.app(), host=settings.host, port=settings.port, access_log=None, print=None)
+    web.run_app(
+        simulator.app(),
+        host=settings.host,
+        port=settings.port,
+        ssl_context=serving_context(settings.tls_dir),
+        access_log=None,
+        print=None,
+    )
     return 0
 
 

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from broker_contracts import relay
 from broker_simulators.backend import parse_poison
+from broker_simulators.serving_tls import add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
     BadRequestError,
     EpochFence,
@@ -57,6 +58,7 @@ class CloudSettings:
     payload_bytes: int = 200
     record_dir: Path | None = None
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)
+    tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
 
 
 @dataclass(slots=True)
@@ -210,6 +212,7 @@ def parse_args(argv: Sequence[str] | None) -> CloudSettings:
     parser.add_argument("--payload-bytes", type=int, default=200)
     parser.add_argument("--record-dir", type=Path, default=None)
     parser.add_argument("--poison", type=parse_poison, action="append", default=[], help="stream:seq:times")
+    add_tls_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +225,7 @@ def parse_args(argv: Sequence[str] | None) -> CloudSettings:
         payload_bytes=args.payload_bytes,
         record_dir=args.record_dir,
         poison=args.poison,
+        tls_dir=args.tls_dir,
     )
 
 
@@ -230,7 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     use_fastest_event_loop()
     web.run_app(
-        CloudSimulator(settings).app(), host=settings.host, port=settings.port, access_log=None, print=None
+        CloudSimulator(settings).app(),
+        host=settings.host,
+        port=settings.port,
+        ssl_context=serving_context(settings.tls_dir),
+        access_log=None,
+        print=None,
     )
     return 0
 

@@ -38,6 +38,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -83,10 +84,14 @@ class RunningProcess:
     popen: subprocess.Popen[bytes]
     ready_path: str = "/healthz"
     env: dict[str, str] = field(default_factory=dict)
+    # Set for a process that serves TLS: its URLs are https:// and its readiness is asked over TLS
+    # with this context (the test's CA; host names are the test's to check, not readiness's).
+    ready_context: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "http" if self.ready_context is None else "https"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def soap_url(self) -> str:
@@ -140,7 +145,7 @@ class RunningProcess:
                     f"{self.name} exited with {code} before it was ready; log:\n{self.log_text()}"
                 )
             try:
-                with urllib.request.urlopen(target, timeout=1) as response:
+                with urllib.request.urlopen(target, timeout=1, context=self.ready_context) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -159,7 +164,15 @@ class RunningProcess:
         return self
 
 
-def _launch(name: str, argv: list[str], host: str, port: int, workdir: Path) -> RunningProcess:
+def _launch(
+    name: str,
+    argv: list[str],
+    host: str,
+    port: int,
+    workdir: Path,
+    *,
+    ready_context: ssl.SSLContext | None = None,
+) -> RunningProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name}.log"
     # No token from the caller's environment: a broker refuses to start with one there.
@@ -169,7 +182,14 @@ def _launch(name: str, argv: list[str], host: str, port: int, workdir: Path) -> 
     popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
     log.close()
     return RunningProcess(
-        name=name, argv=argv, host=host, port=port, log_path=log_path, popen=popen, env=full_env
+        name=name,
+        argv=argv,
+        host=host,
+        port=port,
+        log_path=log_path,
+        popen=popen,
+        env=full_env,
+        ready_context=ready_context,
     )
 
 
@@ -267,8 +287,12 @@ class ProcessSet:
         host: str | None = None,
         port: int | None = None,
         timeout: float = 20.0,
+        ready_context: ssl.SSLContext | None = None,
     ) -> RunningProcess:
-        """A ``broker-service`` process, Inactive, with its own data dir under ``tmp_path/name``."""
+        """A ``broker-service`` process, Inactive, with its own data dir under ``tmp_path/name``.
+
+        ``ready_context``: the broker serves TLS (``--tls-dir`` in ``extra_args``); readiness is
+        asked over it."""
         workdir = (tmp_path or self.root) / name
         workdir.mkdir(parents=True, exist_ok=True)
         # The broker gets the tokens' verifiers, never the tokens (broker_contracts.token_verifier).
@@ -297,7 +321,7 @@ class ProcessSet:
             message_log_dir=message_log_dir,
             extra=extra_args,
         )
-        return self._track(_launch(name, argv, host, port, workdir), timeout)
+        return self._track(_launch(name, argv, host, port, workdir, ready_context=ready_context), timeout)
 
     def start_backend_simulator(
         self,
@@ -318,13 +342,16 @@ class ProcessSet:
         backend_token: str = DEFAULT_BACKEND_TOKEN,
         extra_args: Sequence[str] = (),
         timeout: float = 20.0,
+        host: str | None = None,
+        ready_context: ssl.SSLContext | None = None,
     ) -> RunningProcess:
-        """A ``backend-simulator``; it sends only after ``POST /sim/start`` unless ``autostart``."""
+        """A ``backend-simulator``; it sends only after ``POST /sim/start`` unless ``autostart``.
+        ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``)."""
         workdir = (tmp_path or self.root) / name
         workdir.mkdir(parents=True, exist_ok=True)
         token_file = workdir / "backend-token"
         token_file.write_text(backend_token + "\n")
-        host = loopback_host()
+        host = host or loopback_host()
         port = free_port(host)
         argv = [
             PYTHON,
@@ -361,7 +388,9 @@ class ProcessSet:
             argv += ["--poison", spec]
         if autostart:
             argv.append("--autostart")
-        return self._track(_launch(name, argv + list(extra_args), host, port, workdir), timeout)
+        return self._track(
+            _launch(name, argv + list(extra_args), host, port, workdir, ready_context=ready_context), timeout
+        )
 
     def start_cloud_simulator(
         self,
@@ -373,9 +402,12 @@ class ProcessSet:
         poison: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         timeout: float = 20.0,
+        host: str | None = None,
+        ready_context: ssl.SSLContext | None = None,
     ) -> RunningProcess:
+        """A ``cloud-simulator``; ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``)."""
         workdir = (tmp_path or self.root) / name
-        host = loopback_host()
+        host = host or loopback_host()
         port = free_port(host)
         argv = [
             PYTHON,
@@ -394,7 +426,9 @@ class ProcessSet:
         ]
         for spec in poison:
             argv += ["--poison", spec]
-        return self._track(_launch(name, argv + list(extra_args), host, port, workdir), timeout)
+        return self._track(
+            _launch(name, argv + list(extra_args), host, port, workdir, ready_context=ready_context), timeout
+        )
 
     def stop_all(self) -> None:
         for process in reversed(self.started):

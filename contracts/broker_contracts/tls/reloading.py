@@ -1,0 +1,187 @@
+"""A server's TLS context that follows its mounted files: rotated certificates with no restart.
+
+A restart of the active broker is a failover, so a renewed certificate, or a trust bundle that
+gained a CA, must reach a running listener. How it reaches it is the point of this module:
+
+* **Never reload a live context.** ``load_cert_chain`` on the ``SSLContext`` a server is using
+  tore handshakes on this machine: the new certificate went out with the old key and every new
+  handshake failed while keep-alive connections went on (DAY2_FACTS.md). A context here is built
+  once and never changed.
+* **Swap at the handshake.** The listener is given one context, :attr:`context` (the first one
+  built). Its ``sni_callback`` runs early in every handshake (with or without SNI from the
+  client) and points the connection at the newest complete context
+  (``ssl_object.context = current``). From then on the handshake uses that context's certificate,
+  key and trust store. What stays the listener context's: the protocol floor, the ciphers and
+  whether a client certificate is asked for, which OpenSSL copies into each connection when it
+  is created; so every context here comes from the same ``build`` and those never differ. A
+  connection already open keeps the certificate it was made with.
+* **Swap only what loaded.** The files are read and hashed (SHA-256 of their contents, not their
+  mtimes: the kubelet updates a Secret volume by swapping its ``..data`` symlink, and a copy can
+  keep an mtime), a new context is built from them, and the files are hashed again: only if the
+  two hashes agree, and the certificate's serial can be read, is the new context swapped in.
+  Otherwise the current one stays. A file that does not load (half-written, garbage, a key that
+  is not the certificate's, a bundle without a CA) is a warning, logged once per distinct
+  problem, and tried again only when the files change again; files that changed while they were
+  being loaded are simply read again at the next check.
+* **Bounded work.** :meth:`check` reads each file up to :data:`MAX_FILE_BYTES` and builds at most
+  one context. Its caller runs it every few seconds (the broker: ``--tls-reload-seconds``, on its
+  event loop: a context of a few certificates builds in well under a millisecond, and Secret
+  volumes are tmpfs); no thread, no asyncio here.
+
+:attr:`serial` is the serial of the certificate new connections are served (``tls.crt``'s first
+block, :mod:`broker_contracts.tls.serial`), for logs and metrics; :attr:`reloads` and
+:attr:`failures` count swaps and contents that did not load.
+
+Not here: which files, which trust, which verification (the caller's ``build``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import ssl
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from broker_contracts.tls.serial import CertificateSerialError, certificate_serial
+
+logger = logging.getLogger(__name__)
+
+MAX_FILE_BYTES: Final = 1024 * 1024  # a certificate bundle of thousands of CAs is still far below
+
+
+class TlsFilesError(ValueError):
+    """The files cannot be served; the text names the file and why (never its contents)."""
+
+
+def _read_files(files: Sequence[Path]) -> tuple[bytes, dict[Path, bytes]]:
+    """``(SHA-256 over every file's name and contents, the contents)``, or :class:`TlsFilesError`
+    when one cannot be read whole."""
+    digest = hashlib.sha256()
+    contents: dict[Path, bytes] = {}
+    for path in files:
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+        except OSError as error:
+            raise TlsFilesError(f"{path} cannot be read: {error.strerror or error}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise TlsFilesError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        digest.update(str(path).encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+        contents[path] = data
+    return digest.digest(), contents
+
+
+def _check_pem(contents: dict[Path, bytes]) -> None:
+    """Every file holds whole PEM blocks: what a half-written or foreign file most often lacks,
+    named here rather than as OpenSSL's ``PEM lib``."""
+    for path, data in contents.items():
+        begins, ends = data.count(b"-----BEGIN "), data.count(b"-----END ")
+        if begins == 0 or begins != ends or data.rfind(b"-----END ") < data.rfind(b"-----BEGIN "):
+            raise TlsFilesError(f"{path} does not hold whole PEM blocks (half-written, or not PEM)")
+
+
+class ReloadingServerContext:
+    """The TLS context of one listener: :attr:`context` for the server, the newest one per handshake."""
+
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[], ssl.SSLContext],
+        files: Sequence[Path],
+        cert_file: Path,
+    ) -> None:
+        """Build the first context from ``files`` (``cert_file`` among them) or raise
+        :class:`TlsFilesError`: at start a listener that cannot serve is an error, not a warning."""
+        self.name = name  # which listener, in log lines ("main port 8080")
+        self._build = build
+        self._files = tuple(files)
+        self._cert_file = cert_file
+        fingerprint, contents = _read_files(self._files)
+        first, self.serial = self._load(contents)
+        self.context: Final = first
+        self._current = first
+        self._seen = fingerprint
+        self._problem: tuple[bytes | None, str] | None = None
+        self.reloads = 0
+        self.failures = 0
+        first.sni_callback = self._serve_current
+
+    def _serve_current(self, ssl_object: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
+        """The handshake's ``sni_callback``: the connection takes the newest complete context."""
+        current = self._current
+        if ssl_object.context is not current:
+            ssl_object.context = current
+
+    def _load(self, contents: dict[Path, bytes]) -> tuple[ssl.SSLContext, str]:
+        """A context from the files and the serial it serves, or :class:`TlsFilesError`."""
+        try:
+            _check_pem(contents)
+            serial = certificate_serial(contents[self._cert_file].decode("ascii", errors="replace"))
+            return self._build(), serial
+        except CertificateSerialError as error:
+            raise TlsFilesError(
+                f"{self._cert_file}: the certificate's serial cannot be read: {error}"
+            ) from None
+        except ssl.SSLError as error:
+            raise TlsFilesError(_describe_ssl(error, self._files)) from None
+        except OSError as error:
+            raise TlsFilesError(
+                f"{error.filename or 'a file'} cannot be read: {error.strerror or error}"
+            ) from None
+
+    def check(self) -> bool:
+        """Read the files once; if they changed and load, serve them to new connections. True if swapped."""
+        try:
+            fingerprint, contents = _read_files(self._files)
+        except TlsFilesError as error:
+            self._report(None, str(error))
+            return False
+        if fingerprint == self._seen:
+            return False
+        try:
+            fresh, serial = self._load(contents)
+            failure = None
+        except TlsFilesError as error:
+            failure = str(error)
+        try:
+            after, _ = _read_files(self._files)
+        except TlsFilesError as error:
+            self._report(None, str(error))
+            return False
+        if after != fingerprint:
+            return False  # changed while it was loading: the next check reads it afresh
+        self._seen = fingerprint  # loaded, or never to be tried again until it changes
+        if failure is not None:
+            self.failures += 1
+            self._report(fingerprint, failure)
+            return False
+        previous = self.serial
+        self._current, self.serial = fresh, serial
+        self._problem = None
+        self.reloads += 1
+        logger.info(
+            "%s: serving certificate serial %s (was %s) to new connections", self.name, serial, previous
+        )
+        return True
+
+    def _report(self, fingerprint: bytes | None, problem: str) -> None:
+        """Warn once per problem: per content that does not load, per reason a file cannot be read."""
+        if (fingerprint, problem) == self._problem:
+            return
+        self._problem = (fingerprint, problem)
+        logger.warning(
+            "%s: the TLS files cannot be loaded (%s); still serving certificate serial %s. Fix or "
+            "replace them (the whole Secret, as the kubelet does); they are read again every check",
+            self.name,
+            problem,
+            self.serial,
+        )
+
+
+def _describe_ssl(error: ssl.SSLError, files: Sequence[Path]) -> str:
+    """OpenSSL's complaint as one line, in words where it is a common one."""
+    if error.reason == "KEY_VALUES_MISMATCH":
+        return f"the key is not the certificate's (of {', '.join(str(path) for path in files[:2])})"
+    return f"OpenSSL refused {', '.join(str(path) for path in files)}: {error.reason or error}"
