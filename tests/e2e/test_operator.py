@@ -621,6 +621,17 @@ def event_reasons(cluster: SealedCluster, namespace: str, name: str) -> list[str
     return [e["reason"] for e in (events or {}).get("items", [])]
 
 
+def wait_for_event(cluster: SealedCluster, namespace: str, name: str, reason: str) -> None:
+    """Events are posted from queues (kopf's, the engine's ``EventWriter``) after the change they
+    report: waited for, never read at once (CI, 2026-11-28: read right after a NetworkPolicy was
+    gone, its ``Deleted`` event was not there yet)."""
+    wait_for(
+        f"a {reason} event of {name}",
+        lambda: reason in event_reasons(cluster, namespace, name),
+        timeout=30,
+    )
+
+
 def assert_children_owned(cluster: SealedCluster, namespace: str, uid: str) -> None:
     """Every child of BrokerCluster ``orders`` exists and is owned by it (uid ``uid``), but the
     journal claims, which the default ``whenDeleted: Retain`` leaves unowned."""
@@ -746,7 +757,7 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     wait_for(
         "role=active on orders-0 again", lambda: role_of(sealed_cluster, namespace, "orders-0") == "active"
     )
-    assert "Switchover" in event_reasons(sealed_cluster, namespace, "orders")
+    wait_for_event(sealed_cluster, namespace, "orders", "Switchover")
 
     # A partition: SIGSTOP freezes the active broker without killing it. Heartbeats time out, the
     # operator waits out the lease (the frozen broker fences itself when it runs again), then
@@ -809,7 +820,7 @@ def test_a_second_cluster_for_the_same_pair_is_a_conflict(
     )
     status = sealed_cluster.get_json(namespace, "bc", "pair-second")["status"]
     assert status["conflictsWith"] == "pair-first"
-    assert "Conflict" in event_reasons(sealed_cluster, namespace, "pair-second")
+    wait_for_event(sealed_cluster, namespace, "pair-second", "Conflict")
     assert pod(sealed_cluster, namespace, "pair-second-0") is None
     # Deleting the first hands the pair to the second.
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "pair-first", "--wait=false")
@@ -1116,7 +1127,7 @@ def test_a_missing_secret_is_named_in_the_ready_condition_and_an_event_until_it_
         in stuck["message"]
     )
     assert "broker.failover.dev/credential=true" in stuck["message"]
-    assert "CredentialRefused" in event_reasons(sealed_cluster, namespace, name)
+    wait_for_event(sealed_cluster, namespace, name, "CredentialRefused")
     sealed_cluster.kubectl(
         "-n", namespace, "create", "secret", "generic", "unready-endpoints",
         f"--from-literal=backend={simulators['backend']}",
@@ -1235,7 +1246,7 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
         lambda: sealed_cluster.get_json(namespace, "networkpolicy", "guarded-brokers-ingress") is None,
         timeout=30,
     )
-    assert "Deleted" in event_reasons(sealed_cluster, namespace, "guarded")
+    wait_for_event(sealed_cluster, namespace, "guarded", "Deleted")
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "guarded", "--wait=false")
 
 
