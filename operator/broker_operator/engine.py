@@ -212,7 +212,13 @@ class ClusterLoop:
             initial.epoch if initial else 0,
             initial.active_epoch if initial else None,
             ", ".join(t.name for t in targets) or "none",
-            "kept for " + str(self._state.epoch_holder) if self._state.epoch_holder else "ended",
+            (
+                f"kept for {self._state.epoch_holder}"
+                if self._state.epoch_holder
+                else "ended"
+                if self._state.epoch_ended
+                else "none granted yet"
+            ),
         )
         self._wakeup = Wakeup()
         self._start_jitter = 1.0 if start_jitter else 0.0

@@ -231,7 +231,7 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     if seen.active and (seen.broker == state.active or resumed) and not operator_late:
         changes["failures"] = broker.failures + 1
     state = state.with_broker(broker.name, **changes)
-    if not (seen.active and move is not None and move.candidate == seen.broker):
+    if move is None or not (seen.active and candidate):
         return state
     if operator_late or (resumed and broker.failures + 1 < config.settings.failure_threshold):
         # Asked again, as the active it was: one failure is not a failover (knowledge.resumes_holder).
