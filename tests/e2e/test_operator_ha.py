@@ -84,11 +84,13 @@ def _restart_count(relay: Relay, pod: str) -> int:
 
 
 class Watcher:
-    """Samples the active label and status.epoch every half second on a thread of its own."""
+    """Samples the active label and status (epoch, activeEpoch, active) every half second on a
+    thread of its own."""
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
-        self.samples: list[tuple[float, list[str], int, str | None]] = []
+        # (time, pods labelled active, status.epoch, status.activeEpoch, status.active)
+        self.samples: list[tuple[float, list[str], int, int | None, str | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ha-watcher", daemon=True)
 
@@ -109,6 +111,7 @@ class Watcher:
                     time.monotonic(),
                     sorted(p["metadata"]["name"] for p in pods),
                     int(status.get("epoch") or 0),
+                    None if status.get("activeEpoch") is None else int(status["activeEpoch"]),
                     status.get("active"),
                 )
             )
@@ -205,17 +208,25 @@ def _check_records(relay: Relay) -> None:
 
 
 def _check_watched(watcher: Watcher) -> None:
-    """Never two pods labelled active; status.epoch never went down; an epoch names one broker."""
+    """Never two pods labelled active; status.epoch never went down and never fell behind
+    activeEpoch; an activeEpoch names one broker.
+
+    ``active`` is paired with ``activeEpoch`` (written together), not with ``epoch``: the
+    allocation's compare-and-swap raises ``epoch`` before the new active is activated, so a
+    sample in between shows the new epoch beside the old active by design."""
     assert watcher.samples, "the watcher took no sample"
-    assert all(len(active_pods) <= 1 for _, active_pods, _, _ in watcher.samples), [
+    assert all(len(active_pods) <= 1 for _, active_pods, _, _, _ in watcher.samples), [
         s for s in watcher.samples if len(s[1]) > 1
     ]
-    epochs = [epoch for _, _, epoch, _ in watcher.samples]
+    epochs = [epoch for _, _, epoch, _, _ in watcher.samples]
     assert epochs == sorted(epochs), f"status.epoch went down: {epochs}"
+    behind = [s for s in watcher.samples if s[3] is not None and s[3] > s[2]]
+    assert not behind, f"activeEpoch above epoch: {behind}"
     holders: dict[int, set[str]] = {}
-    for _, _, epoch, holder in watcher.samples:
-        if holder:
-            holders.setdefault(epoch, set()).add(holder)
+    for _, _, _, active_epoch, holder in watcher.samples:
+        if holder and active_epoch is not None:
+            holders.setdefault(active_epoch, set()).add(holder)
+    assert holders, "no sample named an active with its epoch"
     assert all(len(names) == 1 for names in holders.values()), holders
 
 
