@@ -87,16 +87,20 @@ def _recorded(annotations: Mapping[str, str], record: str) -> set[str]:
     return {key for key in (annotations.get(record) or "").split(",") if key}
 
 
+_RECORDS: Final = frozenset({names.ANNOTATION_MANAGED_ANNOTATIONS, names.ANNOTATION_MANAGED_LABELS})
+
+
 def service_metadata(template: ActiveServiceSpec, own_labels: Mapping[str, str]) -> tuple[Manifest, Manifest]:
     """(labels, annotations) the operator sets: the template's, its own labels (which win, and
-    which the CRD keeps the template from naming), and the record of the template's keys."""
+    which the CRD keeps the template from naming), and the record of the template's keys. A record
+    of nothing is left out, so the default Service carries no annotation (and an operator upgrade
+    finds the Services it made before in shape: no write)."""
     labels = {**template.labels, **own_labels}
-    annotations = {
-        **template.annotations,
+    records = {
         names.ANNOTATION_MANAGED_ANNOTATIONS: _record(template.annotations),
         names.ANNOTATION_MANAGED_LABELS: _record(template.labels),
     }
-    return labels, annotations
+    return labels, {**template.annotations, **{key: value for key, value in records.items() if value}}
 
 
 def build_active_service(owner: Mapping[str, Any], template: ActiveServiceSpec | None = None) -> Manifest:
@@ -160,7 +164,7 @@ def shape_patch(
     annotations = _map_patch(
         current_annotations,
         wanted_meta["annotations"],
-        _recorded(current_annotations, names.ANNOTATION_MANAGED_ANNOTATIONS),
+        _recorded(current_annotations, names.ANNOTATION_MANAGED_ANNOTATIONS) | _RECORDS,
     )
     if annotations:
         metadata["annotations"] = annotations

@@ -155,10 +155,9 @@ def _string_map(raw: object, field_name: str, problems: list[str]) -> dict[str, 
     when the operator writes the Service (its refusal becomes a Warning event)."""
     if raw is None:
         return {}
-    valid = isinstance(raw, Mapping) and len(raw) <= METADATA_ENTRIES_MAX
     if (
         not isinstance(raw, Mapping)
-        or not valid
+        or len(raw) > METADATA_ENTRIES_MAX
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items())
     ):
         problems.append(
