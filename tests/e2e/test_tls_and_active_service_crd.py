@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from broker_operator.controller.spec import SpecError, parse_spec
-from local_cluster.netns import NODE_ADDRESS
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import LocalProcess, installed_crd, wait_for
 from tests.e2e.test_operator import (
@@ -65,7 +64,7 @@ INVALID = [
     pytest.param({"tls": {"secrets": SECRETS}}, id="secrets-without-mode-secrets"),
     pytest.param({"tls": {"mode": "Disabled", "secrets": SECRETS}}, id="secrets-with-disabled"),
     pytest.param(
-        {"tls": {"mode": "Secrets", "secrets": SECRETS, "certificates": {"validityDays": 30}}},
+        {"tls": {"mode": "Secrets", "secrets": SECRETS, "certificates": {"validityDays": 60}}},
         id="certificates-without-mode-operator",
     ),
     pytest.param(
@@ -244,6 +243,12 @@ def free_node_port(cluster: SealedCluster, namespace: str) -> int:
     return next(port for port in range(start, 32768) if port not in held)
 
 
+def node_address(cluster: SealedCluster) -> str:
+    """The node's InternalIP: where kube-proxy (nftables mode) serves node ports by default."""
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return str(next(a["address"] for a in nodes[0]["status"]["addresses"] if a["type"] == "InternalIP"))
+
+
 def service(cluster: SealedCluster, namespace: str) -> dict[str, Any]:
     return dict(cluster.get_json(namespace, "service", "shaped-active") or {"spec": {}, "metadata": {}})
 
@@ -299,10 +304,8 @@ def test_the_active_service_takes_the_templates_shape_keeps_others_keys_and_come
     wait_for_row(
         sealed_cluster, namespace, "shaped", "shaped-0 active", lambda r: r["ACTIVE"] == "shaped-0", 120
     )
-    answer = wait_for(
-        "the node port answers",
-        lambda: _get(sealed_cluster, f"http://{NODE_ADDRESS}:{node_port}/healthz"),
-    )
+    url = f"http://{node_address(sealed_cluster)}:{node_port}/healthz"
+    answer = wait_for("the node port answers", lambda: _get(sealed_cluster, url))
     assert answer
 
     # A cloud controller writes keys of its own; the operator never takes them away.
@@ -361,10 +364,7 @@ def test_the_active_service_takes_the_templates_shape_keeps_others_keys_and_come
     assert remade["spec"]["ports"][0]["nodePort"] == node_port
     assert remade["metadata"]["annotations"]["lb.example/idle-timeout"] == "60"
     assert "selector" not in remade["spec"]
-    wait_for(
-        "the node port answers again",
-        lambda: _get(sealed_cluster, f"http://{NODE_ADDRESS}:{node_port}/healthz"),
-    )
+    wait_for("the node port answers again", lambda: _get(sealed_cluster, url))
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "shaped", "--wait=false")
 
 
