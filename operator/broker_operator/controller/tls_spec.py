@@ -35,12 +35,10 @@ from typing import Any, Final
 from broker_contracts.tls.subjects import SubjectError, parse_subject
 from broker_operator.controller.secret_refs import SecretRef, read_secret_ref
 from broker_operator.core import spec_fields as fields
+from broker_operator.pki.names import check_dns_names
 from broker_operator.pki.renewal import RenewalPolicy
 
-# A DNS name a certificate can carry, lower-case (pki.names.check_dns_names lowercases; the CRD
-# refuses upper case instead, so that what is stored is what is issued).
-DNS_NAME: Final = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
-DNS_NAME_MAX: Final = 253
+DNS_NAME_MAX: Final = 253  # pki.names' bound, and the CRD's
 EXTRA_DNS_NAMES_MAX: Final = 16
 # The shape CEL can check of an RFC 4514 subject: it starts with TYPE= (a name or an OID). The
 # rest is parse_subject's, here and in the broker.
@@ -191,7 +189,15 @@ def parse_tls(raw: Mapping[str, Any], problems: list[str]) -> TlsSpec:
 
 
 def _dns_name(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= DNS_NAME_MAX and re.match(DNS_NAME, value) is not None
+    """A DNS name the PKI puts in a certificate (``pki.names.check_dns_names``, whose label rule the
+    CRD's pattern spells out), and already lower-case: the PKI lowercases, the CRD refuses upper
+    case instead, so that what is stored is what is issued."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return check_dns_names([value]) == (value,)
+    except ValueError:
+        return False
 
 
 def _extra_dns_names(raw: object, problems: list[str]) -> tuple[str, ...]:

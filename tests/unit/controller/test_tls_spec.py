@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -236,3 +237,36 @@ def test_every_accepted_lifetime_is_a_valid_renewal_policy(
         ca_validity,
     )
     assert policy.warn_before_days == min(14, renew_before - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("erp-broker.example.com", True),
+        ("a", True),
+        ("x" * 63 + ".example", True),
+        ("x" * 64 + ".example", False),  # a label over 63
+        (".".join(["abcdefgh"] * 28), True),  # 251 characters
+        (".".join(["abcdefgh"] * 28) + ".xy", False),  # 254 characters
+        (".".join(["abcdefgh"] * 28) + ".x", True),  # 253
+        ("ERP.example.com", False),
+        ("erp.example.com.", False),
+        ("-erp.example.com", False),
+        ("erp-.example.com", False),
+        ("erp..example.com", False),
+        ("*.example.com", False),
+    ],
+)
+def test_the_crds_dns_name_rule_is_the_pkis(name: str, valid: bool) -> None:
+    # The CRD spells out in a pattern the rule the PKI applies (pki.names.check_dns_names, lower
+    # case only): a name one accepts and the other refuses would be issued, or refused, silently.
+    (rule,) = rules_at("tls.extraDNSNames[]")
+    pattern = re.search(r"self\.matches\('(.*)'\)", rule["rule"])
+    assert pattern is not None
+    assert (len(name) <= 253 and re.match(pattern[1].replace("\\\\", "\\"), name) is not None) is valid
+    spec = minimal(tls={"extraDNSNames": [name]})
+    if valid:
+        assert parse_spec("orders", spec).tls.extra_dns_names == (name,)
+    else:
+        with pytest.raises(SpecError):
+            parse_spec("orders", spec)
