@@ -1,5 +1,7 @@
-"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, Services and the
-NetworkPolicy (the token and verifier Secrets are ``verifiers.py``'s).
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, the headless Service,
+the ``-active`` EndpointSlice and PodDisruptionBudget (the ``-active`` Service is
+``active_service_shape.py``'s, the NetworkPolicy ``network_policy.py``'s, the token and verifier
+Secrets ``verifiers.py``'s).
 
 Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
 takes, so every field can be unit-tested without Kubernetes. Pods are built
@@ -19,6 +21,12 @@ a writable path it does not need would only hide a stray write.
 ``spec.podSecurityContext`` and ``spec.securityContext`` replace these defaults
 whole (docs/crd.md), for platforms that assign their own user ids.
 
+TLS (``spec.tls``) comes from ``broker_tls.py``: the mounted certificates, ``BROKER_TLS_DIR``
+and HTTPS probes. Whether pods serve it is the caller's ``serve_tls`` as well as the spec's mode:
+the operator turns it on once it issues the certificates and calls the brokers over TLS itself
+(``ControllerSettings.broker_tls``); until then a broker serving TLS would refuse its plain-HTTP
+heartbeats. The upstream CA bundle (the brokers' trust as clients) does not wait for that.
+
 Every builder stamps the owner reference itself (``kopf.build_owner_reference``)
 so that deleting the BrokerCluster garbage-collects its children. Nothing here
 creates, patches or reads anything.
@@ -36,7 +44,7 @@ from typing import Any, Final, cast
 import kopf
 
 from broker_contracts import environment
-from broker_operator.controller import names
+from broker_operator.controller import broker_tls, names
 from broker_operator.controller.bodies import OwnerReference
 from broker_operator.controller.spec import ClusterSpec, Connection
 
@@ -125,8 +133,15 @@ def container_security_context(spec: ClusterSpec) -> Manifest:
     return copy.deepcopy(dict(DEFAULT_CONTAINER_SECURITY_CONTEXT if given is None else given))
 
 
-def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
+def serves_tls(spec: ClusterSpec, serve_tls: bool) -> bool:
+    """Whether the brokers serve TLS: the spec's mode is not Disabled, and the operator is ready to
+    call them over TLS (``serve_tls``; see the module's docstring)."""
+    return serve_tls and spec.tls.enabled
+
+
+def broker_container(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -> Manifest:
     """The broker container, configured through the broker CLI's environment variables."""
+    serving = serves_tls(spec, serve_tls)
     env: list[Manifest] = [
         # The broker listens on its pod IP; the operator heartbeats exactly that address.
         {"name": environment.BROKER_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -165,8 +180,10 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
             {"name": variable, "value": mount}
             for variable, mount, _volume, _connection in _credential_mounts(spec)
         ),
+        *broker_tls.tls_env(spec.tls, serving=serving),
     ]
     probe_port = names.BROKER_PORT_NAME
+    scheme = broker_tls.probe_scheme(serving=serving)
     return {
         "name": names.BROKER_CONTAINER,
         "image": spec.image,
@@ -181,15 +198,16 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
                 "protocol": "TCP",
             },
         ],
-        # Probes stay on the main port: the kubelet is not the operator.
+        # Probes stay on the main port: the kubelet is not the operator. Over TLS they use HTTPS
+        # and verify nothing (broker_tls.py says why that is fine).
         # /readyz is "process up and journal open", independent of Active: a standby is ready.
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": probe_port},
+            "httpGet": {"path": "/readyz", "port": probe_port, **scheme},
             "periodSeconds": 2,
             "failureThreshold": 2,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": probe_port},
+            "httpGet": {"path": "/healthz", "port": probe_port, **scheme},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
@@ -212,11 +230,12 @@ def broker_container(cluster: str, spec: ClusterSpec) -> Manifest:
                 {"name": volume, "mountPath": mount, "readOnly": True}
                 for _variable, mount, volume, _connection in _credential_mounts(spec)
             ),
+            *broker_tls.tls_mounts(spec.tls, serving=serving),
         ],
     }
 
 
-def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]:
+def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec, *, serve_tls: bool = False) -> list[Manifest]:
     verifier_keys = (names.OPERATOR_VERIFIER_KEY, names.BACKEND_VERIFIER_KEY)
     message_log: Manifest = (
         {"persistentVolumeClaim": {"claimName": spec.message_log_claim}}
@@ -240,6 +259,7 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec) -> list[Manifest]
             {"name": volume, "secret": {"secretName": connection.credentials_secret}}
             for _variable, _mount, volume, connection in _credential_mounts(spec)
         ),
+        *broker_tls.tls_volumes(cluster, spec.tls, serving=serves_tls(spec, serve_tls)),
     ]
 
 
@@ -276,7 +296,7 @@ def pod_scheduling(cluster: str, spec: ClusterSpec) -> Manifest:
     return {"affinity": default_affinity(cluster), **given_scheduling(spec)}
 
 
-def template_hash(cluster: str, spec: ClusterSpec) -> str:
+def template_hash(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -> str:
     """A digest of everything in a pod that comes from the spec; a changed spec changes it.
 
     The ordinal and the role label are left out: they differ between pods of the
@@ -284,9 +304,11 @@ def template_hash(cluster: str, spec: ClusterSpec) -> str:
     securityContext is in: a changed ``spec.podSecurityContext`` replaces the pods. So are the
     scheduling fields the spec sets, but not the default spread: pods made before the operator
     spread them keep their hash and are not replaced by an upgrade of the operator alone; nor
-    the handover lease's cap, for the same reason.
+    the handover lease's cap, for the same reason. TLS is in through the volumes, mounts,
+    environment and probes it adds (so turning it on or off replaces the pods one at a time), but
+    no certificate is: the pod names its Secrets only, and a rotation changes nothing here.
     """
-    container = broker_container(cluster, spec)
+    container = broker_container(cluster, spec, serve_tls=serve_tls)
     # Out of the hash: the handover lease's cap (issue 40). An operator upgrade that added it must
     # not replace every broker pod (a switchover per cluster, the pause the handover exists to
     # avoid), and a pod without it, or with an older value, is safe: the operator never asks for
@@ -294,7 +316,7 @@ def template_hash(cluster: str, spec: ClusterSpec) -> str:
     container["env"] = [e for e in container["env"] if e["name"] != environment.BROKER_MAX_LEASE_SECONDS]
     template: Manifest = {
         "container": container,
-        "volumes": pod_volumes(cluster, 0, spec),
+        "volumes": pod_volumes(cluster, 0, spec, serve_tls=serve_tls),
         "securityContext": pod_security_context(spec),
     }
     scheduling = given_scheduling(spec)
@@ -304,7 +326,9 @@ def template_hash(cluster: str, spec: ClusterSpec) -> str:
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
-def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, active: bool) -> Manifest:
+def build_pod(
+    owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, active: bool, serve_tls: bool = False
+) -> Manifest:
     """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says."""
     cluster = owner["metadata"]["name"]
     name = names.pod_name(cluster, ordinal)
@@ -314,7 +338,9 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
         names.LABEL_ROLE: names.ROLE_ACTIVE if active else names.ROLE_STANDBY,
     }
     metadata = owned_meta(owner, name, labels)
-    metadata["annotations"] = {names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec)}
+    metadata["annotations"] = {
+        names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec, serve_tls=serve_tls)
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -332,8 +358,8 @@ def build_pod(owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, acti
             "automountServiceAccountToken": False,
             "securityContext": pod_security_context(spec),
             **pod_scheduling(cluster, spec),
-            "containers": [broker_container(cluster, spec)],
-            "volumes": pod_volumes(cluster, ordinal, spec),
+            "containers": [broker_container(cluster, spec, serve_tls=serve_tls)],
+            "volumes": pod_volumes(cluster, ordinal, spec, serve_tls=serve_tls),
         },
     }
 
@@ -384,18 +410,6 @@ def build_headless_service(owner: Mapping[str, Any]) -> Manifest:
             "selector": cluster_labels(cluster),
             "ports": [_service_port()],
         },
-    }
-
-
-def build_active_service(owner: Mapping[str, Any]) -> Manifest:
-    """``<cluster>-active``: the backend's address. No selector: the operator writes its
-    EndpointSlice (:func:`build_active_endpoint_slice`) in the step that activates a broker."""
-    cluster = owner["metadata"]["name"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owned_meta(owner, names.active_service_name(cluster), cluster_labels(cluster)),
-        "spec": {"ports": [_service_port()]},
     }
 
 

@@ -1,9 +1,9 @@
 """Which Secrets a BrokerCluster may have the operator use as credentials, and the refusals.
 
 A BrokerCluster names Secrets (``spec.auth.tokenSecretRef``, ``backendTokenSecretRef``,
-``spec.backend.urlSecretRef``, ``spec.cloud.urlSecretRef``); the operator sends the token one as a
-bearer token to every broker URL, and mounts all of them into broker pods that run
-``spec.image``. Its RBAC reads any Secret of the namespace, so without a rule a BrokerCluster's
+``spec.backend.urlSecretRef``, ``spec.cloud.urlSecretRef``, the ``spec.tls`` ones); the operator
+sends the token one as a bearer token to every broker URL, and mounts all of them into broker pods
+that run ``spec.image``. Its RBAC reads any Secret of the namespace, so without a rule a BrokerCluster's
 author, who may not read Secrets, could name one and have its value sent to an endpoint URL of
 their own, or mounted into an image of their own (issue 39). The rule: a Secret is a credential
 only if it opts in with the label ``broker.failover.dev/credential: "true"`` (whoever may label a
@@ -77,6 +77,27 @@ def named_secrets(cluster: str, spec: ClusterSpec) -> list[NamedSecret]:
         if connection.credentials_secret is not None:  # mounted whole: no key
             ref = SecretRef(connection.credentials_secret, "")
             used.append(NamedSecret(f"spec.{field}.credentialsSecretRef", ref))
+    return used + tls_secrets(spec)
+
+
+def tls_secrets(spec: ClusterSpec) -> list[NamedSecret]:
+    """The Secrets of ``spec.tls`` that broker pods mount (broker_tls.py): the user's in mode
+    Secrets (a private key each) and the CA bundles (a CA is public, but the key named could hold
+    anything, and would be mounted into an image the spec chooses). Checked whatever
+    ``ControllerSettings.broker_tls`` says: a spec that names them means them. The operator's own
+    ``<name>-tls`` (mode Operator) is not here: whoever writes it decides what to do with a Secret
+    of that name it did not make."""
+    tls = spec.tls
+    used = []
+    if tls.secrets is not None:
+        used.append(NamedSecret("spec.tls.secrets.server", SecretRef(tls.secrets.server, "")))
+        used.append(
+            NamedSecret("spec.tls.secrets.operatorClient", SecretRef(tls.secrets.operator_client, ""))
+        )
+    if tls.backend_clients is not None:
+        used.append(NamedSecret("spec.tls.backendClients.caSecretRef", tls.backend_clients.ca))
+    if tls.upstream_ca is not None:
+        used.append(NamedSecret("spec.tls.upstreamCASecretRef", tls.upstream_ca))
     return used
 
 

@@ -310,6 +310,16 @@ class KubeApi:
                 return None
             raise
 
+    async def patch_service(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch Service ``name``: a null removes a field or key, a list is replaced whole."""
+        await self._thread(
+            self._core.patch_namespaced_service,
+            name,
+            namespace,
+            dict(patch),
+            _content_type="application/merge-patch+json",
+        )
+
     async def remove_service_selector(self, namespace: str, name: str, resource_version: str) -> None:
         """Drop the Service's selector (a merge patch, conditional on ``resource_version``)."""
         patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"selector": None}}

@@ -82,6 +82,21 @@ BACKEND_CREDENTIALS_VOLUME: Final = "backend-credentials"
 CLOUD_CREDENTIALS_MOUNT: Final = "/var/run/secrets/broker-failover-cloud-credentials"
 CLOUD_CREDENTIALS_VOLUME: Final = "cloud-credentials"
 MESSAGE_LOG_VOLUME: Final = "message-log"
+# TLS (spec.tls, docs/crd.md "TLS"): the brokers' TLS directory (tls.crt, tls.key, ca.crt, the names
+# of broker_contracts.tls.layout), a Secret volume the kubelet updates in place (never a subPath:
+# a subPath mount never sees a rotation); and the two CA bundles of spec.tls, each a file of its own.
+TLS_MOUNT: Final = "/etc/broker/tls"
+TLS_VOLUME: Final = "tls"
+BACKEND_CLIENTS_CA_MOUNT: Final = "/etc/broker/backend-clients-ca"
+BACKEND_CLIENTS_CA_VOLUME: Final = "backend-clients-ca"
+UPSTREAM_CA_MOUNT: Final = "/etc/broker/upstream-ca"
+UPSTREAM_CA_VOLUME: Final = "upstream-ca"
+CA_BUNDLE_FILE: Final = "ca.crt"  # the file name of either bundle, whatever its key in the Secret
+# The <name>-active Service's keys the operator set from spec.activeService, so that a key removed
+# from the template is removed from the Service and a key someone else wrote (a cloud controller)
+# is never touched (active_service_shape.py).
+ANNOTATION_MANAGED_ANNOTATIONS: Final = f"{GROUP}/managed-annotations"
+ANNOTATION_MANAGED_LABELS: Final = f"{GROUP}/managed-labels"
 
 
 def pod_name(cluster: str, ordinal: int) -> str:
@@ -121,6 +136,17 @@ def generated_backend_token_secret_name(cluster: str) -> str:
 def verifier_secret_name(cluster: str) -> str:
     """The Secret the brokers mount: their tokens' verifiers, written by the operator."""
     return f"{cluster}-broker-verifiers"
+
+
+def tls_secret_name(cluster: str) -> str:
+    """Mode Operator: the brokers' TLS Secret (tls.crt, tls.key, ca.crt), written by the operator
+    from its CA and mounted by every broker pod."""
+    return f"{cluster}-tls"
+
+
+def ca_secret_name(cluster: str) -> str:
+    """Mode Operator: the cluster's CA, key included; the operator's alone, never mounted."""
+    return f"{cluster}-ca"
 
 
 def broker_soap_url(pod_ip: str, port: int = BROKER_PORT) -> str:

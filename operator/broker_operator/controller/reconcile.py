@@ -21,7 +21,7 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from broker_operator.controller import builders, names, network_policy, verifiers
+from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
@@ -179,7 +179,7 @@ async def ensure_children(
     owner = ref.kopf_body
     wanted = token_secrets(owner, spec)
     if not spec.endpoints_mode:
-        wanted += [builders.build_headless_service(owner), builders.build_active_service(owner)]
+        wanted.append(builders.build_headless_service(owner))
         wanted += [builders.build_journal_claim(owner, ordinal, spec) for ordinal in range(spec.replicas)]
     for manifest in wanted:
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
@@ -188,6 +188,8 @@ async def ensure_children(
         if await context.api.create(manifest):
             kopf.info(owner, reason="Created", message=f"created {key}")
         observations.ensured.add(key)
+    if not spec.endpoints_mode:
+        await active_service_shape.ensure_active_service(context, ref, spec.active_service)
 
     if not make_pods:
         return None  # a named Secret may not be mounted (check_credentials says which)
@@ -206,7 +208,9 @@ async def ensure_children(
                     reason="Created",
                     message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
                 )
-        pod = builders.build_pod(owner, ordinal, spec, active=name == active)
+        pod = builders.build_pod(
+            owner, ordinal, spec, active=name == active, serve_tls=context.settings.broker_tls
+        )
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
     return None
@@ -420,7 +424,7 @@ async def roll_out(
     """Take at most one rollout step: replace a standby, or ask for a switchover off the active."""
     observations = context.observations_for(ref.namespace, ref.name)
     active = ref.status.get("active")
-    desired = builders.template_hash(ref.name, spec)
+    desired = builders.template_hash(ref.name, spec, serve_tls=context.settings.broker_tls)
     step = next_rollout_step(spec.replicas, desired, pod_views(observations.pods), active)
     owner = ref.kopf_body
     if step is None:

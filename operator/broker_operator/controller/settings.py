@@ -73,6 +73,12 @@ class ControllerSettings:
     # patterns spec.image must match (empty: any). See pod_security.py.
     broker_pod_security: str = "restricted"
     broker_images: BrokerImages = field(default_factory=BrokerImages)
+    # Whether broker pods serve TLS as spec.tls asks (the certificates mounted, BROKER_TLS_DIR, HTTPS
+    # probes; builders.serves_tls). Off, and no flag, until the operator issues the certificates
+    # (mode Operator: <name>-tls) and calls the brokers over TLS itself (issue 41, the parts after
+    # the CRD's shape): a broker serving TLS refuses plain-HTTP heartbeats, and would wait for a
+    # Secret nobody writes yet. The part that does both turns it on; the pods then roll once.
+    broker_tls: bool = False
 
     def token_recheck_for(self, running: int) -> float:
         """Seconds between a cluster's periodic token re-reads while ``running`` clusters run."""

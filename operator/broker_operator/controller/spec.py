@@ -13,7 +13,9 @@ transcription of the CRD that ``tests/unit/controller/test_crd.py`` checks
 against it; the heartbeat and failback fields are parsed by the engine's own
 ``HeartbeatSettings.from_spec`` (with the CRD's types and bounds: decimal
 seconds for the interval, timeout and lease), so there is one
-parser of them, and ``ClusterSpec.heartbeat`` is what it returned.
+parser of them, and ``ClusterSpec.heartbeat`` is what it returned. ``spec.tls`` and
+``spec.activeService`` have modules of their own (``tls_spec.py``, ``active_service_spec.py``),
+in the same form.
 
 This module reads and checks; it does not talk to Kubernetes and does not
 decide anything about failover.
@@ -23,10 +25,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from broker_operator.controller import names
+from broker_operator.controller.active_service_spec import ActiveServiceSpec, parse_active_service
+from broker_operator.controller.secret_refs import SecretRef, read_secret_ref
+from broker_operator.controller.tls_spec import TlsSpec, parse_tls
 from broker_operator.core import spec_fields as fields
 from broker_operator.core.model import HeartbeatSettings, SettingsError
 
@@ -48,12 +53,6 @@ class Endpoint:
     name: str
     url: str
     priority: int
-
-
-@dataclass(frozen=True)
-class SecretRef:
-    name: str
-    key: str
 
 
 @dataclass(frozen=True)
@@ -147,6 +146,10 @@ class ClusterSpec:
     tolerations: tuple[Mapping[str, Any], ...] | None = None
     # Wait: a drain waits for a standby elsewhere before it evicts the active; Evict: it goes on.
     drain_without_standby: str = fields.DRAIN_WITHOUT_STANDBY.default
+    # spec.tls (tls_spec.py): the certificates' mode and trust; spec.activeService
+    # (active_service_spec.py): the <name>-active Service's shape. Both default as the CRD does.
+    tls: TlsSpec = field(default_factory=TlsSpec)
+    active_service: ActiveServiceSpec = field(default_factory=ActiveServiceSpec)
 
     @property
     def endpoints_mode(self) -> bool:
@@ -204,8 +207,10 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         if preferred and preferred not in allowed:
             problems.append(f"spec.preferredActive ({preferred}) must name one of {', '.join(allowed)}")
 
-    token_secret = _secret_ref(auth.get("tokenSecretRef"), fields.TOKEN_KEY, problems)
-    backend_token_secret = _secret_ref(auth.get("backendTokenSecretRef"), fields.BACKEND_TOKEN_KEY, problems)
+    token_secret = read_secret_ref(auth.get("tokenSecretRef"), fields.TOKEN_KEY, problems)
+    backend_token_secret = read_secret_ref(
+        auth.get("backendTokenSecretRef"), fields.BACKEND_TOKEN_KEY, problems
+    )
     if token_secret is not None and token_secret == backend_token_secret:
         problems.append(
             "spec.auth.backendTokenSecretRef names the same Secret key as spec.auth.tokenSecretRef; "
@@ -246,6 +251,8 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         ),
         tolerations=_tolerations(spec, problems),
         drain_without_standby=fields.DRAIN_WITHOUT_STANDBY.read(spec, problems),
+        tls=parse_tls(_mapping(spec, "tls", problems), problems),
+        active_service=parse_active_service(_mapping(spec, "activeService", problems), problems),
     )
     if problems:
         raise SpecError(cluster, problems)
@@ -388,17 +395,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _secret_ref(raw: object, key: fields.TextField, problems: list[str]) -> SecretRef | None:
-    """The Secret reference whose ``key`` field is ``key`` (its path names the reference)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping) or not raw.get("name"):
-        path = "spec." + key.path.rsplit(".", 1)[0]
-        problems.append(f"{path} must name a Secret: {{name, key}}, got {raw!r}")
-        return None
-    return SecretRef(str(raw["name"]), str(raw.get("key") or key.default))
-
-
 def _connection(
     spec: Mapping[str, Any], field: str, url_key: fields.TextField, problems: list[str]
 ) -> Connection:
@@ -407,7 +403,7 @@ def _connection(
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         problems.append(f"spec.{field}.url ({url!r}) must be an http:// or https:// URL")
         url = None
-    secret = _secret_ref(raw.get("urlSecretRef"), url_key, problems)
+    secret = read_secret_ref(raw.get("urlSecretRef"), url_key, problems)
     if url is not None and secret is not None:
         problems.append(f"spec.{field}.url and spec.{field}.urlSecretRef are exclusive; set one")
     credentials = raw.get("credentialsSecretRef")

@@ -11,7 +11,8 @@ not the other fails the tests.
 Each constrained field also reads itself out of a spec section (``read``), so that a range is
 checked, and its message worded, the same way by both parsers. A field is an ``IntegerField``
 (``type: integer``), a ``NumberField`` (``type: number``: the heartbeat durations, which take
-decimal seconds such as 0.2), a ``ChoiceField`` (an enum), a ``TextField`` or a ``BooleanField``.
+decimal seconds such as 0.2), a ``ChoiceField`` (an enum), an ``OptionalChoiceField`` (an enum
+without a default), a ``TextField`` or a ``BooleanField``.
 
 What it does not hold: the cross-field rules (lease longer than interval times failureThreshold, and
 so on), which are code in the parsers and CEL in the CRD, checked against each other by the same
@@ -107,6 +108,25 @@ class ChoiceField(SpecField):
 
 
 @dataclass(frozen=True)
+class OptionalChoiceField(SpecField):
+    """A string field with an enum and no default: absent means "not set" (the API server's or
+    the operator's own default applies), as ``activeService.externalTrafficPolicy``, which a
+    ClusterIP Service must not carry at all."""
+
+    choices: tuple[str, ...]
+
+    def read(self, section: Mapping[str, Any], problems: list[str]) -> str | None:
+        """The field's value in ``section``, or None when absent; anything else is a problem."""
+        value = section.get(self.name)
+        if value is None:
+            return None
+        if value not in self.choices:
+            problems.append(f"{self.parent}.{self.name} ({value!r}) must be one of {', '.join(self.choices)}")
+            return None
+        return str(value)
+
+
+@dataclass(frozen=True)
 class BooleanField(SpecField):
     """A boolean field with a default (``type: boolean``)."""
 
@@ -176,11 +196,48 @@ NETWORK_POLICY_ENABLED: Final = BooleanField("networkPolicy.enabled", True)
 # restarts elsewhere; nothing is lost, the backend resends).
 DRAIN_EVICT: Final = "Evict"
 DRAIN_WITHOUT_STANDBY: Final = ChoiceField("drainWithoutStandby", ("Wait", DRAIN_EVICT), "Wait")
+# TLS on every channel (issue 41). Operator: the operator's CA issues everything; Secrets: the user's
+# Secrets (cert-manager's shape), only read; Disabled: plain HTTP, the opt-out.
+TLS_MODE_OPERATOR: Final = "Operator"
+TLS_MODE_SECRETS: Final = "Secrets"
+TLS_MODE_DISABLED: Final = "Disabled"
+TLS_MODE: Final = ChoiceField(
+    "tls.mode", (TLS_MODE_OPERATOR, TLS_MODE_SECRETS, TLS_MODE_DISABLED), TLS_MODE_OPERATOR
+)
+TLS_CLUSTER_DOMAIN: Final = TextField("tls.clusterDomain", "cluster.local")
+# Strimzi's and CloudNativePG's numbers: 90-day leaves renewed 30 days ahead, a ten-year CA. The
+# bounds keep pki.RenewalPolicy satisfiable: a leaf is never due when issued (renewBeforeDays <
+# validityDays, a CEL rule), and the CA's fixed 365-day renewal window fits inside its life.
+CERTIFICATE_VALIDITY_DAYS: Final = IntegerField("tls.certificates.validityDays", 2, 3650, 90)
+CERTIFICATE_RENEW_BEFORE_DAYS: Final = IntegerField("tls.certificates.renewBeforeDays", 1, 365, 30)
+CA_VALIDITY_DAYS: Final = IntegerField("tls.certificates.caValidityDays", 366, 36500, 3650)
+BACKEND_CLIENTS_CA_KEY: Final = TextField("tls.backendClients.caSecretRef.key", "ca.crt")
+UPSTREAM_CA_KEY: Final = TextField("tls.upstreamCASecretRef.key", "ca.crt")
+
+# The <name>-active Service's shape (the backend's address). externalTrafficPolicy and nodePort have
+# no default: a ClusterIP Service must carry neither, and absent on the other types means the API
+# server's (Cluster; a node port it picks).
+ACTIVE_SERVICE_CLUSTER_IP: Final = "ClusterIP"
+ACTIVE_SERVICE_LOAD_BALANCER: Final = "LoadBalancer"
+ACTIVE_SERVICE_TYPE: Final = ChoiceField(
+    "activeService.type",
+    (ACTIVE_SERVICE_CLUSTER_IP, "NodePort", ACTIVE_SERVICE_LOAD_BALANCER),
+    ACTIVE_SERVICE_CLUSTER_IP,
+)
+EXTERNAL_TRAFFIC_POLICY: Final = OptionalChoiceField(
+    "activeService.externalTrafficPolicy", ("Cluster", "Local")
+)
+# The API server's default service-node-port-range; a cluster with another range refuses a port
+# outside its own when the operator writes the Service (the event names it).
+NODE_PORT: Final = IntegerField("activeService.nodePort", 30000, 32767)
+
 # In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
 # cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
 MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
 
-FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField | BooleanField, ...]] = (
+FIELDS: Final[
+    tuple[IntegerField | NumberField | ChoiceField | OptionalChoiceField | TextField | BooleanField, ...]
+] = (
     REPLICAS,
     ENDPOINT_PRIORITY,
     IMAGE,
@@ -206,6 +263,16 @@ FIELDS: Final[tuple[IntegerField | NumberField | ChoiceField | TextField | Boole
     MESSAGE_LOG_SCHEDULE,
     NETWORK_POLICY_ENABLED,
     DRAIN_WITHOUT_STANDBY,
+    TLS_MODE,
+    TLS_CLUSTER_DOMAIN,
+    CERTIFICATE_VALIDITY_DAYS,
+    CERTIFICATE_RENEW_BEFORE_DAYS,
+    CA_VALIDITY_DAYS,
+    BACKEND_CLIENTS_CA_KEY,
+    UPSTREAM_CA_KEY,
+    ACTIVE_SERVICE_TYPE,
+    EXTERNAL_TRAFFIC_POLICY,
+    NODE_PORT,
 )
 """Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
 

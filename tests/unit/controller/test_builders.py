@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from broker_contracts.token_verifier import token_verifier
-from broker_operator.controller import builders, names, network_policy, verifiers
+from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
 from broker_operator.controller.spec import parse_spec
 
 OWNER: dict[str, Any] = {
@@ -96,7 +96,7 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
         builders.build_pod(OWNER, 0, spec, active=True),
         builders.build_journal_claim(OWNER, 0, deleted),
         builders.build_headless_service(OWNER),
-        builders.build_active_service(OWNER),
+        active_service_shape.build_active_service(OWNER),
         builders.build_active_endpoint_slice(OWNER, None, 1),
         verifiers.build_token_secret(OWNER),
         verifiers.build_backend_token_secret(OWNER),
@@ -113,7 +113,7 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
 
 
 def test_active_service_selects_nothing_its_slice_names_the_active_under_its_epoch() -> None:
-    service = builders.build_active_service(OWNER)
+    service = active_service_shape.build_active_service(OWNER)
     assert service["metadata"]["name"] == "orders-active"
     assert "selector" not in service["spec"]  # the operator writes its endpoints
     endpoint = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.7", port=8080, uid="u-7", node="n1")
@@ -243,7 +243,7 @@ def test_broker_pods_serve_the_operator_on_a_named_admin_port_and_probes_stay_on
         == "soap"
     )
     # Producers reach the main port only: the Services keep the one port.
-    for service in (builders.build_active_service(OWNER), builders.build_headless_service(OWNER)):
+    for service in (active_service_shape.build_active_service(OWNER), builders.build_headless_service(OWNER)):
         assert [p["name"] for p in service["spec"]["ports"]] == ["soap"]
 
 

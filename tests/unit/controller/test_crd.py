@@ -19,6 +19,7 @@ from broker_operator.controller import bodies, names
 from broker_operator.controller.spec import SpecError, parse_spec
 from broker_operator.core import spec_fields as fields
 from broker_operator.core.model import HeartbeatSettings
+from broker_operator.pki.replacement import ReplacementPhase
 
 CRD_PATH = Path(__file__).resolve().parents[3] / "crds" / "broker.failover.dev_brokerclusters.yaml"
 
@@ -144,6 +145,22 @@ def test_status_schema_has_every_design_field() -> None:
     assert "Conflict" in status["phase"]["enum"]
 
 
+def test_the_tls_status_has_one_shape_for_the_part_that_writes_it() -> None:
+    status = version_of(load_crd())["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    tls = status["tls"]["properties"]
+    assert set(tls) == {"mode", "certificates", "served", "caReplacement"}
+    assert tls["mode"]["enum"] == list(fields.TLS_MODE.choices)
+    certificate = tls["certificates"]["items"]["properties"]
+    assert set(certificate) == {"name", "secret", "serial", "notAfter"}
+    assert certificate["name"]["enum"] == ["ca", "server", "operatorClient", "backendClientsCA", "upstreamCA"]
+    assert tls["certificates"]["x-kubernetes-list-map-keys"] == ["name"]
+    assert set(tls["served"]["items"]["properties"]) == {"broker", "serial"}
+    assert tls["served"]["x-kubernetes-list-map-keys"] == ["broker"]
+    replacement = tls["caReplacement"]["properties"]
+    assert set(replacement) == {"token", "phase", "message"}
+    assert replacement["phase"]["enum"] == [phase.value for phase in ReplacementPhase]
+
+
 EXAMPLES = sorted((CRD_PATH.parents[1] / "examples").glob("*.yaml"))
 
 
@@ -185,9 +202,12 @@ def constraints_of(
     field: fields.IntegerField
     | fields.NumberField
     | fields.ChoiceField
+    | fields.OptionalChoiceField
     | fields.TextField
     | fields.BooleanField,
 ) -> dict[str, Any]:
+    if isinstance(field, fields.OptionalChoiceField):  # an enum with no default: absent means unset
+        return {"type": "string", "enum": list(field.choices)}
     if isinstance(field, fields.BooleanField):
         return {"type": "boolean", "default": field.default}
     if isinstance(field, fields.IntegerField | fields.NumberField):
