@@ -71,17 +71,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import perf_test, rabbitmq_run, rabbitmq_tls  # noqa: E402  # the repository root is on the path now
+from bench.soap_heartbeat import heartbeat_body  # noqa: E402
 
 PROGRESS_SECONDS = 5.0
 
 
 def post_soap_heartbeat(broker: RunningProcess, epoch: int) -> bytes:
     """An ``active=true`` Heartbeat, where and as the operator sends it (its port, its certificate)."""
-    body = (
-        '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/" '
-        'xmlns:t="http://broker.failover.dev/soap/v1"><soap:Body><t:Heartbeat><t:active>true</t:active>'
-        f"<t:epoch>{epoch}</t:epoch><t:operatorId>bench</t:operatorId></t:Heartbeat></soap:Body></soap:Envelope>"
-    ).encode()
+    body = heartbeat_body(epoch)
     request = urllib.request.Request(
         broker.admin_url + "/soap",
         data=body,
