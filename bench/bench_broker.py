@@ -327,12 +327,15 @@ def rabbitmq_round(
 ) -> Theirs:
     say(f"--- round {number}/{args.rounds}: RabbitMQ, {load.lanes} producers, {load.total} messages ---")
     with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as scratch:
+        progress(f"RabbitMQ accept: a fresh node, then PerfTest ({load.total} messages)")
         accept = rabbitmq_run.phase("accept", load, Path(scratch), cp)
         say("\n".join(rabbitmq_run.report(accept, load)))
+        progress(f"RabbitMQ relay: a fresh node, then PerfTest ({load.total} messages)")
         relay = rabbitmq_run.phase("relay", load, Path(scratch), cp)
         say("\n".join(rabbitmq_run.report(relay, load)))
         accept_tls = None
         if pki is not None:
+            progress(f"RabbitMQ accept over TLS: a fresh node, then PerfTest ({load.total} messages)")
             tls = rabbitmq_tls.rabbit_tls(pki, Path(scratch) / "tls")
             accept_tls = rabbitmq_run.phase("accept_tls", load, Path(scratch), cp, tls)
             say("\n".join(rabbitmq_run.report(accept_tls, load)))
