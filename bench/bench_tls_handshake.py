@@ -177,11 +177,17 @@ def start_targets(procs: ProcessSet, root: Path, idle_seconds: float) -> tuple[T
     pki = create_local_pki(root / "pki")
     cloud = procs.start_cloud_simulator(root)
     backend = procs.start_backend_simulator(root, streams=0)
-    upstream = {"backend_url": backend.url, "cloud_url": cloud.url, "lease_seconds": 600}
-    tls_broker = start_broker(procs, root, pki, name="tls-broker", **upstream)
-    plain_port = free_port()
+    tls_broker = start_broker(
+        procs, root, pki, name="tls-broker", backend_url=backend.url, cloud_url=cloud.url, lease_seconds=600
+    )
     plain_broker = procs.start_broker(
-        root, name="plain-broker", host="127.0.0.1", admin_port=plain_port, **upstream
+        root,
+        name="plain-broker",
+        host="127.0.0.1",
+        admin_port=free_port(),
+        backend_url=backend.url,
+        cloud_url=cloud.url,
+        lease_seconds=600,
     )
     assert tls_broker.caller_tls is not None and tls_broker.admin_url.startswith("https://")
     tls_context = tls_broker.caller_tls.context()
