@@ -91,7 +91,7 @@ demo-local: venv ## The failover engine without Kubernetes (local runner, three 
 ##@ Benchmarks (each prints its headline as name=value on its last line)
 
 .PHONY: bench
-bench: bench-broker bench-failover bench-failover-k8s bench-operator-upgrade-k8s bench-drain bench-operator bench-operator-k8s bench-validator ## Run every benchmark.
+bench: bench-broker bench-tls-handshake bench-failover bench-failover-k8s bench-operator-upgrade-k8s bench-drain bench-operator bench-operator-k8s bench-validator ## Run every benchmark.
 
 .PHONY: bench-smoke
 bench-smoke: venv $(TEST_PREREQS) ## Every benchmark in small (one round, a few hundred messages, a small store), as make test runs them: tests/bench.

@@ -23,6 +23,18 @@ Three real processes on loopback, started and stopped here. The figures:
   own time are printed (``--profile-out FILE`` keeps the stats). cProfile
   inflates per-call costs several times over, so use it for where, not how much.
 
+With TLS (issue 41; ``--no-tls`` leaves it out): each round also runs ours with TLS on every leg
+(``local_cluster.loopback_relay``: the backend simulator calls the broker's main port over
+``https://`` with a client certificate that the broker verifies and checks the subject of, the
+broker calls both simulators over ``https://``; RSA-2048 from one local CA), the same load, the
+plain and the TLS run in alternating order from round to round. Its report lines start with
+``tls``; ``broker_tls_accept_ratio`` is the median over the rounds of TLS accept msg/s over
+plain accept msg/s in the same round (the goal: at least 0.9), and
+``broker_tls_cpu_per_msg_ratio`` the same for the broker's CPU per message. With RabbitMQ too,
+its accept phase runs a third time over its AMQPS listener (``rabbitmq_tls.py``), and
+``rabbitmq_tls_accept_ratio`` and ``broker_vs_rabbitmq_tls_accept`` follow. While a run of ours
+goes on, a progress line goes to stderr every few seconds.
+
 Against RabbitMQ (issue 25; ``--no-rabbitmq`` leaves it out): each of ``--rounds``
 rounds runs ours, then the same load through Debian's RabbitMQ with its own load
 generator, PerfTest (``rabbitmq_run.py``: the mapping and the two phases, accept
@@ -42,6 +54,7 @@ import itertools
 import json
 import os
 import pstats
+import ssl
 import statistics
 import sys
 import tempfile
@@ -50,36 +63,37 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_simulators.local_processes import (
-    DEFAULT_TOKEN,
-    PYTHON,
-    ProcessSet,
-    free_port,
-    loopback_host,
-    running,
-)
+from broker_simulators.local_processes import DEFAULT_TOKEN, PYTHON, ProcessSet, RunningProcess, running
+from local_cluster.loopback_relay import start_relay
+from local_cluster.run_pki import LocalPki, create_local_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import perf_test, rabbitmq_run  # noqa: E402  # the repository root is put on the path just above
+from bench import perf_test, rabbitmq_run, rabbitmq_tls  # noqa: E402  # the repository root is on the path now
+from bench.soap_heartbeat import heartbeat_body  # noqa: E402
+
+PROGRESS_SECONDS = 5.0
 
 
-def post_soap_heartbeat(url: str, epoch: int) -> bytes:
-    body = (
-        '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/" '
-        'xmlns:t="http://broker.failover.dev/soap/v1"><soap:Body><t:Heartbeat><t:active>true</t:active>'
-        f"<t:epoch>{epoch}</t:epoch><t:operatorId>bench</t:operatorId></t:Heartbeat></soap:Body></soap:Envelope>"
-    ).encode()
+def post_soap_heartbeat(broker: RunningProcess, epoch: int) -> bytes:
+    """An ``active=true`` Heartbeat, where and as the operator sends it (its port, its certificate)."""
+    body = heartbeat_body(epoch)
     request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "text/xml", "Authorization": f"Bearer {DEFAULT_TOKEN}"}
+        broker.admin_url + "/soap",
+        data=body,
+        headers={"Content-Type": "text/xml", "Authorization": f"Bearer {DEFAULT_TOKEN}"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=10, context=caller_context(broker)) as response:
         return bytes(response.read())
 
 
-def get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def caller_context(process: RunningProcess) -> ssl.SSLContext | None:
+    return None if process.caller_tls is None else process.caller_tls.context()
+
+
+def get_json(process: RunningProcess, path: str) -> dict[str, object]:
+    with urllib.request.urlopen(process.url + path, timeout=10, context=caller_context(process)) as response:
         result: dict[str, object] = json.load(response)
         return result
 
@@ -119,6 +133,7 @@ def parse_args() -> argparse.Namespace:
         "--rounds", type=int, default=3, help="rounds of ours then RabbitMQ; medians over them"
     )
     parser.add_argument("--no-rabbitmq", action="store_true", help="ours only (no RabbitMQ, no PerfTest)")
+    parser.add_argument("--no-tls", action="store_true", help="no TLS runs (neither ours nor RabbitMQ's)")
     parser.add_argument("--perf-test-version", default=perf_test.VERSION)
     return parser.parse_args()
 
@@ -145,32 +160,30 @@ class Ours:
     broker_cpu_us_per_msg: float
 
 
-def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
-    """Start the three processes, push every message through; the report lines and figures."""
-    host = loopback_host()
-    port = free_port(host)
-    cloud = procs.start_cloud_simulator(root)
-    backend = procs.start_backend_simulator(
+def run(args: argparse.Namespace, root: Path, procs: ProcessSet, pki: LocalPki | None = None) -> Ours:
+    """Start the three processes, push every message through; the report lines and figures.
+    With ``pki``, TLS on every leg."""
+    relay = start_relay(
+        procs,
         root,
-        broker_urls=[f"http://{host}:{port}"],
+        pki=pki,
         streams=args.streams,
         messages_per_stream=args.messages_per_stream,
-        bundle_size=args.bundle_size,
-        per_stream_in_bundle=max(1, args.bundle_size * args.lanes // args.streams),
-        payload_bytes=args.payload_bytes,
-        lanes=args.lanes,
+        backend_args={
+            "bundle_size": args.bundle_size,
+            "per_stream_in_bundle": max(1, args.bundle_size * args.lanes // args.streams),
+            "payload_bytes": args.payload_bytes,
+            "lanes": args.lanes,
+        },
+        broker_args={
+            "name": "bench-broker",
+            "lease_seconds": 600,
+            "message_log_dir": None if args.no_message_log else root / "store",
+        },
     )
+    broker, backend, cloud = relay.broker, relay.backend, relay.cloud
+    label = "ours" if pki is None else "ours tls"
     profile_path = root / "broker.prof"
-    broker = procs.start_broker(
-        root,
-        name="bench-broker",
-        backend_url=backend.url,
-        cloud_url=cloud.url,
-        host=host,
-        port=port,
-        lease_seconds=600,
-        message_log_dir=None if args.no_message_log else root / "store",
-    )
     if args.profile:  # the same command under cProfile with a CPU clock
         broker.stop()
         broker.argv = [PYTHON, str(ROOT / "bench" / "profile_broker.py"), str(profile_path), *broker.argv[3:]]
@@ -178,25 +191,17 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
     processes = (broker, backend, cloud)
     cpu_before = {p.name: cpu_seconds(p.pid) for p in processes}
     broker_user_before, broker_sys_before = cpu_times(broker.pid)
-    reply = post_soap_heartbeat(broker.soap_url, 1)
+    reply = post_soap_heartbeat(broker, 1)
     if b"<tns:state>Active</tns:state>" not in reply:
         raise SystemExit(f"broker did not activate: {reply[:400]!r}")
-    urllib.request.urlopen(urllib.request.Request(backend.url + "/sim/start", data=b"{}"), timeout=10).close()
+    start = urllib.request.Request(backend.url + "/sim/start", data=b"{}")
+    urllib.request.urlopen(start, timeout=10, context=caller_context(backend)).close()
 
     total = args.streams * args.messages_per_stream
-    deadline = time.monotonic() + 120 + total / 500  # bounded even at 500 msg/s
-    status = get_json(backend.url + "/sim/status")
-    accept_seconds = None
-    while not status["allConfirmed"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-        status = get_json(backend.url + "/sim/status")
-        if accept_seconds is None and int(str(status["accepted"])) >= total:
-            accept_seconds = float(str(status["sendingSeconds"]))
-    if not status["allConfirmed"]:
-        raise SystemExit(f"not all confirmed in time: {status['confirmed']}/{total}")
-    taken = get_json(cloud.url + "/sim/status")
+    status, accept_seconds = wait_all_confirmed(backend, total, label)
+    taken = get_json(cloud, "/sim/status")
     lost, misordered = lost_and_misordered(
-        get_json(cloud.url + "/sim/received"), args.streams, args.messages_per_stream
+        get_json(cloud, "/sim/received"), args.streams, args.messages_per_stream
     )
     rss = peak_rss_mb(broker.pid)
     cpu = {p.name: cpu_seconds(p.pid) - cpu_before[p.name] for p in processes}
@@ -209,6 +214,9 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
     lines = [
         f"messages={total} streams={args.streams} bundle={args.bundle_size} "
         f"payload_bytes={args.payload_bytes}",
+        # The schemes the processes serve (each serves only that one), i.e. what every leg spoke.
+        " ".join(["channels", *(f"{p.name}={p.url.split(':', 1)[0]}" for p in (broker, cloud, backend))])
+        + ("" if pki is None else " (the backend's client certificate, its subject allowed)"),
         f"journal=durable(fsync per group commit) message_log={'off' if args.no_message_log else 'on'}",
         f"elapsed_s={seconds:.2f}",
         f"cloud_taken={taken['outboundTaken']} cloud_duplicates={taken['outboundDuplicates']}",
@@ -229,6 +237,8 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
         if args.profile_out is not None:
             args.profile_out.write_bytes(profile_path.read_bytes())
     lines.append(f"accept_msgs_per_s={total / accept_seconds:.0f} relay_msgs_per_s={total / seconds:.0f}")
+    if pki is not None:  # told apart from the plain run's lines by their first word
+        lines = [f"tls {line}" for line in lines]
     return Ours(
         lines=lines,
         correct=lost == 0 and misordered == 0,
@@ -237,6 +247,31 @@ def run(args: argparse.Namespace, root: Path, procs: ProcessSet) -> Ours:
         accept_p99_ms=accept_p99_ms,
         broker_cpu_us_per_msg=broker_us,
     )
+
+
+def wait_all_confirmed(
+    backend: RunningProcess, total: int, label: str
+) -> tuple[dict[str, object], float | None]:
+    """Poll the backend every 50 ms until it has every message confirmed: its last status, and
+    the seconds to the poll that first saw all ``total`` accepted (None if that was the last)."""
+    began = time.monotonic()
+    deadline = began + 120 + total / 500  # bounded even at 500 msg/s
+    next_progress = began + PROGRESS_SECONDS
+    status = get_json(backend, "/sim/status")
+    accept_seconds = None
+    while not status["allConfirmed"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = get_json(backend, "/sim/status")
+        if accept_seconds is None and int(str(status["accepted"])) >= total:
+            accept_seconds = float(str(status["sendingSeconds"]))
+        if time.monotonic() >= next_progress:
+            next_progress += PROGRESS_SECONDS
+            progress(f"{label}: {status['accepted']}/{total} accepted, {status['confirmed']} confirmed")
+    if not status["allConfirmed"]:
+        raise SystemExit(
+            f"{label}: not all confirmed in time: {status['confirmed']}/{total}: {status['faults']}"
+        )
+    return status, accept_seconds
 
 
 def rabbitmq_load(args: argparse.Namespace) -> rabbitmq_run.Load:
@@ -254,9 +289,122 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def progress(text: str) -> None:
+    """For the person waiting; on stderr, so stdout stays the report."""
+    print(f"  .. {text}", file=sys.stderr, flush=True)
+
+
 def median_line(name: str, values: list[float], digits: int = 0) -> str:
     shown = " ".join(f"{v:.{digits}f}" for v in values)
     return f"{name}={statistics.median(values):.{digits}f} (rounds: {shown})"
+
+
+@dataclass(frozen=True)
+class Theirs:
+    accept: rabbitmq_run.Phase
+    relay: rabbitmq_run.Phase
+    accept_tls: rabbitmq_run.Phase | None
+
+
+def ours_round(args: argparse.Namespace, number: int, pki: LocalPki | None) -> tuple[Ours, Ours | None]:
+    """Ours plain and (with ``pki``) with TLS, the plain run first in odd rounds, last in even ones."""
+    kinds: list[LocalPki | None] = [None] if pki is None else [None, pki]
+    if number % 2 == 0:
+        kinds.reverse()
+    results: dict[bool, Ours] = {}
+    for kind in kinds:
+        name = "ours" if kind is None else "ours, TLS on every leg"
+        say(f"--- round {number}/{args.rounds}: {name} ---")
+        with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
+            result = run(args, Path(scratch), procs, kind)
+        say("\n".join(result.lines))
+        results[kind is not None] = result
+    return results[False], results.get(True)
+
+
+def rabbitmq_round(
+    args: argparse.Namespace, number: int, load: rabbitmq_run.Load, cp: str, pki: LocalPki | None
+) -> Theirs:
+    say(f"--- round {number}/{args.rounds}: RabbitMQ, {load.lanes} producers, {load.total} messages ---")
+    with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as scratch:
+        progress(f"RabbitMQ accept: a fresh node, then PerfTest ({load.total} messages)")
+        accept = rabbitmq_run.phase("accept", load, Path(scratch), cp)
+        say("\n".join(rabbitmq_run.report(accept, load)))
+        progress(f"RabbitMQ relay: a fresh node, then PerfTest ({load.total} messages)")
+        relay = rabbitmq_run.phase("relay", load, Path(scratch), cp)
+        say("\n".join(rabbitmq_run.report(relay, load)))
+        accept_tls = None
+        if pki is not None:
+            progress(f"RabbitMQ accept over TLS: a fresh node, then PerfTest ({load.total} messages)")
+            tls = rabbitmq_tls.rabbit_tls(pki, Path(scratch) / "tls")
+            accept_tls = rabbitmq_run.phase("accept_tls", load, Path(scratch), cp, tls)
+            say("\n".join(rabbitmq_run.report(accept_tls, load)))
+    return Theirs(accept=accept, relay=relay, accept_tls=accept_tls)
+
+
+def tls_summary(ours: list[Ours], ours_tls: list[Ours], theirs: list[Theirs]) -> list[str]:
+    """The TLS figures: each ratio taken within a round, then the median over the rounds."""
+    pairs = list(zip(ours, ours_tls, strict=True))
+    lines = [
+        median_line("ours tls accept_msgs_per_s", [t.accept_msgs_per_s for t in ours_tls]),
+        median_line("ours tls broker_cpu_us_per_msg", [t.broker_cpu_us_per_msg for t in ours_tls], 1),
+        median_line(
+            "broker_tls_cpu_per_msg_ratio",
+            [t.broker_cpu_us_per_msg / o.broker_cpu_us_per_msg for o, t in pairs],
+            2,
+        ),
+    ]
+    with_tls = [(o, t, r) for (o, t), r in zip(pairs, theirs, strict=False) if r.accept_tls is not None]
+    if with_tls:
+        lines += [
+            median_line(
+                "rabbitmq accept_tls_msgs_per_s",
+                [r.accept_tls.msgs_per_s for _, _, r in with_tls if r.accept_tls],
+            ),
+            median_line(
+                "rabbitmq_tls_accept_ratio",
+                [r.accept_tls.msgs_per_s / r.accept.msgs_per_s for _, _, r in with_tls if r.accept_tls],
+                2,
+            ),
+            median_line(
+                "broker_vs_rabbitmq_tls_accept",
+                [t.accept_msgs_per_s / r.accept_tls.msgs_per_s for _, t, r in with_tls if r.accept_tls],
+                2,
+            ),
+        ]
+    lines.append(
+        median_line(
+            "broker_tls_accept_ratio", [t.accept_msgs_per_s / o.accept_msgs_per_s for o, t in pairs], 2
+        )
+    )
+    return lines
+
+
+def rabbitmq_summary(ours: list[Ours], theirs: list[Theirs], load: rabbitmq_run.Load) -> list[str]:
+    pairs = list(zip(ours, theirs, strict=True))
+    return [
+        median_line("rabbitmq accept_msgs_per_s", [r.accept.msgs_per_s for r in theirs]),
+        median_line("rabbitmq relay_msgs_per_s", [r.relay.msgs_per_s for r in theirs]),
+        median_line("rabbitmq accept_confirm_p99_ms", [r.accept.confirm_p99_ms for r in theirs], 1),
+        median_line(
+            "rabbitmq accept_beam_cpu_us_per_msg",
+            [r.accept.server_cpu_s / load.total * 1e6 for r in theirs],
+            1,
+        ),
+        median_line(
+            "rabbitmq relay_beam_cpu_us_per_msg", [r.relay.server_cpu_s / load.total * 1e6 for r in theirs], 1
+        ),
+        # CPU per message, theirs over ours: less at the mercy of the machine's load than msg/s
+        # (ours includes relaying to the cloud, which runs during its accept phase too).
+        median_line(
+            "rabbitmq_vs_broker_cpu_per_msg accept",
+            [r.accept.server_cpu_s / load.total * 1e6 / o.broker_cpu_us_per_msg for o, r in pairs],
+            2,
+        ),
+        median_line(
+            "broker_vs_rabbitmq_relay", [o.relay_msgs_per_s / r.relay.msgs_per_s for o, r in pairs], 2
+        ),
+    ]
 
 
 def main() -> int:
@@ -264,26 +412,31 @@ def main() -> int:
     cp = None if args.no_rabbitmq else perf_test.classpath(args.perf_test_version)
     load = rabbitmq_load(args)
     ours: list[Ours] = []
-    theirs: list[tuple[rabbitmq_run.Phase, rabbitmq_run.Phase]] = []
+    ours_tls: list[Ours] = []
+    theirs: list[Theirs] = []
     correct = True
-    for number in range(1, args.rounds + 1):
-        say(f"--- round {number}/{args.rounds}: ours ---")
-        with tempfile.TemporaryDirectory(prefix="bench-broker-") as scratch, running(Path(scratch)) as procs:
-            result = run(args, Path(scratch), procs)
-        say("\n".join(result.lines))
-        ours.append(result)
-        correct = correct and result.correct
-        if cp is None:
-            continue
-        say(f"--- round {number}/{args.rounds}: RabbitMQ, {load.lanes} producers, {load.total} messages ---")
-        with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as scratch:
-            accept = rabbitmq_run.phase("accept", load, Path(scratch), cp)
-            say("\n".join(rabbitmq_run.report(accept, load)))
-            relay = rabbitmq_run.phase("relay", load, Path(scratch), cp)
-            say("\n".join(rabbitmq_run.report(relay, load)))
-        theirs.append((accept, relay))
-        correct = correct and accept.queued_after == load.total and relay.queued_after == 0
-        say(f"round_{number} broker_vs_rabbitmq_accept={result.accept_msgs_per_s / accept.msgs_per_s:.2f}")
+    with tempfile.TemporaryDirectory(prefix="bench-broker-pki-") as pki_dir:
+        pki = None if args.no_tls else create_local_pki(Path(pki_dir))
+        for number in range(1, args.rounds + 1):
+            plain, tls = ours_round(args, number, pki)
+            ours.append(plain)
+            correct = correct and plain.correct
+            if tls is not None:
+                ours_tls.append(tls)
+                correct = correct and tls.correct
+                ratio = tls.accept_msgs_per_s / plain.accept_msgs_per_s
+                say(f"round_{number} broker_tls_accept_ratio={ratio:.2f}")
+            if cp is None:
+                continue
+            result = rabbitmq_round(args, number, load, cp, pki)
+            theirs.append(result)
+            correct = correct and result.accept.queued_after == load.total and result.relay.queued_after == 0
+            if result.accept_tls is not None:
+                correct = correct and result.accept_tls.queued_after == load.total
+                ratio = result.accept_tls.msgs_per_s / result.accept.msgs_per_s
+                say(f"round_{number} rabbitmq_tls_accept_ratio={ratio:.2f}")
+            ratio = plain.accept_msgs_per_s / result.accept.msgs_per_s
+            say(f"round_{number} broker_vs_rabbitmq_accept={ratio:.2f}")
     say(f"--- medians over {args.rounds} round(s) ---")
     summary = [
         median_line("ours accept_msgs_per_s", [o.accept_msgs_per_s for o in ours]),
@@ -292,36 +445,12 @@ def main() -> int:
         median_line("ours broker_cpu_us_per_msg", [o.broker_cpu_us_per_msg for o in ours], 1),
     ]
     if theirs:
-        ratios = [o.accept_msgs_per_s / a.msgs_per_s for o, (a, _) in zip(ours, theirs, strict=True)]
-        relay_ratios = [o.relay_msgs_per_s / r.msgs_per_s for o, (_, r) in zip(ours, theirs, strict=True)]
-        summary += [
-            median_line("rabbitmq accept_msgs_per_s", [a.msgs_per_s for a, _ in theirs]),
-            median_line("rabbitmq relay_msgs_per_s", [r.msgs_per_s for _, r in theirs]),
-            median_line("rabbitmq accept_confirm_p99_ms", [a.confirm_p99_ms for a, _ in theirs], 1),
-            median_line(
-                "rabbitmq accept_beam_cpu_us_per_msg",
-                [a.server_cpu_s / load.total * 1e6 for a, _ in theirs],
-                1,
-            ),
-            median_line(
-                "rabbitmq relay_beam_cpu_us_per_msg",
-                [r.server_cpu_s / load.total * 1e6 for _, r in theirs],
-                1,
-            ),
-            # CPU per message, theirs over ours: less at the mercy of the machine's load than msg/s
-            # (ours includes relaying to the cloud, which runs during its accept phase too).
-            median_line(
-                "rabbitmq_vs_broker_cpu_per_msg accept",
-                [
-                    a.server_cpu_s / load.total * 1e6 / o.broker_cpu_us_per_msg
-                    for o, (a, _) in zip(ours, theirs, strict=True)
-                ],
-                2,
-            ),
-            median_line("broker_vs_rabbitmq_relay", relay_ratios, 2),
-        ]
+        summary += rabbitmq_summary(ours, theirs, load)
+    if ours_tls:
+        summary += tls_summary(ours, ours_tls, theirs)
     summary.append(f"broker_throughput_msgs_per_s={statistics.median(o.relay_msgs_per_s for o in ours):.0f}")
     if theirs:
+        ratios = [o.accept_msgs_per_s / r.accept.msgs_per_s for o, r in zip(ours, theirs, strict=True)]
         summary.append(f"broker_vs_rabbitmq_accept={statistics.median(ratios):.2f}")
     say("\n".join(summary))
     return 0 if correct else 1

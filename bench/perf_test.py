@@ -149,11 +149,20 @@ def parse_summary(text: str) -> Summary:
     )
 
 
-def run(cp: str, uri: str, options: list[str], log: Path, timeout: float) -> tuple[Summary, float]:
-    """PerfTest against ``uri`` with ``options``; its summary and the CPU seconds its JVM used
-    (from the reaped child's rusage: call it with no other child about to exit)."""
+def run(
+    cp: str,
+    uri: str,
+    options: list[str],
+    log: Path,
+    timeout: float,
+    *,
+    java_options: tuple[str, ...] = (),
+) -> tuple[Summary, float]:
+    """PerfTest against ``uri`` with ``options`` (``java_options`` for the JVM: TLS stores); its
+    summary and the CPU seconds its JVM used (from the reaped child's rusage: call it with no other
+    child about to exit)."""
     before = children_cpu_seconds()
-    argv = [JAVA, "-cp", cp, MAIN_CLASS, "--uri", uri, *options]
+    argv = [JAVA, *java_options, "-cp", cp, MAIN_CLASS, "--uri", uri, *options]
     with log.open("w") as out:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

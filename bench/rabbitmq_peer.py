@@ -5,7 +5,9 @@ scratch directory, and every address it opens is on 127.0.0.1: the AMQP listener
 distribution port and an ``epmd`` started here on a port of its own (so a system epmd, if any,
 is neither used nor left behind). Debian's ``/usr/sbin/rabbitmq-server`` wrapper would switch to
 the ``rabbitmq`` user and read ``/etc/rabbitmq``; the script it wraps runs as we are, with only
-the environment given here. No plugin is enabled (no management listener).
+the environment given here. No plugin is enabled (no management listener). With a
+:class:`~bench.rabbitmq_tls.RabbitTls` it also listens for AMQPS (mutual TLS) on a port of its own,
+and :attr:`RabbitNode.uri` names that listener.
 
 :class:`RabbitNode` is a context manager: leaving it (normally, on an exception or on Ctrl-C)
 stops the node with SIGTERM (RabbitMQ's orderly shutdown), then SIGKILLs the process groups of
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from bench.rabbitmq_tls import RabbitTls
 from broker_simulators.local_processes import free_port
 
 SERVER_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
@@ -48,8 +51,10 @@ class RabbitNodeError(RuntimeError):
 class RabbitNode:
     """One RabbitMQ node under ``workdir``, started on entry and stopped on exit."""
 
-    def __init__(self, workdir: Path, name: str | None = None) -> None:
+    def __init__(self, workdir: Path, name: str | None = None, tls: RabbitTls | None = None) -> None:
         self.workdir = workdir
+        self.tls = tls
+        self.tls_port = free_port(HOST) if tls is not None else None
         self.nodename = name or f"bench-{os.getpid()}@localhost"
         self.port = free_port(HOST)
         self.dist_port = free_port(HOST)
@@ -60,6 +65,8 @@ class RabbitNode:
 
     @property
     def uri(self) -> str:
+        if self.tls_port is not None:
+            return f"amqps://guest:guest@{HOST}:{self.tls_port}/%2F"
         return f"amqp://guest:guest@{HOST}:{self.port}/%2F"
 
     @property
@@ -94,7 +101,10 @@ class RabbitNode:
         for sub in ("mnesia", "log"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         (self.workdir / "rabbitmq-env.conf").write_text("# empty: the environment says it all\n")
-        (self.workdir / "rabbitmq.conf").write_text(CONFIG.format(host=HOST, port=self.port))
+        config = CONFIG.format(host=HOST, port=self.port)
+        if self.tls is not None and self.tls_port is not None:
+            config += self.tls.config(HOST, self.tls_port)
+        (self.workdir / "rabbitmq.conf").write_text(config)
         (self.workdir / "advanced.config").write_text("[].\n")
         (self.workdir / "enabled_plugins").write_text("[].\n")
 
@@ -142,6 +152,8 @@ class RabbitNode:
             wait_for_port(self.port, START_TIMEOUT_SECONDS, self._server, "rabbitmq-server")
         except RabbitNodeError as error:
             raise RabbitNodeError(f"{error}\n{self.log_tail()}") from None
+        if self.tls_port is not None:  # opened with the TCP listener; a bad ssl_options fails the boot
+            wait_for_port(self.tls_port, 10.0, self._server, "rabbitmq-server's TLS listener")
         self.beam_pid = find_beam(self._server.pid)
         self.check_loopback_only()
 

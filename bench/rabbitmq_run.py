@@ -13,6 +13,9 @@ The mapping from the backend simulator's settings (see docs/benchmarks.md for wh
 * *relay*: one consumer per queue acking with ``multiple`` every ``bundle_size`` messages,
   prefetch twice that; every queue must be empty at the end.
 
+* *accept over TLS* (``tls``): the accept phase again, PerfTest connecting to the node's AMQPS
+  listener with a client certificate (``rabbitmq_tls.py``), for the cost of TLS on their side.
+
 Each phase runs on a node of its own (a fresh data directory, started and stopped here), so
 the relay does not start with the accept phase's million messages on disk. The node's CPU is
 read from ``/proc/<beam pid>/stat`` around the PerfTest run.
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from bench import perf_test
 from bench.rabbitmq_peer import RabbitNode
+from bench.rabbitmq_tls import RabbitTls
 
 
 @dataclass(frozen=True)
@@ -78,14 +82,20 @@ def options(load: Load, relay: bool) -> list[str]:
     ]
 
 
-def phase(name: str, load: Load, workdir: Path, cp: str) -> Phase:
+def phase(name: str, load: Load, workdir: Path, cp: str, tls: RabbitTls | None = None) -> Phase:
+    """``accept`` or ``relay`` (``tls``: over the node's AMQPS listener; name it apart, ``accept_tls``)."""
     relay = name == "relay"
-    with RabbitNode(workdir / name) as node:
+    with RabbitNode(workdir / name, tls=tls) as node:
         listening = node.check_loopback_only()
         before = cpu_seconds(node.beam_pid)
         timeout = 120 + load.total / 500  # bounded even at 500 msg/s
         summary, client_cpu = perf_test.run(
-            cp, node.uri, options(load, relay), workdir / f"perf-test-{name}.log", timeout
+            cp,
+            node.uri,
+            options(load, relay),
+            workdir / f"perf-test-{name}.log",
+            timeout,
+            java_options=() if tls is None else tls.java_options,
         )
         server_cpu = cpu_seconds(node.beam_pid) - before
         queued = sum(node.queue_counts().values())

@@ -21,3 +21,9 @@ perf-test-jar: venv ## Fetch RabbitMQ's PerfTest and its dependencies from Maven
 
 # The recipe is the Makefile's; this adds what it needs.
 bench-broker: bench-packages perf-test-jar
+
+##@ Benchmarks of TLS
+
+.PHONY: bench-tls-handshake
+bench-tls-handshake: venv ## CPU per heartbeat on a real broker's admin port: a full mutual-TLS handshake each time against keep-alive, plain HTTP for reference.
+	$(BIN)/python bench/bench_tls_handshake.py

@@ -14,7 +14,10 @@ API server restarted as a static pod's kubelet would), ``local_path_storage`` (k
 local-path-provisioner and the StorageClasses claims bind through), ``cgroups`` (the node's
 cgroup root), ``cluster`` (settings, kubectl/helm/API access, the built tools), ``cluster_cli``
 (the ``make cluster-up/shell/down`` CLI, run as ``python -m local_cluster.cluster``),
-``cluster_state`` (its supervisor's state file), and on top ``relay`` and ``soak``.
+``cluster_state`` (its supervisor's state file), and on top ``relay`` and ``soak``. Beside the
+cluster, for brokers and simulators run as local processes: ``broker_certificates`` (openssl
+certificates of the brokers' TLS layout), ``run_pki`` (one run's CA and certificates) and
+``loopback_relay`` (a broker and both simulators on loopback, TLS on every leg or none).
 
 A package the project ships (not under ``tests/``), so that what users run, such as a demo on
 the local cluster, never imports the test suite.

@@ -16,6 +16,9 @@ route it to the new active). Every bundle carries the backend's credential,
 ``Authorization: Bearer <token>`` (``--backend-token-file``, or the
 ``BROKER_BACKEND_TOKEN`` env var: the same Secret the brokers read), which is
 required when ``--broker-url`` is given: a broker refuses SendMessages without it.
+``https://`` broker URLs are verified against ``--broker-ca-file``, and
+``--client-cert-file`` / ``--client-key-file`` present a client certificate, for a broker with
+``--allowed-client-subjects`` (``calling_tls.py``); the token is sent as well.
 
 Retries: a request that timed out is retried at once, on a new connection:
 the timeout has already waited, and the old connection may be pinned (by
@@ -30,6 +33,8 @@ timeout, without touching the other lanes' connections. Fast failures (a
 refused connection, a 5xx, ``BROKER_INACTIVE``) are retried after an
 exponential backoff from 20 ms, capped at 250 ms (``--backoff-max-seconds``), so that a
 broker in trouble is not hammered; what the lanes waited shows in ``/sim/status``.
+Each kind of failure (a refused certificate, a fault code) is logged once per broker URL, with
+what to check; the retries are counted, not logged.
 
 Inbound (cloud to backend): ``POST /relay/inbound`` takes deliveries through
 the shared :class:`~broker_simulators.target_rules.Receiver` (in order, dedup,
@@ -62,6 +67,14 @@ from lxml import etree
 
 from broker_contracts import environment, relay, soap
 from broker_contracts.soap import AcceptStatus, FaultCode
+from broker_simulators.calling_tls import (
+    BrokerClientTls,
+    FailureLog,
+    add_broker_tls_arguments,
+    broker_client_tls,
+    calling_context,
+    describe_send_failure,
+)
 from broker_simulators.serving_tls import add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
     BadRequestError,
@@ -86,6 +99,7 @@ _X_RESULT_STREAMS = etree.XPath(f"{_RESULTS}/t:stream/text()", namespaces=_NS, s
 _X_RESULT_SEQS = etree.XPath(f"{_RESULTS}/t:seq/text()", namespaces=_NS, smart_strings=False)
 _X_RESULT_STATUSES = etree.XPath(f"{_RESULTS}/t:status/text()", namespaces=_NS, smart_strings=False)
 _X_FAULT_CODE = etree.XPath("string(//t:BrokerFault/t:code)", namespaces=_NS)
+_X_FAULT_MESSAGE = etree.XPath("string(//t:BrokerFault/t:message)", namespaces=_NS)
 _ENVELOPE_HEAD = (
     f'<?xml version="1.0" encoding="UTF-8"?><soap:Envelope xmlns:soap="{soap.SOAP_ENV_NAMESPACE}" '
     f'xmlns:t="{soap.NAMESPACE}"><soap:Body><t:SendMessages>'
@@ -115,6 +129,7 @@ class BackendSettings:
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)  # (stream, seq, refusals)
     token: str = ""  # the backend's credential towards the brokers (SendMessages)
     tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
+    broker_tls: BrokerClientTls = field(default_factory=BrokerClientTls)  # https:// brokers (calling_tls.py)
 
 
 @dataclass(slots=True)
@@ -202,6 +217,9 @@ class BackendSimulator:
         self.backoff_seconds = 0.0
         self.backoff_max_seconds = 0.0
         self._wake = asyncio.Event()
+        # One context for every lane: built (and its files read) once; http:// URLs ignore it.
+        self._broker_ssl = calling_context(settings.broker_tls)
+        self._failures = FailureLog(logger)
         self._send_headers = {
             "Content-Type": "text/xml; charset=utf-8",
             "SOAPAction": f"{soap.NAMESPACE}/SendMessages",
@@ -276,7 +294,7 @@ class BackendSimulator:
     def _lane_session(self) -> aiohttp.ClientSession:
         """A lane's own session: one connection, since a lane has one bundle in flight."""
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1),
+            connector=aiohttp.TCPConnector(limit=1, ssl=self._broker_ssl),
             timeout=aiohttp.ClientTimeout(
                 total=self.settings.request_timeout_seconds,
                 sock_connect=self.settings.connect_timeout_seconds,
@@ -325,6 +343,9 @@ class BackendSimulator:
                     continue
                 except (aiohttp.ClientError, OSError) as error:
                     self._count_fault(type(error).__name__)
+                    self._failures.once(
+                        url, type(error).__name__, describe_send_failure(error, url, self.settings.broker_tls)
+                    )
                     self._next_broker(url)
                     backoff = await self._back_off(backoff)
                     continue
@@ -366,6 +387,7 @@ class BackendSimulator:
             if status != 200 or not streams:
                 code = str(_X_FAULT_CODE(root)) or f"HTTP {status}"
                 self._count_fault(code)
+                self._failures.once(url, code, f"{url}: {code}: {_X_FAULT_MESSAGE(root)}")
                 if code in (FaultCode.BROKER_INACTIVE, FaultCode.JOURNAL_ERROR) or status >= 500:
                     self._next_broker(url)
                 return False
@@ -609,7 +631,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         "(env BROKER_BACKEND_TOKEN_FILE, or the value in BROKER_BACKEND_TOKEN)",
     )
     add_tls_dir_argument(parser)
+    add_broker_tls_arguments(parser)
     args = parser.parse_args(argv)
+    broker_tls = broker_client_tls(args, parser)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
     environ = os.environ if environ is None else environ
@@ -642,6 +666,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         poison=args.poison,
         token=token,
         tls_dir=args.tls_dir,
+        broker_tls=broker_tls,
     )
 
 

@@ -27,6 +27,12 @@ holds the backend's credential (:data:`DEFAULT_BACKEND_TOKEN` unless ``backend_t
 otherwise) and the broker its verifier only, as it does the operator token's;
 ``SendMessages`` needs the backend's, not the operator's token.
 
+TLS: the ``start_*`` methods take the flags as ``extra_args`` and a ``ready_context`` to poll
+readiness over; whoever issued the certificates records on the process how to call it
+(:attr:`RunningProcess.caller_tls`, and a broker's :attr:`RunningProcess.admin_port`).
+``local_cluster.run_pki`` issues one run's certificates and ``local_cluster.loopback_relay``
+starts a broker and both simulators with TLS on every channel in one call.
+
 Not here: assertions or SOAP clients; see ``tests/integration/broker/helpers.py``.
 """
 
@@ -50,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_contracts.environment import BROKER_BACKEND_TOKEN, BROKER_TOKEN
+from broker_contracts.tls import client_context
 from broker_contracts.token_verifier import token_verifier
 
 PYTHON = sys.executable
@@ -60,6 +67,21 @@ DEFAULT_BACKEND_TOKEN = "integration-backend-token"
 TOKEN_VERIFIER_FILE = "token.sha256"
 BACKEND_TOKEN_VERIFIER_FILE = "backend-token.sha256"
 """Where :meth:`ProcessSet.start_broker` writes the verifiers, in the broker's work directory."""
+
+
+@dataclass(frozen=True)
+class CallerTls:
+    """How to call a process that serves TLS: the CA file its certificate chains to, and the client
+    certificate to present (the operator's: a broker's admin port requires one). Paths, since
+    ``requests`` (under zeep) takes paths; :meth:`context` for everything else."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """Chain and host name verified (the run's certificates name the process's address)."""
+        return client_context(ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file)
 
 
 def loopback_host() -> str:
@@ -87,11 +109,23 @@ class RunningProcess:
     # Set for a process that serves TLS: its URLs are https:// and its readiness is asked over TLS
     # with this context (the test's CA; host names are the test's to check, not readiness's).
     ready_context: ssl.SSLContext | None = None
+    # A broker's --admin-port (Heartbeat and the admin operations), when it has one.
+    admin_port: int | None = None
+    # For a process serving TLS: how tests, benchmarks and the operator's stand-ins call it.
+    caller_tls: CallerTls | None = None
 
     @property
     def url(self) -> str:
         scheme = "http" if self.ready_context is None else "https"
         return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """Where the operator calls: the admin port if there is one, else the main port."""
+        if self.admin_port is None:
+            return self.url
+        scheme = "http" if self.ready_context is None else "https"
+        return f"{scheme}://{self.host}:{self.admin_port}"
 
     @property
     def soap_url(self) -> str:
@@ -172,6 +206,8 @@ def _launch(
     workdir: Path,
     *,
     ready_context: ssl.SSLContext | None = None,
+    caller_tls: CallerTls | None = None,
+    admin_port: int | None = None,
 ) -> RunningProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name}.log"
@@ -190,6 +226,8 @@ def _launch(
         popen=popen,
         env=full_env,
         ready_context=ready_context,
+        caller_tls=caller_tls,
+        admin_port=admin_port,
     )
 
 
@@ -288,11 +326,14 @@ class ProcessSet:
         port: int | None = None,
         timeout: float = 20.0,
         ready_context: ssl.SSLContext | None = None,
+        admin_port: int | None = None,
+        caller_tls: CallerTls | None = None,
     ) -> RunningProcess:
         """A ``broker-service`` process, Inactive, with its own data dir under ``tmp_path/name``.
 
         ``ready_context``: the broker serves TLS (``--tls-dir`` in ``extra_args``); readiness is
-        asked over it."""
+        asked over it, and ``caller_tls`` says how to call it. ``admin_port``: the operator's calls
+        go there (``--admin-port``; :attr:`RunningProcess.admin_url`)."""
         workdir = (tmp_path or self.root) / name
         workdir.mkdir(parents=True, exist_ok=True)
         # The broker gets the tokens' verifiers, never the tokens (broker_contracts.token_verifier).
@@ -319,9 +360,19 @@ class ProcessSet:
             max_deliveries=max_deliveries,
             on_poison=on_poison,
             message_log_dir=message_log_dir,
-            extra=extra_args,
+            extra=[*extra_args, *(() if admin_port is None else ("--admin-port", str(admin_port)))],
         )
-        return self._track(_launch(name, argv, host, port, workdir, ready_context=ready_context), timeout)
+        launched = _launch(
+            name,
+            argv,
+            host,
+            port,
+            workdir,
+            ready_context=ready_context,
+            caller_tls=caller_tls,
+            admin_port=admin_port,
+        )
+        return self._track(launched, timeout)
 
     def start_backend_simulator(
         self,
@@ -344,9 +395,11 @@ class ProcessSet:
         timeout: float = 20.0,
         host: str | None = None,
         ready_context: ssl.SSLContext | None = None,
+        caller_tls: CallerTls | None = None,
     ) -> RunningProcess:
         """A ``backend-simulator``; it sends only after ``POST /sim/start`` unless ``autostart``.
-        ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``)."""
+        ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``); ``caller_tls``: how to
+        call it then."""
         workdir = (tmp_path or self.root) / name
         workdir.mkdir(parents=True, exist_ok=True)
         token_file = workdir / "backend-token"
@@ -389,7 +442,16 @@ class ProcessSet:
         if autostart:
             argv.append("--autostart")
         return self._track(
-            _launch(name, argv + list(extra_args), host, port, workdir, ready_context=ready_context), timeout
+            _launch(
+                name,
+                argv + list(extra_args),
+                host,
+                port,
+                workdir,
+                ready_context=ready_context,
+                caller_tls=caller_tls,
+            ),
+            timeout,
         )
 
     def start_cloud_simulator(
@@ -404,8 +466,10 @@ class ProcessSet:
         timeout: float = 20.0,
         host: str | None = None,
         ready_context: ssl.SSLContext | None = None,
+        caller_tls: CallerTls | None = None,
     ) -> RunningProcess:
-        """A ``cloud-simulator``; ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``)."""
+        """A ``cloud-simulator``; ``ready_context``: it serves HTTPS (``--tls-dir`` in ``extra_args``),
+        ``caller_tls``: how to call it then."""
         workdir = (tmp_path or self.root) / name
         host = host or loopback_host()
         port = free_port(host)
@@ -427,7 +491,16 @@ class ProcessSet:
         for spec in poison:
             argv += ["--poison", spec]
         return self._track(
-            _launch(name, argv + list(extra_args), host, port, workdir, ready_context=ready_context), timeout
+            _launch(
+                name,
+                argv + list(extra_args),
+                host,
+                port,
+                workdir,
+                ready_context=ready_context,
+                caller_tls=caller_tls,
+            ),
+            timeout,
         )
 
     def stop_all(self) -> None:

@@ -6,8 +6,7 @@ layout as the broker's: ``tls.crt``, ``tls.key``; ``broker_contracts.tls.layout`
 serves HTTPS with a context from :func:`broker_contracts.tls.server_context`, read once at start:
 a simulator's certificate does not rotate.
 
-Not here: the backend simulator's own calls to a TLS broker (client certificates); those still go
-over ``http://`` broker URLs.
+Not here: the backend simulator's own calls to a TLS broker (``calling_tls.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``make bench-broker`` in small: our broker alone (400 messages), and one round against RabbitMQ
-(4,000 messages each side: Debian's rabbitmq-server on loopback, loaded by PerfTest)."""
+(4,000 messages each side: Debian's rabbitmq-server on loopback, loaded by PerfTest). Each runs
+ours twice, over plain HTTP and with TLS on every leg, and RabbitMQ's accept phase over AMQPS too."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_bench_broker_smoke() -> None:
     assert_succeeded(run)
     assert headline(run, "broker_throughput_msgs_per_s") > 0
     assert_ours_delivered(run, STREAMS * PER_STREAM)
+    assert_ours_with_tls(run, STREAMS * PER_STREAM)
 
 
 def test_bench_broker_against_rabbitmq_smoke() -> None:
@@ -44,7 +46,8 @@ def test_bench_broker_against_rabbitmq_smoke() -> None:
     assert figure(run, r"^round_1 broker_vs_rabbitmq_accept=") == ratio
     assert figure(run, r"^broker_throughput_msgs_per_s=") > 0
     assert_ours_delivered(run, total)
-    for phase, left in (("accept", total), ("relay", 0)):
+    assert_ours_with_tls(run, total)
+    for phase, left in (("accept", total), ("relay", 0), ("accept_tls", total)):
         assert figure(run, rf"^rabbitmq_{phase}_msgs_per_s=") > 0
         assert figure(run, rf"^rabbitmq_{phase}_msgs_per_s=\d+ confirm_p99_ms=") > 0
         assert figure(run, rf"^rabbitmq_{phase}_cpu_us_per_msg beam=") > 0
@@ -59,9 +62,31 @@ def test_bench_broker_against_rabbitmq_smoke() -> None:
         assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in addresses), addresses
         assert not processes_naming(line[3]), f"still running after the bench: {processes_naming(line[3])}"
     assert figure(run, r"^rabbitmq_relay_msgs_per_s=\d+ confirm_p99_ms=\S+ consumer_p99_ms=") > 0
+    tls_ratio = figure(run, r"^rabbitmq_tls_accept_ratio=")
+    assert tls_ratio > 0 and figure(run, r"^round_1 rabbitmq_tls_accept_ratio=") == tls_ratio
+    assert figure(run, r"^broker_vs_rabbitmq_tls_accept=") > 0
+
+
+def assert_ours_with_tls(run: BenchRun, total: int) -> None:
+    """The TLS run of ours: on every leg, every message once and in order, and its ratio printed."""
+    channels = (
+        r"^tls channels bench-broker=https cloud=https backend=https \(the backend's client certificate"
+    )
+    assert re.search(channels, run.stdout, re.MULTILINE), run.explain()
+    cloud = counts(run, r"^tls cloud_taken=(?P<taken>\d+) cloud_duplicates=(?P<duplicates>\d+)$")
+    assert cloud == {"taken": total, "duplicates": 0}, run.explain()
+    assert counts(run, r"^tls messages lost=(?P<lost>\d+) misordered=(?P<misordered>\d+)") == {
+        "lost": 0,
+        "misordered": 0,
+    }, run.explain()
+    ratio = figure(run, r"^broker_tls_accept_ratio=")
+    assert ratio > 0 and figure(run, r"^round_1 broker_tls_accept_ratio=") == ratio
+    assert figure(run, r"^broker_tls_cpu_per_msg_ratio=") > 0
 
 
 def assert_ours_delivered(run: BenchRun, total: int) -> None:
+    channels = r"^channels bench-broker=http cloud=http backend=http$"
+    assert re.search(channels, run.stdout, re.MULTILINE), run.explain()
     cloud = counts(run, r"^cloud_taken=(?P<taken>\d+) cloud_duplicates=(?P<duplicates>\d+)$")
     assert cloud == {"taken": total, "duplicates": 0}, run.explain()
     assert counts(run, r"^messages lost=(?P<lost>\d+) misordered=(?P<misordered>\d+)") == {

@@ -41,8 +41,10 @@ KINDS = {
     "the Debian base's package lock (mmdebstrap only)": {"images-base-lock"},
 }
 # Programs that import local_cluster but start nothing that needs an install: they act on a cluster
-# already up (cluster-down, shell), or are a step of another target (images-without-tools).
-STARTS_NOTHING = {"cluster-down", "shell", "images-without-tools"}
+# already up (cluster-down, shell), are a step of another target (images-without-tools), or start
+# brokers and simulators on loopback with one run's certificates (local_cluster.run_pki and
+# loopback_relay: the openssl CLI, nothing of the cluster): bench-broker, bench-tls-handshake.
+STARTS_NOTHING = {"cluster-down", "shell", "images-without-tools", "bench-broker", "bench-tls-handshake"}
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 FIRST_STEPS = ["preflight-cluster", "host-packages", "image-packages"]
 

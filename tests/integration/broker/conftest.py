@@ -3,8 +3,9 @@
 ``processes`` is a :class:`broker_simulators.local_processes.ProcessSet` rooted in the
 test's ``tmp_path``; everything started through it is SIGTERM-ed (then
 SIGKILL-ed) as a process group when the test ends, pass or fail.
-``relay_pair`` starts the two simulators and one broker wired to them, the
-setup most tests share.
+:func:`start_relay` starts the two simulators and one broker wired to them, the
+setup most tests share, over plain HTTP or (``pki``) TLS on every leg
+(``local_cluster.loopback_relay``); ``local_pki`` is one run's certificates, made once per module.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from broker_contracts.token_verifier import token_verifier
 from broker_service.lifecycle import Broker
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import HeartbeatRequest
-from broker_simulators.local_processes import ProcessSet, RunningProcess, free_port, loopback_host
+from broker_simulators.local_processes import ProcessSet, free_port, loopback_host
+from local_cluster import loopback_relay
+from local_cluster.run_pki import LocalPki, create_local_pki
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +35,12 @@ def processes(tmp_path: Path) -> Iterator[ProcessSet]:
         yield started
     finally:
         started.stop_all()
+
+
+@pytest.fixture(scope="module")
+def local_pki(tmp_path_factory: pytest.TempPathFactory) -> LocalPki:
+    """A CA and the operator's and backend's client certificates, shared by a module's tests."""
+    return create_local_pki(tmp_path_factory.mktemp("pki"))
 
 
 @dataclass
@@ -51,11 +60,7 @@ def reserve_address() -> Reserved:
     return Reserved(host, free_port(host))
 
 
-@dataclass
-class RelaySetup:
-    backend: RunningProcess
-    cloud: RunningProcess
-    broker: RunningProcess
+RelaySetup = loopback_relay.LoopbackRelay
 
 
 @pytest.fixture
@@ -72,26 +77,20 @@ def start_relay(
     backend_args: dict[str, object] | None = None,
     cloud_args: dict[str, object] | None = None,
     broker_args: dict[str, object] | None = None,
+    pki: LocalPki | None = None,
 ) -> RelaySetup:
-    """Cloud simulator, backend simulator pointed at a broker, and that broker (Inactive)."""
-    address = reserve_address()
-    cloud = processes.start_cloud_simulator(tmp_path, **(cloud_args or {}))  # type: ignore[arg-type]
-    backend = processes.start_backend_simulator(
+    """Cloud simulator, backend simulator pointed at a broker, and that broker (Inactive); with
+    ``pki``, TLS on every leg."""
+    return loopback_relay.start_relay(
+        processes,
         tmp_path,
-        broker_urls=[address.url],
+        pki=pki,
         streams=streams,
         messages_per_stream=messages_per_stream,
-        **(backend_args or {}),  # type: ignore[arg-type]
+        backend_args=backend_args,
+        cloud_args=cloud_args,
+        broker_args=broker_args,
     )
-    broker = processes.start_broker(
-        tmp_path,
-        backend_url=backend.url,
-        cloud_url=cloud.url,
-        host=address.host,
-        port=address.port,
-        **(broker_args or {}),  # type: ignore[arg-type]
-    )
-    return RelaySetup(backend=backend, cloud=cloud, broker=broker)
 
 
 @contextlib.asynccontextmanager

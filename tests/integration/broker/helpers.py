@@ -4,6 +4,10 @@ The operator talks to brokers with zeep built from the shared WSDL, so the
 tests do too: if zeep cannot consume the WSDL the broker serves, or a reply the
 broker renders, these helpers fail. Hostile and malformed requests are sent raw
 (zeep would refuse to build them). Every wait is bounded.
+
+Processes started with TLS (``local_cluster.loopback_relay``) are called over it: the SOAP
+helpers go to a broker's admin port with the operator's certificate when it has one
+(``admin_url``, ``caller_tls``), and the simulators' JSON helpers verify against the run's CA.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -31,13 +36,23 @@ BINDING = f"{{{soap.NAMESPACE}}}BrokerBinding"
 
 
 def soap_service(broker: RunningProcess, token: str | None = DEFAULT_TOKEN) -> Any:
-    """A zeep service for ``broker``, built from the WSDL the broker itself serves at ``?wsdl``."""
+    """A zeep service for ``broker``'s operator calls, built from the WSDL the broker itself serves at
+    ``?wsdl``: on its admin port if it has one, over TLS with the operator's certificate if it
+    serves TLS."""
     session = requests.Session()
     if token is not None:
         session.headers[soap.AUTH_HEADER] = f"{soap.AUTH_SCHEME} {token}"
+    tls = broker.caller_tls
+    if tls is not None:
+        # requests lets REQUESTS_CA_BUNDLE (set on this machine) override a session's own CA file.
+        session.trust_env = False
+        session.verify = str(tls.ca_file)
+        if tls.cert_file is not None and tls.key_file is not None:
+            session.cert = (str(tls.cert_file), str(tls.key_file))
     transport = Transport(session=session, timeout=10, operation_timeout=30)  # every wait bounded
-    client = zeep.Client(broker.soap_url + "?wsdl", transport=transport)
-    return client.create_service(BINDING, broker.soap_url)
+    url = broker.admin_url + soap.SOAP_PATH
+    client = zeep.Client(url + "?wsdl", transport=transport)
+    return client.create_service(BINDING, url)
 
 
 def heartbeat(
@@ -154,22 +169,32 @@ def raw_fault_code(body: bytes) -> str:
     return match.group(1).decode()
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def get_json(url: str, context: ssl.SSLContext | None = None) -> Any:
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
         return json.load(response)
 
 
-def post_json(url: str, body: object) -> Any:
+def post_json(url: str, body: object, context: ssl.SSLContext | None = None) -> Any:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
         return json.load(response)
 
 
-def get_text(url: str) -> tuple[int, str]:
+def caller_context(process: RunningProcess) -> ssl.SSLContext | None:
+    """How to call ``process``: its run's CA (and client certificate) if it serves TLS, else None."""
+    return None if process.caller_tls is None else process.caller_tls.context()
+
+
+def sim_json(process: RunningProcess, path: str) -> Any:
+    """``GET path`` of a simulator, over TLS if it serves TLS."""
+    return get_json(process.url + path, caller_context(process))
+
+
+def get_text(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=10, context=context) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -177,7 +202,7 @@ def get_text(url: str) -> tuple[int, str]:
 
 def metric(broker: RunningProcess, name: str) -> float:
     """One unlabelled sample from the broker's ``/metrics``."""
-    _, text = get_text(broker.url + "/metrics")
+    _, text = get_text(broker.url + "/metrics", caller_context(broker))
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -199,16 +224,16 @@ def wait_until(
 
 
 def start_sending(backend: RunningProcess) -> None:
-    post_json(backend.url + "/sim/start", {})
+    post_json(backend.url + "/sim/start", {}, caller_context(backend))
 
 
 def backend_status(backend: RunningProcess) -> dict[str, Any]:
-    result: dict[str, Any] = get_json(backend.url + "/sim/status")
+    result: dict[str, Any] = sim_json(backend, "/sim/status")
     return result
 
 
 def cloud_received(cloud: RunningProcess) -> dict[str, list[int]]:
-    result: dict[str, list[int]] = get_json(cloud.url + "/sim/received")
+    result: dict[str, list[int]] = sim_json(cloud, "/sim/received")
     return result
 
 

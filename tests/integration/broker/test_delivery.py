@@ -19,6 +19,7 @@ from tests.integration.broker.helpers import (
     get_json,
     heartbeat,
     post_bundle,
+    sim_json,
     start_sending,
     wait_until,
 )
@@ -96,22 +97,23 @@ def test_many_streams_concurrent_load_arrive_in_order_without_loss(
     assert counts["activated"] == counts["deactivated"] == 1
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "tls"])
 def test_inbound_messages_reach_the_backend_in_order_and_are_confirmed(
-    processes: ProcessSet, tmp_path: Path
+    processes: ProcessSet, tmp_path: Path, tls: bool, request: pytest.FixtureRequest
 ) -> None:
     relay = start_relay(
         processes,
         tmp_path,
         streams=0,
         cloud_args={"inbound_streams": 12, "inbound_messages_per_stream": 80},
+        pki=request.getfixturevalue("local_pki") if tls else None,
     )
+    assert relay.cloud.url.startswith("https://" if tls else "http://")
     assert heartbeat(relay.broker, active=True, epoch=1).state == "Active"
 
-    wait_until(
-        lambda: get_json(relay.cloud.url + "/sim/status")["inboundAllConfirmed"], 60, 0.2, what="inbound"
-    )
+    wait_until(lambda: sim_json(relay.cloud, "/sim/status")["inboundAllConfirmed"], 60, 0.2, what="inbound")
 
-    received = get_json(relay.backend.url + "/sim/received")
+    received = sim_json(relay.backend, "/sim/received")
     assert_complete_and_ordered(received, 12, 80, "invoices-")
     assert backend_status(relay.backend)["inboundDuplicates"] == 0
 
