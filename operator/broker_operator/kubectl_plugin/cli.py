@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from broker_operator.kubectl_plugin import held, report, status_view, switchover
+from broker_operator.kubectl_plugin import ca_export, held, report, status_view, switchover
 from broker_operator.kubectl_plugin.admin import DEFAULT_TIMEOUT_SECONDS
 from broker_operator.kubectl_plugin.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PluginError
 from broker_operator.kubectl_plugin.kube import Kube, connect
@@ -57,7 +57,7 @@ def _connection_flags() -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _connection_flags()
-    about = "Look after BrokerClusters: status, switchover, held messages, reports."
+    about = "Look after BrokerClusters: status, switchover, held messages, reports, the CA for SAP."
     parser = _Parser(prog=PROG, description=about, epilog=EPILOG, parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -109,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument(
         "--claim-dir", type=Path, help="where the report's claim (pvc/<claim>) is mounted here"
     )
+
+    ca = commands.add_parser(
+        "ca", parents=[common], help="the CA the SAP backend must trust (for STRUST or the PI/PO keystore)"
+    )
+    ca.add_argument("cluster")
+    ca.add_argument(
+        "--format", choices=list(ca_export.FORMATS), default="pem",
+        help="pem (Base64, the default) or der (binary .cer; needs --file, one file per CA)",
+    )  # fmt: skip
+    ca.add_argument("--file", type=Path, help="write here instead of stdout")
     return parser
 
 
@@ -201,7 +211,39 @@ def run_report(kube: Kube, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"status": run_status, "switchover": run_switchover, "held": run_held, "report": run_report}
+def run_ca(kube: Kube, args: argparse.Namespace) -> int:
+    body = kube.get_cluster(args.cluster)
+    where, cas = ca_export.read_cas(kube, body)
+    if args.format == "der" and args.file is None:
+        raise PluginError("--format der writes binary files: name one with --file ca.cer", EXIT_USAGE)
+    summary = ca_export.render_summary(where, cas)
+    if _json(args):
+        document = {"schema": ca_export.SCHEMA, "cluster": args.cluster, "namespace": kube.namespace,
+                    "source": where, "certificates": [ca.document() for ca in cas]}  # fmt: skip
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return EXIT_OK
+    if args.format == "der":
+        written = ca_export.write_der(cas, args.file)
+        print(summary, file=sys.stderr)
+        print("\n".join(f"wrote {path}" for path in written), file=sys.stderr)
+    elif args.file is not None:
+        args.file.write_text("".join(ca.pem for ca in cas), encoding="ascii")
+        print(summary, file=sys.stderr)
+        print(f"wrote {args.file}", file=sys.stderr)
+    else:
+        # The PEM alone on stdout (redirectable into a file); what it is, on stderr.
+        print(summary, file=sys.stderr)
+        sys.stdout.write("".join(ca.pem for ca in cas))
+    return EXIT_OK
+
+
+COMMANDS = {
+    "status": run_status,
+    "switchover": run_switchover,
+    "held": run_held,
+    "report": run_report,
+    "ca": run_ca,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

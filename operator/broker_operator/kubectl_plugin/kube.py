@@ -117,6 +117,18 @@ class Kube:
         extra = sorted(set(urls) - set(wanted), key=_ordinal)
         return [BrokerAddress(pod, urls.get(pod)) for pod in [*wanted, *extra]]
 
+    def secret_bytes(self, secret: str, key: str) -> bytes | None:
+        """One key of a Secret, decoded; None if the Secret or the key is not there."""
+        try:
+            found = _call(
+                "get", "secrets", self.namespace, self._core.read_namespaced_secret, secret, self.namespace,
+                missing=secret,
+            )  # fmt: skip
+        except UsageError:
+            return None
+        encoded = (found.data or {}).get(key)
+        return base64.b64decode(encoded) if encoded else None
+
     def operator_token(self, body: BrokerClusterBody) -> str:
         """The operator's token for admin calls: ``spec.auth.tokenSecretRef`` or ``<name>-broker-token``."""
         ref = token_ref(body)

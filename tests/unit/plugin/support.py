@@ -47,6 +47,7 @@ class FakeKube:
         self.after_patch = list(after_patch or [])
         self.patches: list[str | None] = []
         self.token = "operator-token"
+        self.secrets: dict[tuple[str, str], bytes] = {}  # (Secret, key) -> decoded value
 
     def get_cluster(self, name: str) -> dict[str, Any]:
         if name != self.body["metadata"]["name"]:
@@ -65,3 +66,6 @@ class FakeKube:
 
     def operator_token(self, body: dict[str, Any]) -> str:
         return self.token
+
+    def secret_bytes(self, secret: str, key: str) -> bytes | None:
+        return self.secrets.get((secret, key))
