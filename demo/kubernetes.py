@@ -357,6 +357,10 @@ def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls
             f"({successor}); the backend follows it by its DNS name"
         )
         wait_for("every message confirmed, both ways", relay.all_confirmed, 240, interval=1)
+        transports = {
+            name: relay.sim(name, "/sim/status").get("relayTransports") for name in ("backend", "cloud")
+        }
+        note(f"the brokers' calls as the simulators took them, by transport: {json.dumps(transports)}")
         note("every message confirmed; waiting for the brokers to close their log segments (30 s bound)")
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)
 
