@@ -9,7 +9,9 @@ backend's request timeout 0.25 s by default: a request hung on a partitioned pod
 its connects given up after 30 ms and fast failures retried every 20 ms, ``FAST_RETRYING_CLIENT``,
 so that the client's own backoff is not counted as the failover's).
 The backend sends to ``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
-200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``).
+200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``). The brokers call both
+simulators over TLS, verified against the run's CA (``deploy_relay``'s default; ``--plain-http``
+opts out, for a comparison in the same setup).
 
 Each round breaks the active broker, either with ``kill -9`` of its container (SIGKILL to the
 container's PID 1 from this process, so that the fault's time is the kill's) or with a real
@@ -241,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="the cluster's files (default: a new directory in /tmp)"
     )
+    parser.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="the brokers call the simulators over plain HTTP (default: https://, verified)",
+    )
     options = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -269,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             request_timeout_seconds=options.backend_timeout,
             client=FAST_RETRYING_CLIENT,
             spec={"heartbeat": heartbeat, "failback": "Manual"},
+            upstream_tls=not options.plain_http,
         )
         brokers = {
             name: relay.pod(name)["status"]["podIP"] for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
@@ -287,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             f"timeout {options.timeout:g} s, {options.threshold} misses, lease {options.lease:g} s; "
             f"backend request timeout {options.backend_timeout:g} s, connect timeout "
             f"{FAST_RETRYING_CLIENT.connect_timeout_seconds:g} s, fast failures retried every "
-            f"{FAST_RETRYING_CLIENT.backoff_max_seconds:g} s)",
+            f"{FAST_RETRYING_CLIENT.backoff_max_seconds:g} s; brokers to the simulators over "
+            f"{'plain HTTP' if options.plain_http else 'TLS'})",
             flush=True,
         )
         for index, kind in enumerate(plan, start=1):

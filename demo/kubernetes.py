@@ -16,6 +16,13 @@ Services of their own (``local_cluster.relay``). The backend sends to
 ``http://orders-active.demo.svc:8080``: the ``-active`` Service, through CoreDNS and kube-proxy,
 whose EndpointSlice the operator points at the new active on failover.
 
+TLS, as ``relay.deploy_relay`` sets it up (``local_cluster.relay_tls``): the simulators serve HTTPS
+with certificates from a CA made for the run, the brokers call them at ``https://`` URLs verified
+against it (the BrokerCluster's ``spec.tls.upstreamCASecretRef``), and the demo's own calls to them
+verify it too. ``--plain-http`` opts out. ``--broker-tls`` also sends from the backend to
+``https://orders-active.demo.svc:8080`` (``relay.BROKER_TLS``, off until the operator's brokers
+serve TLS by default).
+
 What is still not real, and says so: one node, no NetworkPolicy enforcement (no policy plugin on
 the bridge); simulators stand in for SAP and the cloud.
 Everything is torn down at the end, also on Ctrl-C; the report is copied out first.
@@ -40,24 +47,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings
 from local_cluster.image_build import ImageBuildError, build_images
 from local_cluster.relay import (
-    BACKEND_IMAGE,
+    BROKER_TLS,
     CHART,
-    CLOUD_IMAGE,
     CLUSTER_NAME,
     EXAMPLE,
     MESSAGE_LOG_CLAIM,
     SIM_PORT,
     Relay,
     RelayError,
-    example_secrets,
+    RelayTls,
     message_log_claim,
-    simulator_objects,
+    relay_brokercluster,
+    relay_secrets,
+    relay_simulators,
     wait_until,
 )
+from local_cluster.relay_tls import SIMULATORS_CA_SECRET, serving_secret_name
 from local_cluster.sealed_cluster import SealedCluster, start_sealed_cluster
 
 CLUSTER = CLUSTER_NAME  # the example's name: orders
@@ -65,7 +73,6 @@ NAMESPACE = "demo"
 RELEASE = "bf"
 STORE_CLAIM = MESSAGE_LOG_CLAIM  # the example's spec.messageLog.claimName
 CRONJOB = f"{RELEASE}-broker-failover-validator"
-ACTIVE_URL = f"http://{CLUSTER}-active.{NAMESPACE}.svc:8080"  # what the backend sends to
 STEPS = 7
 INBOUND_STREAMS = 2  # the cloud's streams toward the backend (the backend sends on four)
 
@@ -185,11 +192,10 @@ def job_finished(kubectl: Kubectl, job: str) -> dict[str, Any] | None:
     return done[0] if done else None
 
 
-def simulators(messages: int) -> list[dict[str, Any]]:
+def simulators(messages: int, tls: RelayTls) -> list[dict[str, Any]]:
     """The SAP backend and the cloud as pods, each behind a Service of its name (``relay``)."""
     per_stream = messages // 4
     backend_args = [
-        f"--broker-url={ACTIVE_URL}",
         "--account=acme",
         "--company=1000",
         "--streams=4",
@@ -197,20 +203,8 @@ def simulators(messages: int) -> list[dict[str, Any]]:
         "--bundle-size=50",
         "--lanes=2",
     ]
-    token_env = [
-        {
-            "name": environment.BROKER_BACKEND_TOKEN,
-            "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
-        }
-    ]
-    return [
-        *simulator_objects(
-            "cloud",
-            CLOUD_IMAGE,
-            [f"--inbound-streams={INBOUND_STREAMS}", f"--inbound-messages-per-stream={per_stream}"],
-        ),
-        *simulator_objects("backend", BACKEND_IMAGE, backend_args, token_env),
-    ]
+    cloud_args = [f"--inbound-streams={INBOUND_STREAMS}", f"--inbound-messages-per-stream={per_stream}"]
+    return relay_simulators(NAMESPACE, tls, backend_args=backend_args, cloud_args=cloud_args)
 
 
 # ---- the story ----------------------------------------------------------------------------
@@ -236,17 +230,35 @@ def install_chart(kubectl: Kubectl) -> None:
     print("           " + installed.split("NOTES:")[0].strip().replace("\n", "\n           "))
 
 
-def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
+def start_simulators(kubectl: Kubectl, messages: int, tls: RelayTls) -> Relay:
     say(4, "the SAP backend and the cloud (simulator pods behind Services), and the Secrets they use")
-    secrets = {"apiVersion": "v1", "kind": "List", "items": example_secrets(NAMESPACE)}
+    pki = tls.pki(NAMESPACE)
+    secrets = {"apiVersion": "v1", "kind": "List", "items": relay_secrets(NAMESPACE, tls, pki)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(secrets), echo=False)
-    note("$ kubectl create secret generic erp-endpoints --from-literal=backend=... --from-literal=cloud=...")
+    if tls.upstream:
+        note("(a CA made for this run with openssl stands for SAP's and the cloud's PKI; it signed each")
+        note(" simulator's certificate, named for its Service: cloud, cloud.demo, cloud.demo.svc, ...)")
+        for simulator in ("backend", "cloud"):
+            note(
+                f"$ kubectl create secret tls {serving_secret_name(simulator)} "
+                f"--cert={simulator}.crt --key={simulator}.key   # the simulator's HTTPS"
+            )
+        note(
+            f"$ kubectl create secret generic {SIMULATORS_CA_SECRET} --from-file=ca.crt"
+            "   # what the brokers trust"
+        )
+    scheme = tls.sim_scheme()
+    note(
+        f"$ kubectl create secret generic erp-endpoints --from-literal=backend={scheme}://backend.{NAMESPACE}.svc:"
+        f"{SIM_PORT} --from-literal=cloud={scheme}://cloud.{NAMESPACE}.svc:{SIM_PORT}"
+    )
     note("$ kubectl create secret generic erp-login --type=kubernetes.io/basic-auth   # what brokers present")
     note("$ kubectl create secret generic erp-cloud-key --from-literal=token=...")
     note("$ kubectl create secret generic erp-broker-credential --from-literal=token=...   # the backend's")
-    note("$ kubectl label secret erp-endpoints erp-login erp-cloud-key erp-broker-credential \\")
+    ca_secret = f" {SIMULATORS_CA_SECRET}" if tls.upstream else ""
+    note(f"$ kubectl label secret erp-endpoints erp-login erp-cloud-key erp-broker-credential{ca_secret} \\")
     note("      broker.failover.dev/credential=true   # the operator uses only Secrets that opt in")
-    objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages)}
+    objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages, tls)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
     note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")
     wait_for(
@@ -256,24 +268,45 @@ def start_simulators(kubectl: Kubectl, messages: int) -> Relay:
         kubectl.cluster,
         NAMESPACE,
         RELEASE,
-        backend_url=f"http://{kubectl.cluster_ip('backend')}:{SIM_PORT}",
-        cloud_url=f"http://{kubectl.cluster_ip('cloud')}:{SIM_PORT}",
+        backend_url=f"{scheme}://{kubectl.cluster_ip('backend')}:{SIM_PORT}",
+        cloud_url=f"{scheme}://{kubectl.cluster_ip('cloud')}:{SIM_PORT}",
         inbound_streams=INBOUND_STREAMS,
+        simulators_ca=pki.ca if pki is not None and tls.upstream else None,
     )
-    note(f"the backend sends to {ACTIVE_URL}: the -active Service, through CoreDNS and kube-proxy")
-    note(f"(their control API is reached at {relay.backend_url} and {relay.cloud_url}, inside the cluster)")
+    note(
+        f"the backend sends to {tls.broker_url(NAMESPACE)}: the -active Service, "
+        "through CoreDNS and kube-proxy"
+    )
+    if tls.broker:
+        note(f"(verifying the brokers against ca.crt of Secret {CLUSTER}-tls, which the operator writes)")
+    verified = ", verified against the run's CA as backend/cloud.demo.svc" if tls.upstream else ""
+    note(
+        f"(their control API is reached at {relay.backend_url} and {relay.cloud_url}, "
+        f"inside the cluster{verified})"
+    )
     return relay
 
 
-def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
+def apply_brokercluster(kubectl: Kubectl, tls: RelayTls) -> None:
+    """The example, with the ``spec.tls`` the relay's TLS needs (``relay.relay_brokercluster``)."""
+    manifest = relay_brokercluster(tls)
+    if "tls" not in manifest["spec"]:
+        kubectl.run("-n", NAMESPACE, "apply", "-f", str(EXAMPLE))
+        return
+    kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(manifest), echo=False)
+    note(f"$ kubectl -n {NAMESPACE} apply -f {EXAMPLE}   # with, under spec:")
+    note(f"      tls: {json.dumps(manifest['spec']['tls'])}   # brokers verify https:// targets against it")
+
+
+def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls) -> bool:
     kubectl = Kubectl(cluster)
     install_chart(kubectl)
     store = cluster.claim_volume_path(NAMESPACE, STORE_CLAIM)  # the bound PV's path
-    relay = start_simulators(kubectl, messages)
+    relay = start_simulators(kubectl, messages, tls)
 
     say(5, f"kubectl apply -f examples/{EXAMPLE.name}: BrokerCluster {CLUSTER}, two broker pods")
     with watching(kubectl):
-        kubectl.run("-n", NAMESPACE, "apply", "-f", str(EXAMPLE))
+        apply_brokercluster(kubectl, tls)
         first = wait_for(
             "the cluster to become Healthy with an active broker",
             lambda: (s := kubectl.status()).get("phase") == "Healthy" and s.get("active") and s,
@@ -324,6 +357,10 @@ def story(cluster: SealedCluster, report_out: Path, messages: int) -> bool:
             f"({successor}); the backend follows it by its DNS name"
         )
         wait_for("every message confirmed, both ways", relay.all_confirmed, 240, interval=1)
+        transports = {
+            name: relay.sim(name, "/sim/status").get("relayTransports") for name in ("backend", "cloud")
+        }
+        note(f"the brokers' calls as the simulators took them, by transport: {json.dumps(transports)}")
         note("every message confirmed; waiting for the brokers to close their log segments (30 s bound)")
         wait_for("every message-log segment closed", lambda: not list(store.glob("*/*/*.open")), 120, 1)
 
@@ -351,7 +388,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report-dir", type=Path, default=REPO_ROOT / ".cache" / "demo-k8s", help="the report's copy"
     )
+    parser.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="the simulators serve plain HTTP and the brokers call them at http:// URLs (default: HTTPS, "
+        "verified against a CA made for the run)",
+    )
+    parser.add_argument(
+        "--broker-tls",
+        action=argparse.BooleanOptionalAction,
+        default=BROKER_TLS,
+        help="the backend sends to https://orders-active.demo.svc:8080, verified against ca.crt of Secret "
+        f"orders-tls (needs brokers that serve TLS; default: {BROKER_TLS})",
+    )
     args = parser.parse_args(argv)
+    tls = RelayTls(upstream=not args.plain_http, broker=args.broker_tls)
     # SIGTERM ends the demo as Ctrl-C does: through the teardown below.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     began = time.monotonic()
@@ -380,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             f" running our images, kube-proxy (nftables), CoreDNS, pods on {cluster.state.get('podNetwork')}"
         )
         note(f"KUBECONFIG={cluster.kubeconfig} (the API server forwarded to loopback; removed at the end)")
-        ok = story(cluster, args.report_dir, args.messages)
+        ok = story(cluster, args.report_dir, args.messages, tls)
     except DemoError as error:
         print(f"[demo] FAILED: {error}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:

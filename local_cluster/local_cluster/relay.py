@@ -8,6 +8,13 @@ SAP backend and the cloud as simulator pods behind Services of their own, and ap
 ``http://orders-active.<namespace>.svc:8080``: the ``-active`` Service, through CoreDNS and
 kube-proxy, the one address a producer follows.
 
+TLS (ARCHITECTURE.md "Channels and trust"; :mod:`local_cluster.relay_tls` makes the certificates):
+by default both simulators serve HTTPS with certificates from a CA made for the run, the brokers
+call them at ``https://`` URLs verified against that CA (``spec.tls.upstreamCASecretRef``), and
+the harness verifies them too. ``upstream_tls=False`` is the plain-HTTP opt-out. The backend →
+broker leg goes TLS with ``broker_tls`` (:data:`BROKER_TLS`, off until the operator's brokers serve
+TLS). :class:`RelayTls` holds the switches.
+
 The simulators' control API (``/sim/...``) is reached from this process through
 ``SealedCluster.call_in_network``.
 """
@@ -18,9 +25,11 @@ import contextlib
 import itertools
 import json
 import os
+import ssl
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +39,17 @@ from broker_contracts import environment
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.image_build import TAG as IMAGE_TAG
 from local_cluster.local_path_storage import SHARED_CLASS
+from local_cluster.relay_tls import (
+    SecretMount,
+    SimulatorsPki,
+    brokercluster_tls,
+    calling_brokers,
+    create_simulators_pki,
+    pki_secrets,
+    service_context,
+    service_host,
+    serving,
+)
 from local_cluster.sealed_cluster import SealedCluster
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
@@ -60,6 +80,49 @@ CLOUD_IMAGE = f"localhost/broker-failover/cloud-simulator:{IMAGE_TAG}"
 BACKEND_IMAGE = f"localhost/broker-failover/backend-simulator:{IMAGE_TAG}"
 
 
+# The backend → broker leg over TLS: the one line to flip once the operator's brokers serve TLS by
+# default (ControllerSettings.broker_tls). Until then the brokers' main port speaks plain HTTP, and
+# a backend calling https:// would be refused. deploy_relay's and the demo's default.
+BROKER_TLS = False
+
+
+@dataclass(frozen=True)
+class RelayTls:
+    """Which legs of the relay speak TLS.
+
+    ``upstream``: the simulators serve HTTPS and the brokers call them at ``https://`` URLs,
+    verified against the run's simulators' CA (the default; False: plain HTTP, the opt-out).
+    ``broker``: the backend calls ``https://<cluster>-active.<ns>.svc:8080``, verified against the
+    ``ca.crt`` of the operator-written Secret ``<cluster>-tls`` (needs brokers that serve TLS).
+    ``backend_client_certificate``: with ``broker``, the backend presents its client certificate
+    and the BrokerCluster allows only its subject (``spec.tls.backendClients``).
+    """
+
+    upstream: bool = True
+    broker: bool = BROKER_TLS
+    backend_client_certificate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend_client_certificate and not self.broker:
+            raise ValueError(
+                "RelayTls(backend_client_certificate=True) needs broker=True: a client certificate "
+                "is presented to brokers that serve TLS only"
+            )
+
+    def pki(self, namespace: str) -> SimulatorsPki | None:
+        """The run's simulators' PKI, when a leg needs it (openssl, about a second)."""
+        if not (self.upstream or self.backend_client_certificate):
+            return None
+        return create_simulators_pki(namespace, backend_client=self.backend_client_certificate)
+
+    def sim_scheme(self) -> str:
+        return "https" if self.upstream else "http"
+
+    def broker_url(self, namespace: str) -> str:
+        """The backend's broker URL: the ``-active`` Service by its name."""
+        return f"{'https' if self.broker else 'http'}://{CLUSTER_NAME}-active.{namespace}.svc:8080"
+
+
 class RelayError(RuntimeError):
     """A step of the deployment did not happen in time; says which and what was seen."""
 
@@ -76,9 +139,14 @@ def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.25) ->
 
 
 def simulator_objects(
-    name: str, image: str, args: list[str], env: list[dict[str, Any]] | None = None
+    name: str,
+    image: str,
+    args: list[str],
+    env: list[dict[str, Any]] | None = None,
+    mounts: Sequence[SecretMount] = (),
 ) -> list[dict[str, Any]]:
-    """A simulator pod (ready once it listens) and a Service of the same name in front of it."""
+    """A simulator pod (ready once it listens: a TCP probe, the same over HTTP and HTTPS) and a
+    Service of the same name in front of it; ``mounts``: Secrets it reads (its TLS files)."""
     labels = {"app": name}
     container: dict[str, Any] = {
         "name": "main",
@@ -93,7 +161,9 @@ def simulator_objects(
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    pod = {
+    if mounts:
+        container["volumeMounts"] = [mount.container_mount() for mount in mounts]
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
@@ -108,6 +178,8 @@ def simulator_objects(
             "containers": [container],
         },
     }
+    if mounts:
+        pod["spec"]["volumes"] = [mount.pod_volume() for mount in mounts]
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -125,21 +197,33 @@ class Relay:
     backend_url: str  # ClusterIP URLs of the simulators, for their /sim API
     cloud_url: str
     inbound_streams: int  # the cloud's streams toward the backend, for judging inbound
+    simulators_ca: bytes | None = None  # None: the simulators serve plain HTTP
 
-    def sim(self, url: str, payload: dict[str, Any] | None = None) -> Any:
+    def sim_context(self, simulator: str) -> ssl.SSLContext | None:
+        """How to call ``simulator`` (``backend``, ``cloud``) at its ClusterIP URL: verified against
+        the run's CA under its Service's name (``relay_tls.service_context``), or None for HTTP."""
+        if self.simulators_ca is None:
+            return None
+        return service_context(self.simulators_ca, service_host(simulator, self.namespace))
+
+    def sim(self, simulator: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """``simulator``'s ``path`` (GET, or POST of ``payload``), its JSON reply."""
+        url = f"{getattr(self, f'{simulator}_url')}{path}"
+        context = self.sim_context(simulator)
+
         def call() -> Any:
             data = None if payload is None else json.dumps(payload).encode()
             request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=10) as reply:
+            with urllib.request.urlopen(request, timeout=10, context=context) as reply:
                 return json.loads(reply.read())
 
         return self.cluster.call_in_network(call)
 
     def backend(self, path: str, payload: dict[str, Any] | None = None) -> Any:
-        return self.sim(f"{self.backend_url}{path}", payload)
+        return self.sim("backend", path, payload)
 
     def cloud(self, path: str, payload: dict[str, Any] | None = None) -> Any:
-        return self.sim(f"{self.cloud_url}{path}", payload)
+        return self.sim("cloud", path, payload)
 
     def all_confirmed(self) -> bool:
         """Every message confirmed to its source, both ways, as the simulators see it."""
@@ -259,13 +343,14 @@ class Feeder:
     def start(self) -> Feeder:
         def feed() -> None:
             url = f"{self.relay.backend_url}/sim/produce"
+            context = self.relay.sim_context("backend")
             body = json.dumps({"count": self.per_stream}).encode()
             next_tick = time.monotonic()
             while not self.stop.is_set():
                 request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
                 # The backend simulator never goes down here; a slow call is just skipped.
                 with contextlib.suppress(OSError):
-                    urllib.request.urlopen(request, timeout=2).close()
+                    urllib.request.urlopen(request, timeout=2, context=context).close()
                 next_tick += self.tick
                 time.sleep(max(0.0, next_tick - time.monotonic()))
 
@@ -293,18 +378,19 @@ class BackendClient:
 FAST_RETRYING_CLIENT = BackendClient(connect_timeout_seconds=0.03, backoff_max_seconds=0.02)
 
 
-def example_secrets(namespace: str) -> list[dict[str, Any]]:
+def example_secrets(namespace: str, scheme: str = "http") -> list[dict[str, Any]]:
     """The Secrets ``examples/brokercluster-pods.yaml`` names, for the simulators behind Services of
-    ``namespace``: the targets' URLs, what the brokers present to them (never inside a URL; the
-    simulators take any), and the backend's token (32 random bytes, the operator's minimum). Each
-    opts in as a credential, or the operator would use none of them (docs/operator.md)."""
+    ``namespace``: the targets' URLs (``scheme``: ``https`` when the simulators serve it), what the
+    brokers present to them (never inside a URL; the simulators take any), and the backend's token
+    (32 random bytes, the operator's minimum). Each opts in as a credential, or the operator would
+    use none of them (docs/operator.md)."""
 
     def secret(name: str, data: dict[str, str], kind: str = "Opaque") -> dict[str, Any]:
         labels = {"broker.failover.dev/credential": "true"}
         meta = {"name": name, "namespace": namespace, "labels": labels}
         return {"apiVersion": "v1", "kind": "Secret", "type": kind, "metadata": meta, "stringData": data}
 
-    base = f"http://{{}}.{namespace}.svc:{SIM_PORT}"
+    base = f"{scheme}://{{}}.{namespace}.svc:{SIM_PORT}"
     return [
         secret("erp-endpoints", {"backend": base.format("backend"), "cloud": base.format("cloud")}),
         secret(
@@ -313,6 +399,62 @@ def example_secrets(namespace: str) -> list[dict[str, Any]]:
         secret("erp-cloud-key", {"token": os.urandom(16).hex()}),
         secret("erp-broker-credential", {"token": os.urandom(16).hex()}),
     ]
+
+
+def relay_secrets(namespace: str, tls: RelayTls, pki: SimulatorsPki | None) -> list[dict[str, Any]]:
+    """:func:`example_secrets` with the URLs ``tls`` calls for, and the Secrets of ``pki``
+    (``relay_tls.pki_secrets``: ``simulators-ca``, ``<simulator>-simulator-tls``, and
+    ``backend-client-tls`` when the backend presents a certificate)."""
+    return [*example_secrets(namespace, tls.sim_scheme()), *(pki_secrets(pki) if pki is not None else [])]
+
+
+def relay_simulators(
+    namespace: str, tls: RelayTls, *, backend_args: list[str], cloud_args: list[str]
+) -> list[dict[str, Any]]:
+    """The cloud and the backend as pods behind Services (:func:`simulator_objects`), the backend
+    sending to :meth:`RelayTls.broker_url` with the backend's token from ``erp-broker-credential``;
+    each serving HTTPS with ``tls.upstream``, the backend calling brokers over TLS with
+    ``tls.broker``. ``backend_args`` and ``cloud_args``: the traffic's shape."""
+    token_env = [
+        {
+            "name": environment.BROKER_BACKEND_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
+        }
+    ]
+    mounts: dict[str, list[SecretMount]] = {"cloud": [], "backend": []}
+    args: dict[str, list[str]] = {
+        "cloud": list(cloud_args),
+        "backend": [f"--broker-url={tls.broker_url(namespace)}", *backend_args],
+    }
+    if tls.upstream:
+        for simulator in ("cloud", "backend"):
+            mount, flags = serving(simulator)
+            mounts[simulator].append(mount)
+            args[simulator] += flags
+    if tls.broker:
+        broker_mounts, flags = calling_brokers(
+            CLUSTER_NAME, client_certificate=tls.backend_client_certificate
+        )
+        mounts["backend"] += broker_mounts
+        args["backend"] += flags
+    return [
+        *simulator_objects("cloud", CLOUD_IMAGE, args["cloud"], mounts=mounts["cloud"]),
+        *simulator_objects("backend", BACKEND_IMAGE, args["backend"], token_env, mounts["backend"]),
+    ]
+
+
+def relay_brokercluster(tls: RelayTls, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The example's BrokerCluster with the ``spec.tls`` that ``tls`` needs (``upstreamCASecretRef``
+    naming ``simulators-ca``, ``backendClients``), then ``spec``'s top-level fields in place of its
+    own (a ``tls`` there replaces the relay's whole)."""
+    brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    spec_tls = brokercluster_tls(
+        upstream=tls.upstream, backend_client_certificate=tls.backend_client_certificate
+    )
+    if spec_tls is not None:
+        brokercluster["spec"]["tls"] = {**(brokercluster["spec"].get("tls") or {}), **spec_tls}
+    brokercluster["spec"].update(spec or {})
+    return dict(brokercluster)
 
 
 def deploy_relay(
@@ -328,16 +470,44 @@ def deploy_relay(
     helm_values: dict[str, str] | None = None,
     spec: dict[str, Any] | None = None,
     simulators_node: str | None = None,
+    upstream_tls: bool = True,
+    broker_tls: bool = BROKER_TLS,
+    backend_client_certificate: bool = False,
 ) -> Relay:
     """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy.
 
     The BrokerCluster is the example's, with ``spec``'s top-level fields in place of its own
     (``{"heartbeat": {...}}`` replaces the whole heartbeat section). ``simulators_node`` pins the
     two simulator pods to that node (a node fault test keeps the traffic's source and sink off the
-    node it breaks)."""
+    node it breaks).
+
+    TLS (:class:`RelayTls`), the Secrets in ``relay_tls``:
+
+    * ``upstream_tls`` (default True): the cloud and backend simulators serve HTTPS with
+      certificates from a CA made for this run (Secrets ``cloud-simulator-tls`` and
+      ``backend-simulator-tls``), ``erp-endpoints`` holds ``https://`` URLs, and the BrokerCluster's
+      ``spec.tls.upstreamCASecretRef`` names ``simulators-ca`` (the CA, key ``ca.crt``, labelled as
+      a credential), so the brokers verify both targets. The returned :class:`Relay` calls the
+      simulators' ``/sim`` API verified against the same CA. False: plain HTTP on those legs, and
+      everything else as it was before TLS.
+    * ``broker_tls`` (default :data:`BROKER_TLS`, False until the operator's brokers serve TLS by
+      default; flip that constant to flip it everywhere): the backend sends to
+      ``https://orders-active.<ns>.svc:8080``, verified with ``--broker-ca-file`` against the
+      ``ca.crt`` of the operator-written Secret ``orders-tls`` (that key alone is mounted). The
+      backend pod waits in ContainerCreating until the operator has written it.
+    * ``backend_client_certificate`` (needs ``broker_tls``): the backend also presents a client
+      certificate (Secret ``backend-client-tls``, subject ``CN=sap-erp-local,OU=Basis,O=ACME``), and
+      ``spec.tls.backendClients`` lists that subject with ``simulators-ca`` as its CA.
+    """
+    tls = RelayTls(
+        upstream=upstream_tls, broker=broker_tls, backend_client_certificate=backend_client_certificate
+    )
 
     def kubectl(*args: str, input: str | None = None) -> None:
         cluster.kubectl("-n", namespace, *args, input=input)
+
+    def apply(items: list[dict[str, Any]]) -> None:
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
     wait_until(
         "the namespace's default ServiceAccount",
@@ -352,14 +522,9 @@ def deploy_relay(
         "install", release, str(CHART), "--namespace", namespace, *settings, "--wait", "--timeout=240s",
         timeout=300,
     )  # fmt: skip
-    kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": example_secrets(namespace)}),
-    )
+    pki = tls.pki(namespace)
+    apply(relay_secrets(namespace, tls, pki))
     backend_args = [
-        f"--broker-url=http://{CLUSTER_NAME}-active.{namespace}.svc:8080",
         "--account=acme",
         "--company=1000",
         f"--streams={streams}",
@@ -374,28 +539,22 @@ def deploy_relay(
             f"--connect-timeout-seconds={client.connect_timeout_seconds}",
             f"--backoff-max-seconds={client.backoff_max_seconds}",
         ]
-    token_env = [
-        {
-            "name": environment.BROKER_BACKEND_TOKEN,
-            "valueFrom": {"secretKeyRef": {"name": "erp-broker-credential", "key": "token"}},
-        }
-    ]
-    objects = [
-        *simulator_objects(
-            "cloud",
-            CLOUD_IMAGE,
-            [f"--inbound-streams={streams}", f"--inbound-messages-per-stream={messages_per_stream}"],
-        ),
-        *simulator_objects("backend", BACKEND_IMAGE, backend_args, token_env),
-    ]
+    cloud_args = [f"--inbound-streams={streams}", f"--inbound-messages-per-stream={messages_per_stream}"]
+    objects = relay_simulators(namespace, tls, backend_args=backend_args, cloud_args=cloud_args)
     if simulators_node is not None:
         for pod in (item for item in objects if item["kind"] == "Pod"):
             pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": simulators_node}
-    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    brokercluster = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-    brokercluster["spec"].update(spec or {})
-    kubectl("apply", "-f", "-", input=json.dumps(brokercluster))
-    relay = Relay(cluster, namespace, release, backend_url="", cloud_url="", inbound_streams=streams)
+    apply(objects)
+    kubectl("apply", "-f", "-", input=json.dumps(relay_brokercluster(tls, spec)))
+    relay = Relay(
+        cluster,
+        namespace,
+        release,
+        backend_url="",
+        cloud_url="",
+        inbound_streams=streams,
+        simulators_ca=pki.ca if pki is not None and tls.upstream else None,
+    )
 
     wait_until(
         "the BrokerCluster Healthy with an active broker",
@@ -405,5 +564,5 @@ def deploy_relay(
     wait_until("both simulators ready", lambda: relay.pod_ready("cloud") and relay.pod_ready("backend"), 120)
     for name in ("backend", "cloud"):
         ip = relay.get("service", name)["spec"]["clusterIP"]
-        setattr(relay, f"{name}_url", f"http://{ip}:{SIM_PORT}")
+        setattr(relay, f"{name}_url", f"{tls.sim_scheme()}://{ip}:{SIM_PORT}")
     return relay

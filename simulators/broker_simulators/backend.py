@@ -75,7 +75,7 @@ from broker_simulators.calling_tls import (
     calling_context,
     describe_send_failure,
 )
-from broker_simulators.serving_tls import add_tls_dir_argument, serving_context
+from broker_simulators.serving_tls import RelayTransports, add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
     BadRequestError,
     EpochFence,
@@ -182,6 +182,7 @@ class BackendSimulator:
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
         self.fence = EpochFence()
+        self.transports = RelayTransports()
         self.sources = [
             StreamSource(f"{settings.stream_prefix}{i:04d}", settings.messages_per_stream)
             for i in range(settings.streams)
@@ -544,6 +545,7 @@ class BackendSimulator:
             "inboundDuplicates": self.inbound.duplicates,
             "inboundRejected": self.inbound.rejected,
             "cursors": {s.name: s.first_unconfirmed for s in self.sources},
+            "relayTransports": dict(self.transports.counts),
         }
 
     async def sim_status(self, request: web.Request) -> web.Response:
@@ -556,7 +558,7 @@ class BackendSimulator:
         return web.Response(text="ok\n")
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self.transports.middleware])
         app.router.add_post(relay.BACKEND_RESEND_PATH, self.resend)
         app.router.add_post(relay.BACKEND_CONFIRM_PATH, self.confirm)
         app.router.add_post(relay.BACKEND_INBOUND_PATH, self.deliver_inbound)

@@ -32,7 +32,7 @@ from aiohttp import web
 
 from broker_contracts import relay
 from broker_simulators.backend import parse_poison
-from broker_simulators.serving_tls import add_tls_dir_argument, serving_context
+from broker_simulators.serving_tls import RelayTransports, add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
     BadRequestError,
     EpochFence,
@@ -90,6 +90,7 @@ class CloudSimulator:
     def __init__(self, settings: CloudSettings) -> None:
         self.settings = settings
         self.fence = EpochFence()
+        self.transports = RelayTransports()
         record = settings.record_dir / "outbound-received.log" if settings.record_dir else None
         self.outbound = Receiver(record)
         self.sources = [
@@ -174,6 +175,7 @@ class CloudSimulator:
             "polls": self.polls,
             "seenEpoch": self.fence.seen,
             "staleEpochRefusals": self.fence.refused,
+            "relayTransports": dict(self.transports.counts),
         }
 
     async def sim_status(self, request: web.Request) -> web.Response:
@@ -186,7 +188,7 @@ class CloudSimulator:
         return web.Response(text="ok\n")
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self.transports.middleware])
         app.router.add_post(relay.CLOUD_OUTBOUND_PATH, self.take_outbound)
         app.router.add_get(relay.CLOUD_POLL_PATH, self.poll)
         app.router.add_post(relay.CLOUD_CONFIRM_PATH, self.confirm)

@@ -1,10 +1,11 @@
 """`make demo`, the README's first command: the user's path on the sealed local cluster.
 
 Run as a user runs it (``python -m demo.kubernetes``, its own sealed cluster with a pod network),
-smaller: it must install with helm, send through the ``orders-active`` Service, fail over after
-kill -9 with that Service's EndpointSlice moving from the old active pod's address to the new
-one's, get the validator's Passed verdict, copy the report out, exit 0, and leave no process of
-its cluster behind.
+smaller: it must install with helm, send through the ``orders-active`` Service (the brokers
+calling both simulators over TLS, as the simulators count it), fail over after kill -9 with that
+Service's EndpointSlice moving from the old active pod's address to the new one's, get the
+validator's Passed verdict, copy the report out, exit 0, and leave no process of its cluster
+behind.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from local_cluster.cluster import REPO_ROOT
+from local_cluster.relay import BROKER_TLS
 from tests.live_processes import processes_naming
 
 pytestmark = [pytest.mark.e2e, pytest.mark.second_stream]  # its own cluster, beside the others
@@ -36,7 +38,11 @@ def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tm
     assert "STATUS: deployed" in output  # helm install
     failover = re.search(r"failover: orders-0 -> orders-1 \(\w+, \d+ ms\), epoch 1 -> (\d+)", output)
     assert failover, output
-    assert "the backend sends to http://orders-active.demo.svc:8080" in output
+    scheme = "https" if BROKER_TLS else "http"  # the backend -> broker leg follows relay.BROKER_TLS
+    assert f"the backend sends to {scheme}://orders-active.demo.svc:8080" in output
+    # The brokers called both simulators over TLS, as the simulators counted their calls.
+    transports = re.search(r"the brokers' calls as the simulators took them, by transport: (.*)", output)
+    assert transports and "TLSv1" in transports.group(1) and "plain" not in transports.group(1), output
     pod_ip = r"(10\.244\.0\.\d+)"
     moved = re.search(
         rf"Service orders-active: EndpointSlice {pod_ip} \(orders-0\) -> {pod_ip} \(orders-1\)", output

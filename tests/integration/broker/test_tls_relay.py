@@ -88,6 +88,10 @@ def test_every_leg_over_tls_delivers_each_message_once_and_in_order(
     cloud_status = sim_json(cloud, "/sim/status")
     assert (cloud_status["outboundTaken"], cloud_status["outboundDuplicates"]) == (STREAMS * PER_STREAM, 0)
     assert cloud_status["inboundConfirmed"] == INBOUND_STREAMS * INBOUND_PER_STREAM
+    # The broker's own calls, as each simulator saw them: over TLS, never plain.
+    for relay_status in (status, cloud_status):
+        transports = relay_status["relayTransports"]
+        assert transports and set(transports) <= {"TLSv1.2", "TLSv1.3"}, transports
 
 
 def auth_failures(broker: RunningProcess, reason: str) -> float:
