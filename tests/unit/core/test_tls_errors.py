@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from broker_contracts.soap import BrokerState
 from broker_operator.core import HeartbeatFailed
-from broker_operator.core.observe import observe
 from broker_operator.core.frozen import replace
 from broker_operator.core.knowledge import TLS_ERROR, Move, MoveKind
+from broker_operator.core.observe import observe
 from tests.unit.core.simulation import World
 from tests.unit.core.test_handover import SETTINGS, steady_world
 
