@@ -22,6 +22,26 @@ reads the body, so a refused call changed nothing. That is the client's only ret
 update reaches the operator and each broker pod at different instants, and a heartbeat must
 not fail (and count towards a failover) because of the order; see docs/operator.md.
 
+TLS (``tls=``, a :class:`~broker_operator.tls_client.TlsClient`): a target whose URL is
+``https`` is called with the client's current context (TLS 1.2 at least, the operator's client
+certificate, the trust bundle alone) and verified as ``BrokerTarget.tls_server_name``, the pod's
+DNS name, while the request dials its IP; ``http`` targets are called exactly as without TLS.
+Heartbeats ride on keep-alive connections (a full mutual-TLS handshake costs ~20 heartbeats' CPU);
+the ``TlsClient`` makes a fresh context every few minutes and on every rotation, and aiohttp's
+pool, keyed by the context, then opens new connections: a fresh handshake now and then, so that a
+broken listener or an expired certificate cannot hide behind an old connection. Each handshake
+records the serial the broker served (``served_serials``).
+
+A failure in TLS (a certificate that does not verify; a handshake the broker refuses) is
+``HeartbeatError.tls_error``, with a reason that names the problem and the server name, logged
+once per broker and problem (``tls_problems``). The engine does not count it toward a failover:
+a certificate error is no proof of death, and the next broker shares the PKI. A refused client
+certificate looks like a crash on the wire (a reset in the handshake, or a close right after
+it, with no alert the client can read), so a reset or close before any reply from an ``https``
+broker is checked with up to two new connections that send nothing (``_tls_refused``): taken by
+TCP and cut by TLS means a live broker refusing the certificate; a refused port means a dead
+one, classified as without TLS.
+
 This module does not decide anything and does not retry otherwise; the engine does both.
 """
 
