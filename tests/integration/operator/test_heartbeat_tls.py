@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.tls import certificate_serial
+from broker_operator.broker_watch import BrokerWatches
+from broker_operator.core import Observation, ProcessGone
 from broker_operator.core.model import BrokerTarget
 from broker_operator.engine import ClusterLoop, HeartbeatClient, HeartbeatError
 from broker_operator.local_runner import StateFile
@@ -245,3 +247,57 @@ async def test_the_engine_fails_nothing_over_while_tls_fails(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
+
+
+async def watch_signals(
+    client: HeartbeatClient, to: BrokerTarget, broker: TlsBroker, *, kill: bool
+) -> tuple[bool, list[Observation]]:
+    """Watch ``to`` over TLS for two seconds (killing the broker after one, with ``kill``): whether
+    a stream was held, and what the watch signalled."""
+    signals: list[Observation] = []
+    watches = BrokerWatches(client, signals.append)
+    watches.follow([to])
+    try:
+        held = False
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            held = held or watches.holding(to.name)
+        if kill:
+            await asyncio.to_thread(broker.main.kill, signal.SIGKILL)
+            await eventually(lambda: bool(signals), 10, "a signal from the watch")
+        else:
+            await asyncio.sleep(1.0)
+    finally:
+        await watches.close()
+    return held, signals
+
+
+async def test_the_watch_holds_its_stream_over_tls_and_proves_a_kill_9(
+    processes: ProcessSet, tmp_path: Path, pki: Pki
+) -> None:
+    broker = start_tls_broker(processes, tmp_path, pki)
+    client = HeartbeatClient(OPERATOR_TOKEN, "tls-test", 5.0, tls=TlsClient(material(pki)))
+    try:
+        held, signals = await watch_signals(client, target(broker), broker, kill=True)
+    finally:
+        await client.close()
+    assert held
+    assert isinstance(signals[0], ProcessGone), signals
+
+
+@pytest.mark.parametrize("tls_version", [None, ssl.TLSVersion.TLSv1_2], ids=["tls1.3", "tls1.2"])
+async def test_a_watch_whose_certificate_is_refused_signals_nothing(
+    processes: ProcessSet, tmp_path: Path, pki: Pki, tls_version: ssl.TLSVersion | None
+) -> None:
+    # Each refusal must not read as a lost connection: counted as a failed heartbeat of the active
+    # once a second, it would fail a healthy broker over.
+    broker = start_tls_broker(processes, tmp_path, pki)
+    tls = TlsClient(material(pki, pki.rogue))
+    if tls_version is not None:
+        tls.context().maximum_version = tls_version
+    client = HeartbeatClient(OPERATOR_TOKEN, "tls-test", 5.0, tls=tls)
+    try:
+        held, signals = await watch_signals(client, target(broker), broker, kill=False)
+    finally:
+        await client.close()
+    assert not held and signals == []
