@@ -186,7 +186,7 @@ def built_pod(ordinal: int, ip: str, *, tls: dict[str, Any], serve_tls: bool) ->
     spec = parse_spec("orders", {"account": "a", "company": "c", "replicas": 2, "tls": tls})
     body: Any = builders.build_pod(owner, ordinal, spec, active=False, serve_tls=serve_tls)
     body["status"] = {"podIP": ip}
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 def test_a_pod_serving_tls_is_called_over_https_and_verified_as_its_dns_name() -> None:
