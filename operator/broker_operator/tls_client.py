@@ -77,6 +77,12 @@ class TlsMaterialError(ValueError):
     """The material does not make a client context; the text says which part and why, never its content."""
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 @contextlib.contextmanager
 def _private_files(certificate_pem: bytes, key_pem: bytes) -> Iterator[tuple[str, str]]:
     """Paths of the certificate and key, readable by this process only, gone when the block ends."""
@@ -87,7 +93,7 @@ def _private_files(certificate_pem: bytes, key_pem: bytes) -> Iterator[tuple[str
             for name, data in (("operator-client-cert", certificate_pem), ("operator-client-key", key_pem)):
                 fd = memfd_create(name, os.MFD_CLOEXEC)
                 descriptors.append(fd)
-                os.write(fd, data)
+                _write_all(fd, data)
             yield f"/proc/self/fd/{descriptors[0]}", f"/proc/self/fd/{descriptors[1]}"
         finally:
             for fd in descriptors:
@@ -100,7 +106,7 @@ def _private_files(certificate_pem: bytes, key_pem: bytes) -> Iterator[tuple[str
             path = os.path.join(directory, name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.write(fd, data)
+                _write_all(fd, data)
             finally:
                 os.close(fd)
             paths.append(path)
@@ -119,13 +125,16 @@ def client_ssl_context(material: ClientTlsMaterial) -> ssl.SSLContext:
     :class:`TlsMaterialError`."""
     if not material.trust_bundle_pem.strip():
         raise TlsMaterialError("the trust bundle is empty: no broker's certificate could be verified")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
-    context.minimum_version = MINIMUM_VERSION
     try:
-        context.load_verify_locations(cadata=material.trust_bundle_pem.decode("ascii"))
+        # As client_context does, with the bundle as cadata: given one, create_default_context
+        # loads no system CA.
+        context = ssl.create_default_context(
+            ssl.Purpose.SERVER_AUTH, cadata=material.trust_bundle_pem.decode("ascii")
+        )
     except (ssl.SSLError, UnicodeDecodeError, ValueError) as error:
         reason = _ssl_reason(error) if isinstance(error, ssl.SSLError) else type(error).__name__
         raise TlsMaterialError(f"the trust bundle is not PEM certificates ({reason})") from None
+    context.minimum_version = MINIMUM_VERSION
     if not context.get_ca_certs():
         raise TlsMaterialError("the trust bundle holds no CA certificate")
     try:
