@@ -20,6 +20,16 @@ without ``/watch`` (an image from before it) is not watched; the heartbeats and 
 reports cover it as before. Reconnects back off from 0.1 s to 1 s, and start over once a stream
 has lasted a while. Only pods mode watches: there a target's address is the pod's own, with no
 proxy in between whose refusal could be taken for the pod's.
+
+A broker serving TLS (an ``https`` target) is watched over TLS with the heartbeat client's context
+and the target's server name (``HeartbeatClient.tls``; docs/operator.md): a plain request to its
+TLS port gets no HTTP answer, and the broker would go unwatched, its crash proven no faster than
+by the kubelet. Under TLS a killed
+process still ends the stream with a FIN (no ``close_notify``), which asyncio's TLS stream reads
+as its end, and the probes after it are plain TCP connects, which need no TLS
+(tests/integration/broker/test_tls_watch.py). A connection that TLS refuses (the operator's
+certificate not accepted) never held a stream: it is retried quietly, and the heartbeats report
+the TLS problem.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
@@ -85,6 +96,7 @@ class BrokerWatches:
         self._signal = signal
         self._clock = clock
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (broker, url) -> its task
+        self._server_names: dict[tuple[str, str], str | None] = {}  # (broker, url) -> its TLS name
         self._held: set[str] = set()  # brokers whose stream is open now (for status and tests)
 
     def holding(self, name: str) -> bool:
@@ -94,6 +106,7 @@ class BrokerWatches:
     def follow(self, targets: Sequence[BrokerTarget]) -> None:
         """Watch exactly ``targets``: new ones (or new addresses) start, removed ones stop."""
         wanted = {(t.name, t.url) for t in targets}
+        self._server_names = {(t.name, t.url): t.tls_server_name for t in targets}
         for key in set(self._tasks) - wanted:
             self._tasks.pop(key).cancel()
         for name, url in wanted - set(self._tasks):
@@ -121,29 +134,56 @@ class BrokerWatches:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
-    async def _hold(self, name: str, url: str) -> ConnectionLost | ProcessGone | _Quiet:
-        """One stream, held to its end: what to tell the engine, if anything."""
+    async def _open(self, name: str, url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to the broker's admin port (over TLS for an ``https`` target); None if none
+        could be made: it never held a stream from this process, so a refusal proves nothing (nor
+        does a TLS failure, an ``ssl.SSLError``, which the heartbeats report)."""
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
         assert host is not None and port is not None, url
+        context: ssl.SSLContext | None = None
+        server_name: str | None = None
+        if parts.scheme == "https":
+            if self._client.tls is None:
+                return None  # no client certificate yet: nothing to watch with
+            context = self._client.tls.context()
+            server_name = self._server_names.get((name, url)) or host
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                reader, writer = await asyncio.open_connection(host, port)
+                return await asyncio.open_connection(host, port, ssl=context, server_hostname=server_name)
         except (OSError, TimeoutError):
-            return _Quiet.RETRY  # never held a stream from this process: a refusal proves nothing
+            return None
+
+    async def _hold(self, name: str, url: str) -> ConnectionLost | ProcessGone | _Quiet:
+        """One stream, held to its end: what to tell the engine, if anything."""
+        opened = await self._open(name, url)
+        if opened is None:
+            return _Quiet.RETRY
+        reader, writer = opened
+        tls = urlsplit(url).scheme == "https"
         try:
             token = self._client.watch_token(url)
             lines = [
                 f"GET {WATCH_PATH} HTTP/1.0",
-                f"Host: {parts.netloc.rpartition('@')[2]}",  # never the userinfo of an endpoint URL
+                f"Host: {urlsplit(url).netloc.rpartition('@')[2]}",  # never the userinfo of an endpoint URL
                 f"{AUTH_HEADER}: {AUTH_SCHEME} {token}",
             ]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
-            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
-                status = _status_code(await reader.readline())
-                while (await reader.readline()).strip():
-                    pass  # the headers: nothing in them matters here
+            try:
+                async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                    status = _status_code(await reader.readline())
+                    while (await reader.readline()).strip():
+                        pass  # the headers: nothing in them matters here
+            except OSError:
+                if not tls:
+                    raise
+                status = None  # cut before a status line: see below
             if status == 401:  # a token rotation under way: the next try may fit
+                return _Quiet.RETRY
+            if status is None and tls:
+                # Closed or reset before a status line: under TLS 1.3, how the broker refuses the
+                # operator's certificate (after the client's side of the handshake). No stream was
+                # held, and it is not a broker without /watch: try again, as after a TLS failure.
                 return _Quiet.RETRY
             if status != 200:
                 logger.info("%s serves no %s (HTTP %s): not watched", name, WATCH_PATH, status)

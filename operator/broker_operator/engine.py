@@ -407,13 +407,20 @@ class ClusterLoop:
                     reason=error.reason,
                     renew=action.renew,
                     peer_closed=error.peer_closed,
+                    tls_error=error.tls_error,
                 )
         else:
             outcome = HeartbeatAnswered(action.broker, action.active, action.epoch, reply, action.renew)
         if isinstance(outcome, HeartbeatAnswered):
             kind = outcome.reply.state.lower()
         else:
-            kind = "late" if isinstance(outcome, HeartbeatFailed) and outcome.operator_late else "failed"
+            kind = (
+                "late"
+                if isinstance(outcome, HeartbeatFailed) and outcome.operator_late
+                else "tls"
+                if isinstance(outcome, HeartbeatFailed) and outcome.tls_error
+                else "failed"
+            )
         self._series.heartbeat(kind, time.perf_counter() - started)
         return outcome
 

@@ -21,7 +21,8 @@ from broker_operator.core.status import Phase
 HEARTBEATS: Final = Counter(
     "broker_failover_heartbeats",
     "Heartbeat calls made, by cluster and outcome (active, inactive, unavailable, failed; late: a"
-    " timeout while this operator's own event loop ran late, not counted against the broker).",
+    " timeout while this operator's own event loop ran late; tls: a certificate that did not verify"
+    " or the operator's refused; late and tls are not counted against the broker).",
     ["cluster", "outcome"],
 )
 HEARTBEAT_FAILURES: Final = Counter(
@@ -91,7 +92,7 @@ class ClusterSeries:
 # The label values the engine uses with the per-cluster metrics (engine.py), so that
 # a deleted cluster's series can be dropped one by one (prometheus_client has no
 # "remove by one label" call).
-HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed", "late")
+HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed", "late", "tls")
 CHANGES_OF_ACTIVE: Final = ("Failover", "Switchover", "Failback")
 
 

@@ -91,14 +91,22 @@ class ContainerPort(TypedDict, total=False):
     containerPort: int
 
 
+class EnvVar(TypedDict, total=False):
+    name: str
+    value: str
+
+
 class Container(TypedDict, total=False):
     name: str
     ports: list[ContainerPort]
+    env: list[EnvVar]  # read for BROKER_TLS_DIR (observed.serves_tls)
 
 
 class PodSpec(TypedDict, total=False):
     containers: list[Container]
     nodeName: str
+    hostname: str  # with subdomain: the pod's DNS name, which its certificate carries
+    subdomain: str
 
 
 class PodBody(TypedDict, total=False):

@@ -149,8 +149,9 @@ def ca_secret_name(cluster: str) -> str:
     return f"{cluster}-ca"
 
 
-def broker_soap_url(pod_ip: str, port: int = BROKER_PORT) -> str:
+def broker_soap_url(pod_ip: str, port: int = BROKER_PORT, *, tls: bool = False) -> str:
     """The engine's ``BrokerTarget.url`` for a pod: its IP, the port of the operator's calls (the
-    admin port where the pod has one, see ``observed.admin_port``), the SOAP path."""
+    admin port where the pod has one, see ``observed.admin_port``), the SOAP path; ``https`` when
+    the pod serves TLS (``observed.serves_tls``)."""
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-    return f"http://{host}:{port}{SOAP_PATH}"
+    return f"{'https' if tls else 'http'}://{host}:{port}{SOAP_PATH}"

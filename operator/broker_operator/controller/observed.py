@@ -17,6 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_contracts import environment
 from broker_operator.controller import names
 from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.rollout import PodView
@@ -77,14 +78,48 @@ def main_port(pod: PodBody) -> int:
     return _broker_port(pod, names.BROKER_PORT_NAME)
 
 
+def serves_tls(pod: PodBody) -> bool:
+    """Whether the pod's broker serves TLS: its container's environment names a TLS directory
+    (``BROKER_TLS_DIR``, which ``broker_tls.tls_env`` sets exactly when the broker serves TLS).
+
+    Read from each pod, like :func:`admin_port`, never from the spec or the operator's settings:
+    while a change of ``spec.tls.mode`` (or an operator upgrade that turns TLS on) rolls the pods
+    one at a time, some serve plain HTTP and some TLS, and each must be called the way it
+    listens; a heartbeat in the wrong one fails, and would count toward a failover.
+    """
+    for container in pod.get("spec", {}).get("containers") or []:
+        if container.get("name") != names.BROKER_CONTAINER:
+            continue
+        return any(
+            env.get("name") == environment.BROKER_TLS_DIR and env.get("value")
+            for env in container.get("env") or []
+        )
+    return False
+
+
+def pod_dns_name(pod: PodBody, cluster_domain: str) -> str | None:
+    """The pod's name under its headless Service, ``<hostname>.<subdomain>.<ns>.svc.<domain>``: the
+    name its serving certificate carries (``pki.names``) and the operator verifies when it dials
+    the pod's IP. From the pod's own ``hostname`` and ``subdomain`` (``builders`` sets both), as
+    the cluster's DNS names it; None when it has no subdomain (nothing names it then)."""
+    spec, meta = pod.get("spec", {}), pod.get("metadata", {})
+    hostname = spec.get("hostname") or meta.get("name")
+    subdomain, namespace = spec.get("subdomain"), meta.get("namespace")
+    if not (hostname and subdomain and namespace):
+        return None
+    return f"{hostname}.{subdomain}.{namespace}.svc.{cluster_domain}"
+
+
 def admin_soap_url(pod: PodBody) -> str | None:
-    """The SOAP URL of a pod's Heartbeat and admin operations; None while it has no IP."""
+    """The SOAP URL of a pod's Heartbeat and admin operations (``https`` when it serves TLS); None
+    while it has no IP."""
     ip = pod.get("status", {}).get("podIP")
-    return names.broker_soap_url(ip, admin_port(pod)) if ip else None
+    return names.broker_soap_url(ip, admin_port(pod), tls=serves_tls(pod)) if ip else None
 
 
 def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTarget]:
-    """The engine's targets: endpoints as written, or every managed pod that has an IP yet."""
+    """The engine's targets: endpoints as written, or every managed pod that has an IP yet (with
+    the DNS name its certificate must carry, when it serves TLS)."""
     if spec.endpoints_mode:
         return [BrokerTarget(e.name, e.url, e.priority) for e in spec.endpoints]
     targets = []
@@ -93,7 +128,8 @@ def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTa
         url = admin_soap_url(pod)
         if ordinal is None or url is None or pod.get("metadata", {}).get("deletionTimestamp"):
             continue  # no address yet (or on its way out): nothing to heartbeat
-        targets.append(BrokerTarget(name, url, ordinal))
+        server_name = pod_dns_name(pod, spec.tls.cluster_domain) if serves_tls(pod) else None
+        targets.append(BrokerTarget(name, url, ordinal, tls_server_name=server_name))
     return sorted(targets, key=lambda t: t.priority)
 
 

@@ -102,6 +102,10 @@ class HeartbeatFailed:
     # A timeout while the operator's own event loop ran late by at least half the timeout
     # (loop_lag.py): the delay was the operator's, so the timeout says nothing about the broker.
     operator_late: bool = False
+    # TLS failed with the broker (its certificate did not verify, or it refused the operator's):
+    # proof of nothing about the broker, and never a reason to fail over, since every broker of
+    # the cluster shares the PKI and the next one would fail the same way (heartbeat_client.py).
+    tls_error: bool = False
 
 
 @dataclass(frozen=True)

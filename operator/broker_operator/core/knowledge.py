@@ -133,6 +133,9 @@ class BrokerKnowledge:
     # unusable reply; not a refusal, nor a reset or close before any reply. A proof of death from
     # before it is void (observe._process_gone).
     last_contact_at: float | None = None
+    # Why TLS with it failed at the last try (a heartbeat's redacted reason), until it answers
+    # again: for a condition or an event; such a failure is not counted against it (observe).
+    tls_problem: str | None = None
     next_probe_at: float = 0.0  # standby probe with active=false
     next_fence_at: float = 0.0  # active=false to a broker that may still be active
 
@@ -479,8 +482,13 @@ def apply_pod_facts(state: EngineState, facts: Mapping[str, PodFacts]) -> Engine
     return state
 
 
-def failure_code(reason: str, reached: bool) -> str:
+TLS_ERROR = "TLS_ERROR"
+
+
+def failure_code(reason: str, reached: bool, *, tls_error: bool = False) -> str:
     """The 30-character code shown for a heartbeat that got no answer."""
+    if tls_error:
+        return TLS_ERROR
     if not reached:
         return "UNREACHABLE"
     return "HEARTBEAT_TIMEOUT" if "timeout" in reason.lower() else "HEARTBEAT_FAILED"

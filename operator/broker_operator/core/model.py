@@ -66,8 +66,12 @@ class BrokerTarget:
     """One broker the engine heartbeats. Smaller ``priority`` = preferred (pod ordinal 0 is 0)."""
 
     name: str
-    url: str  # the broker's SOAP endpoint, http://<ip>:<port>/soap
+    url: str  # the broker's SOAP endpoint, http://<ip>:<port>/soap (https:// when it serves TLS)
     priority: int
+    # The name the broker's server certificate must carry, when the URL dials something else: a
+    # pod's IP, verified as the pod's DNS name ``<pod>.<cluster>-brokers.<ns>.svc.<domain>``
+    # (pki/names.py). None: plain HTTP, or a URL whose host is the name to verify.
+    tls_server_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ follow ARCHITECTURE.md, "The heartbeat contract":
   (``renewLease=false``), which cannot renew a lease;
 - only a non-``Active`` answer to ``active=false`` (or a confirmed dead container)
   proves a broker not active;
-- a renewal of the active that is not answered ``Active`` counts one failure;
+- a renewal of the active that is not answered ``Active`` counts one failure, unless the
+  failure was the operator's (its event loop ran late) or TLS's (a certificate that did not
+  verify, or the operator's refused): neither says anything about the broker, and a TLS failure
+  would follow a failover to the next broker, which shares the PKI;
 - a candidate that answers ``Active`` completes the move under way; one that does not
   is tried no more in this round, except for two refusals a new epoch cures at once:
   ``STALE_EPOCH`` with the broker's higher stored epoch (the next allocation jumps
@@ -140,6 +143,7 @@ def _answered(state: EngineState, config: ClusterConfig, seen: HeartbeatAnswered
         "last_reply_at": now,
         "last_contact_at": now,
         "gone_at": None,
+        "tls_problem": None,
     }
     fence_until = now + config.settings.fence_seconds
     move = state.move
@@ -206,20 +210,26 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
     # candidate, a successor walked past the recorded active it was renewing and activated the
     # standby under a new epoch (issue 40). The candidate is asked again instead. What the call
     # may have done at the broker (renewed its lease) still counts below, for the fence.
+    # A TLS failure of the active or the candidate is not counted either (ARCHITECTURE.md: a
+    # certificate error is never a proof of death): both brokers share the PKI, so failing over
+    # would only move the failure and then flap. It stays visible as the broker's tls_problem.
     candidate = move is not None and move.candidate == seen.broker
-    operator_late = seen.operator_late and (seen.broker == state.active or candidate)
+    not_counted = (seen.operator_late or seen.tls_error) and (seen.broker == state.active or candidate)
+    code = failure_code(seen.reason, seen.reached, tls_error=seen.tls_error)
     changes: dict[str, object] = (
         {}
-        if operator_late
+        if not_counted
         else {
             "state": BrokerState.UNAVAILABLE.value,
-            "code": failure_code(seen.reason, seen.reached),
+            "code": code,
             "message": seen.reason,
             "ready_since": None,
         }
     )
-    if seen.reached and not seen.peer_closed:
-        changes["last_contact_at"] = now
+    if seen.tls_error:
+        changes["tls_problem"] = seen.reason
+    if (seen.reached and not seen.peer_closed) or seen.tls_error:
+        changes["last_contact_at"] = now  # a TLS failure: a live TLS listener took part in it
     if seen.active and seen.reached and seen.renew:
         changes.update(
             possibly_active_until=later_bound(
@@ -228,18 +238,24 @@ def _failed(state: EngineState, config: ClusterConfig, seen: HeartbeatFailed, no
             unanswered_activation=True,
         )
     resumed = candidate and state.resumes_holder(seen.broker)
-    if seen.active and (seen.broker == state.active or resumed) and not operator_late:
+    if seen.active and (seen.broker == state.active or resumed) and not not_counted:
         changes["failures"] = broker.failures + 1
     state = state.with_broker(broker.name, **changes)
     if move is None or not (seen.active and candidate):
         return state
-    if operator_late or (resumed and broker.failures + 1 < config.settings.failure_threshold):
+    if seen.tls_error and not_counted:
+        # Asked again, after an interval: a TLS failure comes back within a round trip, and
+        # asking at once would loop. Not passed over for the next broker either, which a
+        # failback would undo when the certificates are fixed (a flap).
+        retry_at = now + config.settings.interval_seconds
+        return replace(state, move=replace(move, candidate=None, retry_at=retry_at))
+    if not_counted or (resumed and broker.failures + 1 < config.settings.failure_threshold):
         # Asked again, as the active it was: one failure is not a failover (knowledge.resumes_holder).
         return replace(state, move=replace(move, candidate=None))
     state = state.with_broker(
         seen.broker,
         activation_failed_at=now,
-        activation_code=failure_code(seen.reason, seen.reached),
+        activation_code=code,
         activation_message=seen.reason,
     )
     return replace(state, move=replace(move, candidate=None, tried=move.tried | {seen.broker}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_operator.controller import names
+from broker_operator.controller import builders, names
 from broker_operator.controller.bodies import PodBody
 from broker_operator.controller.observed import (
     ClusterObservations,
@@ -12,11 +12,13 @@ from broker_operator.controller.observed import (
     container_terminated,
     facts_for,
     node_draining,
+    serves_tls,
     targets_for,
 )
 from broker_operator.controller.reconcile import drain_view
 from broker_operator.controller.spec import parse_spec
 from broker_operator.core.model import BrokerTarget, PodFacts
+from broker_operator.pki.names import server_dns_names
 
 SPEC = parse_spec("orders", {"account": "a", "company": "c", "replicas": 3})
 
@@ -172,3 +174,47 @@ def test_the_drain_view_says_whether_the_active_can_move_or_be_evicted() -> None
         evict, "orders-1", ClusterObservations(draining_nodes={"node-9"}, pods=observations.pods)
     )
     assert (view.node, view.condition()[1], view.evictable) == (None, "NotDraining", False)
+
+
+def built_pod(ordinal: int, ip: str, *, tls: dict[str, Any], serve_tls: bool) -> PodBody:
+    """A pod as the operator builds it (``builders.build_pod``), with an address."""
+    owner = {
+        "apiVersion": "broker.failover.dev/v1alpha1",
+        "kind": "BrokerCluster",
+        "metadata": {"name": "orders", "namespace": "erp", "uid": "uid-1"},
+    }
+    spec = parse_spec("orders", {"account": "a", "company": "c", "replicas": 2, "tls": tls})
+    body: Any = builders.build_pod(owner, ordinal, spec, active=False, serve_tls=serve_tls)
+    body["status"] = {"podIP": ip}
+    return body
+
+
+def test_a_pod_serving_tls_is_called_over_https_and_verified_as_its_dns_name() -> None:
+    tls = {"clusterDomain": "corp.example"}
+    spec = parse_spec("orders", {"account": "a", "company": "c", "replicas": 2, "tls": tls})
+    pods = {
+        "orders-0": built_pod(0, "10.0.0.10", tls=tls, serve_tls=True),
+        # Not yet rolled (plain HTTP): called as it listens, whatever the spec says now.
+        "orders-1": built_pod(1, "10.0.0.11", tls=tls, serve_tls=False),
+    }
+    assert serves_tls(pods["orders-0"]) and not serves_tls(pods["orders-1"])
+    tls_target, plain_target = targets_for(spec, pods)
+    port = names.BROKER_ADMIN_PORT
+    assert tls_target == BrokerTarget(
+        "orders-0",
+        f"https://10.0.0.10:{port}/soap",
+        0,
+        tls_server_name="orders-0.orders-brokers.erp.svc.corp.example",
+    )
+    assert plain_target == BrokerTarget("orders-1", f"http://10.0.0.11:{port}/soap", 1)
+    # The name verified is one the operator's PKI puts into the brokers' certificate.
+    assert tls_target.tls_server_name in server_dns_names(
+        "orders", "erp", [0, 1], cluster_domain="corp.example"
+    )
+
+
+def test_a_pod_rolled_to_tls_retargets_the_engine() -> None:
+    observations = ClusterObservations()
+    observations.observe("orders-0", built_pod(0, "10.0.0.10", tls={}, serve_tls=False))
+    targets_changed, _ = observations.observe("orders-0", built_pod(0, "10.0.0.10", tls={}, serve_tls=True))
+    assert targets_changed

@@ -124,6 +124,9 @@ class World:
     # The operator's own event loop runs late (loop_lag.py): every reply misses its timeout, and
     # the engine knows the delay was its own (HeartbeatFailed.operator_late).
     operator_late: bool = False
+    # Brokers whose TLS handshake with the operator fails (a certificate that does not verify, or
+    # the operator's refused): every call fails before it is sent (HeartbeatFailed.tls_error).
+    tls_broken: set[str] = field(default_factory=set)
 
     @classmethod
     def create(
@@ -449,6 +452,19 @@ class World:
         if not broker.alive:
             self.pending.append(
                 HeartbeatFailed(action.broker, action.active, action.epoch, False, "refused", action.renew)
+            )
+            return RTT
+        if broker.name in self.tls_broken:
+            self.pending.append(
+                HeartbeatFailed(
+                    action.broker,
+                    action.active,
+                    action.epoch,
+                    False,
+                    "certificate verify failed: certificate has expired (simulated)",
+                    action.renew,
+                    tls_error=True,
+                )
             )
             return RTT
         timed_out = HeartbeatFailed(action.broker, action.active, action.epoch, True, "timeout", action.renew)
