@@ -1,5 +1,5 @@
-"""Bring one BrokerCluster's children in line with its spec: Secret, Services, NetworkPolicy, PVCs,
-pods, rollout, and the journal claims' retention policy (``claims.py``).
+"""Bring one BrokerCluster's children in line with its spec: Secret, certificates (``certificates.py``),
+Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy (``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
@@ -22,6 +22,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
+from broker_operator.controller.certificates import ensure_certificates
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
@@ -117,6 +118,8 @@ async def reconcile_cluster(
     refused = check_endpoints(context, ref, parsed, status_patch, logger)
     refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
     refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
+    # Before any child: a broker pod in mode Operator mounts <name>-tls, which must exist first.
+    refused = await ensure_certificates(context, ref, parsed, status_patch, logger) or refused
     token_problem = await ensure_children(context, ref, parsed, make_pods=not refused)
     shown = any(c.get("type") == CONDITION_TOKENS_VALID for c in ref.status.get("conditions") or [])
     if token_problem is not None or shown:
