@@ -119,22 +119,27 @@ async def ensure_certificates(
     """One pass over the cluster's certificates (see the module's docstring). True when broker pods
     must not be made now: in mode Operator, with the pods mounting TLS, ``<name>-tls`` exists and is
     not the operator's, and a pod would mount whatever it holds."""
-    now = now or datetime.now(UTC)
     key = (ref.namespace, ref.name)
     observations = context.observations_for(*key)
     generation = ref.body["metadata"].get("generation")
-    check = context.certificate_checks.get(key)
     missing_pod = any(names.pod_name(ref.name, o) not in observations.pods for o in range(spec.replicas))
-    fresh = (
-        check is not None
-        and check.generation == generation
-        and time.monotonic() < check.due
-        and not missing_pod
-    )
-    if check is None or not fresh:
-        check = await _check(context, ref, spec, now, logger)
-        check.generation = generation
-        context.certificate_checks[key] = check
+    # A second pass that waited here finds the first one's check: reads, and makes keys, only if
+    # that one is not good for it.
+    waited_from = time.monotonic()
+    async with context.certificate_locks.setdefault(key, asyncio.Lock()):
+        now = now or datetime.now(UTC)
+        check = context.certificate_checks.get(key)
+        fresh = (
+            check is not None
+            and check.generation == generation
+            and time.monotonic() < check.due
+            and (not missing_pod or check.read_from >= waited_from)
+        )
+        if check is None or not fresh:
+            read_from = time.monotonic()
+            check = await _check(context, ref, spec, now, logger)
+            check.generation, check.read_from = generation, read_from
+            context.certificate_checks[key] = check
     _report(ref, observations, status_patch, check.report, now)
     return check.holds_pods and context.settings.broker_tls
 

@@ -35,6 +35,7 @@ class CertificateCheck:
     due: float  # monotonic: read the Secrets again from then on
     report: Any  # certificate_report.CertificateReport (imported there: no cycle through here)
     holds_pods: bool  # a pod made now would mount a Secret that is not the operator's
+    read_from: float = 0.0  # monotonic: when the reads of this check began
 
 
 @dataclass
@@ -58,6 +59,9 @@ class ControllerContext:
     running_loops: set[ClusterLoop] = field(default_factory=set)
     # Each cluster's last certificate check (certificates.py), so that an idle pass reads nothing.
     certificate_checks: dict[tuple[str, str], CertificateCheck] = field(default_factory=dict)
+    # One certificate check at a time per cluster: kopf may run the create handler and the timer at
+    # once, and two passes making keys in parallel would race each other to the Secrets.
+    certificate_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine_api is None:
@@ -84,6 +88,7 @@ class ControllerContext:
         """Drop what is remembered of a deleted cluster."""
         self.observations.pop((namespace, cluster), None)
         self.certificate_checks.pop((namespace, cluster), None)
+        self.certificate_locks.pop((namespace, cluster), None)
 
     def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
         key = (namespace, cluster)

@@ -142,7 +142,30 @@ async def reconcile_cluster(
         await apply_claim_retention(context, ref, parsed, logger)
     if not refused:
         report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    await _keep_a_newer_phase(context, ref, status_patch)
     return parsed
+
+
+async def _keep_a_newer_phase(
+    context: ControllerContext, ref: ClusterRef, status_patch: MutableMapping[str, Any]
+) -> None:
+    """No ``Pending`` from a pass that began with no phase if the engine has written one since."""
+    if not ref.status.get("phase") and not await _still_without_phase(context, ref):
+        status_patch.pop("phase", None)
+
+
+async def _still_without_phase(context: ControllerContext, ref: ClusterRef) -> bool:
+    """Whether the BrokerCluster as stored (not as this pass was handed it) still has no phase, asked
+    at the end of a pass that would write ``Pending``. A pass that started before the engine's first
+    status write (the create handler and the timer can both be in their first pass, each a second or
+    more with key generation, certificates.py) must not write ``Pending`` over the engine's
+    ``Healthy``: the engine writes only on a change, so the stale phase would stay. One read, only
+    while the phase is absent."""
+    try:
+        stored = await context.api.read_cluster(ref.namespace, ref.name)
+    except ApiException:
+        return True
+    return not (stored.get("status") or {}).get("phase")
 
 
 def report_readiness(

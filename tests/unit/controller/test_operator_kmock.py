@@ -162,6 +162,8 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
             "ext-backend-token",
             "ext-broker-token",
             "ext-broker-verifiers",
+            "ext-ca",  # mode Operator: the operator's client certificate and its CA
+            "ext-tls",
         ]
         status = cluster_status(kmock, "ext")
         assert [b["name"] for b in status["brokers"]] == ["ext-a", "ext-b"]
