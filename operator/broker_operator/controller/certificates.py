@@ -67,6 +67,7 @@ from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.operator_certificates import (
     OperatorSecrets,
     Outcome,
+    entries_of,
     next_check,
     plan_and_issue,
 )
@@ -183,7 +184,7 @@ async def _operator_pass(
     ca_name, tls_name = names.ca_secret_name(cluster), names.tls_secret_name(cluster)
     dns_names = wanted_dns_names(cluster, namespace, spec)
     policy = spec.tls.certificates.renewal_policy()
-    outcome = Outcome()
+    outcome, secrets = Outcome(), OperatorSecrets(None, None)
     for _attempt in range(2):  # a create that meets another replica's Secret reads it and goes on
         secrets = OperatorSecrets(
             await api.read_secret(namespace, ca_name), await api.read_secret(namespace, tls_name)
@@ -214,7 +215,7 @@ async def _operator_pass(
                             namespace,
                             name,
                         )
-                        return Outcome(outcome.entries), True
+                        return Outcome(entries_of(cluster, secrets.materials())), True
         except ApiException as error:
             if error.status not in _WRITE_REFUSED:
                 raise
@@ -223,12 +224,13 @@ async def _operator_pass(
                 f"{error.status} {error.reason}; the operator's RBAC needs secrets get, create and patch "
                 "(and, cluster-wide, the chart's writes guard must admit it)"
             )
-            return Outcome(outcome.entries, (*outcome.problems, Problem(WRITE_FAILED, message))), False
+            stored = entries_of(cluster, secrets.materials())  # what is stored, not what was not written
+            return Outcome(stored, (*outcome.problems, Problem(WRITE_FAILED, message))), False
         if raced:
             continue
         _post_renewals(ref, outcome)
         return outcome, False
-    return Outcome(outcome.entries), True
+    return Outcome(entries_of(cluster, secrets.materials())), True
 
 
 def _post_renewals(ref: ClusterRef, outcome: Outcome) -> None:

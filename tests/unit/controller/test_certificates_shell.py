@@ -285,3 +285,27 @@ async def test_client_material_in_mode_operator_is_the_operators_client_and_the_
     store.secrets["orders-ca"] = foreign
     assert await client_material(store, "shop", "orders", spec.tls) is None  # type: ignore[arg-type]
     assert shapes.LABEL_CERTIFICATES_OWNER in foreign["metadata"]["labels"]  # the label alone is not enough
+
+
+async def test_a_refused_write_is_write_failed_and_not_retried_every_pass(
+    events: list[tuple[str, str, str]],
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    store = SecretStore()
+
+    async def forbidden(manifest: dict[str, Any]) -> bool:
+        store.writes.append(("create", manifest["metadata"]["name"]))
+        raise ApiException(status=403, reason="Forbidden")
+
+    store.create = forbidden  # type: ignore[method-assign]
+    context, manifest = context_for(store), body()
+    context.observations_for("shop", "orders").pods = {"orders-0": {}, "orders-1": {}}  # type: ignore[typeddict-item]
+    patch, _ = await reconcile(context, manifest)
+    found = condition(manifest)
+    assert (found["status"], found["reason"]) == ("False", "WriteFailed")
+    assert "403 Forbidden" in found["message"] and "shop/orders-ca" in found["message"]
+    assert [c.get("serial") for c in patch["tls"]["certificates"]] == [None, None, None]  # nothing stored
+    assert [e[:2] for e in events] == [("Warning", "CertificateWriteFailed")]  # no CertificateIssued
+    await reconcile(context, manifest)  # within --certificates-recheck-seconds: no new keys, no write
+    assert store.writes == [("create", "orders-ca")]
