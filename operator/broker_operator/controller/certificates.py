@@ -50,6 +50,7 @@ from broker_operator.controller.certificate_report import (
     BACKEND_CLIENTS_CA,
     CONDITION_CERTIFICATES,
     CREDENTIAL_REFUSED,
+    EXPIRING_SOON,
     OPERATOR_CLIENT,
     SERVER,
     UPSTREAM_CA,
@@ -309,7 +310,7 @@ def _report(
         ref, status_patch, CONDITION_CERTIFICATES, ok=condition.status, reason=condition.reason,
         message=condition.message,
     )  # fmt: skip
-    if condition.status is False or condition.reason == "ExpiringSoon":
+    if condition.status is False or condition.reason == EXPIRING_SOON:
         if observations.first_report(CONDITION_CERTIFICATES, condition.message):
             kopf.warn(ref.kopf_body, reason=f"Certificate{condition.reason}", message=condition.message)
     else:
