@@ -18,14 +18,18 @@ process watching one namespace, re-reading the certificate Secrets every second
   36 hours ago (the test writes one, from the cluster's own CA, into ``<name>-tls``, as the operator
   would have a day and a half earlier) is renewed: a ``CertificateRenewed`` event with the reason,
   a new serial in ``status.tls``. The clock is real; the certificate's history is what is made up.
+- two replicas' first passes at once (in-process, two API clients): one CA in the end, and the
+  renewal's update conditional on the resourceVersion (the real API server's 409).
 
 Waits are bounded failure limits, not performance assertions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -35,11 +39,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 
 from broker_operator.controller import names
 from broker_operator.controller import tls_secrets as shapes
-from broker_operator.pki import KeyPair, certificate_info, issue_client, issue_server, new_ca
+from broker_operator.controller.certificates import ensure_certificates
+from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.reconcile import ClusterRef
+from broker_operator.controller.settings import ControllerSettings
+from broker_operator.controller.spec import parse_spec
+from broker_operator.pki import KeyPair, certificate_info, issue_client, issue_server, new_ca, verifies
 from local_cluster.cluster import REPO_ROOT
 from local_cluster.processes import ManagedProcess
 from tests.e2e.support import PlaneAccess, control_plane_only, wait_for
@@ -299,3 +310,52 @@ def test_short_lived_certificates_are_renewed_before_they_end(
     )
     assert fresh.not_after - datetime.now(UTC) > timedelta(days=1, hours=23)
     assert condition(plane, namespace, "brief").get("reason") == "Valid"
+
+
+def test_two_replicas_at_once_agree_on_one_ca_and_a_stale_update_is_refused(
+    plane: PlaneAccess, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two operator replicas' first passes over one new cluster, at the same moment, against the real
+    API server (no operator process drives this cluster: it lives in a namespace of its own): one
+    create wins, the other meets 409, reads what is there and uses it, so the Secrets hold one CA
+    and a server certificate of it. And the update a renewal makes is conditional on the
+    resourceVersion read: the API server refuses it once the Secret has changed."""
+    monkeypatch.setattr(kopf, "info", lambda *_, **__: None)  # no kopf event loop here to post through
+    monkeypatch.setattr(kopf, "warn", lambda *_, **__: None)
+    alone = new_namespace(plane, "certs-race")
+    apply(plane, alone, broker_cluster("twin", replicas=1, company="5000"))
+    body = plane.get_json(alone, "brokercluster", "twin")
+
+    async def both() -> None:
+        contexts = [
+            ControllerContext(settings=ControllerSettings(), api=KubeApi(plane.api_client()))
+            for _ in range(2)
+        ]
+        spec = parse_spec("twin", body["spec"])
+        ref = ClusterRef(alone, "twin", body, {})
+        logger = logging.getLogger("e2e")
+        await asyncio.gather(*(ensure_certificates(c, ref, spec, {}, logger) for c in contexts))
+        # Each replica reports the CA that is stored: the loser of the create took the winner's.
+        serials = {c.certificate_checks[(alone, "twin")].report.entries[0].info.serial for c in contexts}
+        stored = await contexts[0].api.read_secret(alone, "twin-ca")
+        assert stored is not None
+        assert serials == {certificate_info(data_of(stored)["ca.crt"]).serial}
+
+        api = contexts[0].api
+        found = await api.read_secret(alone, "twin-tls")
+        assert found is not None
+        stale = found["metadata"]["resourceVersion"]
+        assert await api.patch_secret(alone, "twin-tls", {"metadata": {"labels": {"touched": "1"}}})
+        refused = await api.patch_secret(
+            alone, "twin-tls", {"metadata": {"resourceVersion": stale}, "data": {"tls.crt": ""}}
+        )
+        assert refused is False
+
+    asyncio.run(both())
+    ca_pem = data_of(secret(plane, alone, "twin-ca") or {})["ca.crt"]
+    tls = data_of(secret(plane, alone, "twin-tls") or {})
+    assert tls["ca.crt"] == ca_pem
+    assert verifies(
+        tls["tls.crt"], ca_pem, dns_name=f"twin-active.{alone}.svc.cluster.local", now=datetime.now(UTC)
+    )
+    plane.kubectl("delete", "namespace", alone, "--wait=false", check=False)
