@@ -209,6 +209,42 @@ def test_the_operator_creates_only_opaque_secrets(guarded: PlaneAccess) -> None:
     assert refused_unlabelled.returncode != 0 and REFUSED_BY_POLICY in refused_unlabelled.stderr
 
 
+def test_a_tls_secret_is_created_only_as_a_clusters_certificate_with_the_ownership_label(
+    guarded: PlaneAccess,
+) -> None:
+    """Mode Operator's <cluster>-tls is kubernetes.io/tls (cert-manager's shape): admitted under
+    that name with the ownership label, refused under any other name or without the label."""
+    ownership = {"broker.failover.dev/cluster": "orders", "broker.failover.dev/certificates-owner": "uid-1"}
+
+    def tls_secret(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": VICTIM, "labels": labels},
+            "stringData": {"tls.crt": "x", "tls.key": "y", "ca.crt": "z"},
+        }
+
+    for name, labels in (
+        ("orders-tls", OURS),  # no ownership label
+        ("checkout-tls", {**OURS, **ownership}),  # another name than the cluster's
+        ("orders-ca", {**OURS, **ownership}),  # the CA's name: that one is Opaque
+    ):
+        refused = as_operator(guarded, "create", "-f", "-", body=tls_secret(name, labels))
+        assert refused.returncode != 0, name
+        assert "kubernetes.io/tls Secrets named <cluster>-tls" in refused.stderr, refused.stderr
+    unlabelled = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", ownership))
+    assert unlabelled.returncode != 0 and REFUSED_BY_POLICY in unlabelled.stderr
+    admitted = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", {**OURS, **ownership}))
+    assert admitted.returncode == 0, admitted.stderr
+    # Updated (a renewal is a conditional merge patch, which RBAC grants) while it stays the operator's.
+    patched = as_operator(
+        guarded, "patch", "secret", "-n", VICTIM, "orders-tls", "--type=merge", "-p",
+        json.dumps({"stringData": {"tls.crt": "renewed"}}),
+    )  # fmt: skip
+    assert patched.returncode == 0, patched.stderr
+
+
 def test_other_users_are_not_held_by_the_policy(guarded: PlaneAccess) -> None:
     """The policy matches the operator's account only: the shop's admin writes as before."""
     body = {**endpoint_slice({}), "metadata": {**endpoint_slice({})["metadata"], "name": "checkout-admin"}}

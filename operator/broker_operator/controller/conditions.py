@@ -18,16 +18,31 @@ def _now() -> str:
 
 
 def set_condition(
-    ref: ClusterRef, patch: MutableMapping[str, Any], kind: str, *, ok: bool, reason: str, message: str
+    ref: ClusterRef,
+    patch: MutableMapping[str, Any],
+    kind: str,
+    *,
+    ok: bool | None,
+    reason: str,
+    message: str,
 ) -> None:
-    """Set one condition, writing only when its status, reason or message changed (on top of any
-    condition this pass already set)."""
+    """Set one condition (``ok`` None: status Unknown), writing only when its status, reason or
+    message changed (on top of any condition this pass already set)."""
     conditions = [dict(c) for c in patch.get("conditions", ref.status.get("conditions")) or []]
     current = next((c for c in conditions if c.get("type") == kind), None)
-    wanted = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+    status = "Unknown" if ok is None else "True" if ok else "False"
+    wanted = {"type": kind, "status": status, "reason": reason, "message": message}
     if current is not None and all(current.get(k) == v for k, v in wanted.items()):
         return
     generation = ref.body["metadata"].get("generation")
     wanted.update(lastTransitionTime=_now(), **({"observedGeneration": generation} if generation else {}))
     conditions = [c for c in conditions if c.get("type") != kind] + [wanted]
     patch["conditions"] = conditions
+
+
+def remove_condition(ref: ClusterRef, patch: MutableMapping[str, Any], kind: str) -> None:
+    """Drop one condition, writing only when it is there (on top of this pass's conditions)."""
+    conditions = [dict(c) for c in patch.get("conditions", ref.status.get("conditions")) or []]
+    kept = [c for c in conditions if c.get("type") != kind]
+    if len(kept) != len(conditions):
+        patch["conditions"] = kept

@@ -27,6 +27,18 @@ MEMO_KEY = "broker_failover_controller"
 
 
 @dataclass
+class CertificateCheck:
+    """The last look at one cluster's certificates (certificates.py): what it found, for the passes
+    until the next look, and when that is due."""
+
+    generation: int | None
+    due: float  # monotonic: read the Secrets again from then on
+    report: Any  # certificate_report.CertificateReport (imported there: no cycle through here)
+    holds_pods: bool  # a pod made now would mount a Secret that is not the operator's
+    read_from: float = 0.0  # monotonic: when the reads of this check began
+
+
+@dataclass
 class ControllerContext:
     settings: ControllerSettings
     api: KubeApi  # the reconciles' calls
@@ -45,6 +57,11 @@ class ControllerContext:
     exit_seen_at: float | None = None
     # The engines that run now, for the handover of all of them at the exit (hand_over_all).
     running_loops: set[ClusterLoop] = field(default_factory=set)
+    # Each cluster's last certificate check (certificates.py), so that an idle pass reads nothing.
+    certificate_checks: dict[tuple[str, str], CertificateCheck] = field(default_factory=dict)
+    # One certificate check at a time per cluster: kopf may run the create handler and the timer at
+    # once, and two passes making keys in parallel would race each other to the Secrets.
+    certificate_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine_api is None:
@@ -66,6 +83,12 @@ class ControllerContext:
         if self.exit_seen_at is None:
             self.exit_seen_at = time.monotonic()
         return self.exit_seen_at + HANDOVER_SEND_SECONDS
+
+    def forget(self, namespace: str, cluster: str) -> None:
+        """Drop what is remembered of a deleted cluster."""
+        self.observations.pop((namespace, cluster), None)
+        self.certificate_checks.pop((namespace, cluster), None)
+        self.certificate_locks.pop((namespace, cluster), None)
 
     def observations_for(self, namespace: str, cluster: str) -> ClusterObservations:
         key = (namespace, cluster)

@@ -216,7 +216,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         # this only drops what the operator remembers about the cluster, best effort.
         context = context_from(memo)
         meta = body["metadata"]
-        context.observations.pop((meta["namespace"], meta["name"]), None)
+        context.forget(meta["namespace"], meta["name"])
         # The heartbeat daemon drops the series again once its engine has stopped
         # (daemon.run_cluster_heartbeats); this covers a cluster whose daemon had ended.
         metrics.forget_cluster(meta["name"])

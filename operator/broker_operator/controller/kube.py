@@ -415,6 +415,23 @@ class KubeApi:
             _content_type="application/merge-patch+json",
         )
 
+    async def patch_secret(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch Secret ``name``; with ``metadata.resourceVersion`` in ``patch``, only if it is
+        still at that version. False if it changed (409) or went (404) meanwhile: read it again."""
+        try:
+            await self._thread(
+                self._core.patch_namespaced_secret,
+                name,
+                namespace,
+                dict(patch),
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
+                return False
+            raise
+        return True
+
 
 def secret_value(secret: Mapping[str, Any], key: str) -> str | None:
     """The decoded value of ``key`` in a Secret body; None if the key is absent."""

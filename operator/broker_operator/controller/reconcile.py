@@ -1,5 +1,5 @@
-"""Bring one BrokerCluster's children in line with its spec: Secret, Services, NetworkPolicy, PVCs,
-pods, rollout, and the journal claims' retention policy (``claims.py``).
+"""Bring one BrokerCluster's children in line with its spec: Secret, certificates (``certificates.py``),
+Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy (``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
@@ -22,6 +22,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
+from broker_operator.controller.certificates import ensure_certificates
 from broker_operator.controller.claims import apply_claim_retention
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
@@ -117,6 +118,8 @@ async def reconcile_cluster(
     refused = check_endpoints(context, ref, parsed, status_patch, logger)
     refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
     refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
+    # Before any child: a broker pod in mode Operator mounts <name>-tls, which must exist first.
+    refused = await ensure_certificates(context, ref, parsed, status_patch, logger) or refused
     token_problem = await ensure_children(context, ref, parsed, make_pods=not refused)
     shown = any(c.get("type") == CONDITION_TOKENS_VALID for c in ref.status.get("conditions") or [])
     if token_problem is not None or shown:
@@ -139,7 +142,30 @@ async def reconcile_cluster(
         await apply_claim_retention(context, ref, parsed, logger)
     if not refused:
         report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    await _keep_a_newer_phase(context, ref, status_patch)
     return parsed
+
+
+async def _keep_a_newer_phase(
+    context: ControllerContext, ref: ClusterRef, status_patch: MutableMapping[str, Any]
+) -> None:
+    """No ``Pending`` from a pass that began with no phase if the engine has written one since."""
+    if not ref.status.get("phase") and not await _still_without_phase(context, ref):
+        status_patch.pop("phase", None)
+
+
+async def _still_without_phase(context: ControllerContext, ref: ClusterRef) -> bool:
+    """Whether the BrokerCluster as stored (not as this pass was handed it) still has no phase, asked
+    at the end of a pass that would write ``Pending``. A pass that started before the engine's first
+    status write (the create handler and the timer can both be in their first pass, each a second or
+    more with key generation, certificates.py) must not write ``Pending`` over the engine's
+    ``Healthy``: the engine writes only on a change, so the stale phase would stay. One read, only
+    while the phase is absent."""
+    try:
+        stored = await context.api.read_cluster(ref.namespace, ref.name)
+    except ApiException:
+        return True
+    return not (stored.get("status") or {}).get("phase")
 
 
 def report_readiness(

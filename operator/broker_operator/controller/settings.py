@@ -79,6 +79,10 @@ class ControllerSettings:
     # the CRD's shape): a broker serving TLS refuses plain-HTTP heartbeats, and would wait for a
     # Secret nobody writes yet. The part that does both turns it on; the pods then roll once.
     broker_tls: bool = False
+    # How often a cluster's certificate Secrets are read again while nothing is due (certificates.py):
+    # a Secret deleted or replaced by hand, or renewed by cert-manager (mode Secrets), is seen within
+    # it. A renewal, a warning or an expiry falling due is checked at its time whatever this says.
+    certificates_recheck_seconds: float = 60.0
 
     def token_recheck_for(self, running: int) -> float:
         """Seconds between a cluster's periodic token re-reads while ``running`` clusters run."""
@@ -191,6 +195,13 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="comma-separated fnmatch patterns spec.image must match; empty: any "
         "(env OPERATOR_BROKER_IMAGES)",
     )
+    parser.add_argument(
+        "--certificates-recheck-seconds",
+        type=float,
+        default=float(env("OPERATOR_CERTIFICATES_RECHECK_SECONDS", "60")),
+        help="how often each cluster's certificate Secrets are read again while nothing is due "
+        "(env OPERATOR_CERTIFICATES_RECHECK_SECONDS)",
+    )
     args = parser.parse_args(argv)
     try:
         endpoint_hosts = (
@@ -216,6 +227,8 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         parser.error(f"--peering-lifetime-seconds ({args.peering_lifetime_seconds}) must be at least 10")
     if args.token_recheck_seconds <= 0:
         parser.error(f"--token-recheck-seconds ({args.token_recheck_seconds}) must be positive")
+    if args.certificates_recheck_seconds <= 0:
+        parser.error(f"--certificates-recheck-seconds ({args.certificates_recheck_seconds}) must be positive")
     if args.token_reads_per_second <= 0:
         parser.error(f"--token-reads-per-second ({args.token_reads_per_second}) must be positive")
     return ControllerSettings(
@@ -237,6 +250,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         endpoint_hosts=endpoint_hosts,
         broker_pod_security=args.broker_pod_security,
         broker_images=BrokerImages.parse(args.broker_images.split(",")),
+        certificates_recheck_seconds=args.certificates_recheck_seconds,
     )
 
 

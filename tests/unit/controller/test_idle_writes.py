@@ -59,7 +59,9 @@ async def test_healthy_clusters_cost_no_api_writes(
 ) -> None:
     runner, port = await healthy_brokers()
     try:
-        async with running_operator(kmock, kube_api) as context:
+        # The certificate Secrets are read again every 2 s (60 by default): each such read finds
+        # nothing due and must write nothing.
+        async with running_operator(kmock, kube_api, certificates_recheck_seconds=2.0) as context:
             for n, name in enumerate(CLUSTER_NAMES):
                 endpoints = [
                     {"name": b, "url": f"http://127.0.0.1:{port}/{name}/{b}/soap", "priority": p}
@@ -82,6 +84,12 @@ async def test_healthy_clusters_cost_no_api_writes(
                     break
                 await asyncio.sleep(0.1)
             assert set(phases().values()) == {"Healthy"}, phases()
+            # mode Operator (the default): each cluster's certificates were issued, and their periodic
+            # re-checks (certificates.py) are among what the window below must not see write.
+            secrets = objects_of(kmock, "v1/secrets")
+            assert all({f"{name}-ca", f"{name}-tls"} <= set(secrets) for name in CLUSTER_NAMES), sorted(
+                secrets
+            )
             # What the periodic token re-reads are spread over (ControllerSettings.token_recheck_for).
             assert context.running_engines == len(CLUSTER_NAMES)
             await asyncio.sleep(2 * RECONCILE_SECONDS)  # the reconciles already under way finish

@@ -56,7 +56,13 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         secrets = objects_of(kmock, "v1/secrets")
         assert sorted(claims) == ["journal-orders-0", "journal-orders-1", "journal-orders-2"]
         assert sorted(services) == ["orders-active", "orders-brokers"]
-        assert sorted(secrets) == ["orders-backend-token", "orders-broker-token", "orders-broker-verifiers"]
+        assert sorted(secrets) == [
+            "orders-backend-token",
+            "orders-broker-token",
+            "orders-broker-verifiers",
+            "orders-ca",  # mode Operator, the default: the cluster's CA and the brokers' certificate
+            "orders-tls",
+        ]
         for child in [*pods.values(), *services.values(), *secrets.values()]:
             (owner,) = child["metadata"]["ownerReferences"]
             assert (owner["kind"], owner["name"], owner["uid"]) == ("BrokerCluster", "orders", "uid-orders")
@@ -71,9 +77,19 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
             ("SpecValid", "True", "Valid"),
             ("PodSecurityAllowed", "True", "Allowed"),
             ("CredentialsAllowed", "True", "OptedIn"),
+            ("CertificatesValid", "True", "Valid"),
             ("DrainAllowed", "True", "NotDraining"),
             ("Ready", "False", "WaitingForBrokers"),
         ]
+        tls = cluster_status(kmock, "orders")["tls"]
+        assert tls["mode"] == "Operator"
+        assert [(c["name"], c["secret"]) for c in tls["certificates"]] == [
+            ("ca", "orders-ca"),
+            ("server", "orders-tls"),
+            ("operatorClient", "orders-ca"),
+        ]
+        issued = [e for e in events_of(kmock, "orders") if e["reason"] == "CertificateIssued"]
+        assert len(issued) == 3 and all("BEGIN" not in e["message"] for e in issued)
         # The budget that holds back a drain's eviction of the active, owned like every child.
         (budget,) = objects_of(kmock, "policy/v1/poddisruptionbudgets").values()
         assert budget["metadata"]["name"] == "orders-active" and budget["spec"]["minAvailable"] == 1
@@ -146,6 +162,8 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
             "ext-backend-token",
             "ext-broker-token",
             "ext-broker-verifiers",
+            "ext-ca",  # mode Operator: the operator's client certificate and its CA
+            "ext-tls",
         ]
         status = cluster_status(kmock, "ext")
         assert [b["name"] for b in status["brokers"]] == ["ext-a", "ext-b"]

@@ -1,0 +1,209 @@
+"""Mode Operator, the decisions: from ``<name>-ca`` and ``<name>-tls`` as read, what to issue and write.
+
+One synchronous function, :func:`plan_and_issue`, which the shell (``certificates.py``) runs in a
+worker thread because making an RSA-3072 key takes a second of CPU: it refuses Secrets this
+BrokerCluster does not own, asks ``pki.plan_renewal`` what is due (the CA first), issues exactly
+that with ``pki.authority`` (a leaf from the CA that results), and says which of the two Secrets
+must be written with which bytes. When nothing is due it issues nothing, and the bytes it would
+write equal those held, so the shell writes nothing: an idle pass costs two reads and no write.
+
+- ``<name>-tls``'s ``ca.crt`` is the trust bundle of the current CA certificate, so a same-key
+  CA renewal rewrites it even though no leaf is due (the brokers and SAP see the renewed CA).
+- A CA that cannot be read raises no new key: ``pki.plan_renewal`` refuses it, and this says
+  Invalid with what to do, because a new CA silently made would leave every client that trusts
+  the old one (SAP's STRUST among them) refusing the brokers.
+
+What it does not do: call the API, post events (it returns the renewals that happened), or look
+at the clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from broker_operator.controller import names
+from broker_operator.controller import tls_secrets as shapes
+from broker_operator.controller.certificate_report import (
+    CA,
+    INVALID,
+    NOT_OWNED,
+    OPERATOR_CLIENT,
+    SERVER,
+    Entry,
+    Problem,
+)
+from broker_operator.pki import (
+    CertificateError,
+    CertificateInfo,
+    KeyPair,
+    Materials,
+    Renewal,
+    RenewalPolicy,
+    Target,
+    Verb,
+    issue_client,
+    issue_server,
+    new_ca,
+    plan_renewal,
+    renew_ca,
+    trust_bundle,
+)
+
+
+def ca_common_name(namespace: str, cluster: str) -> str:
+    """The CA's commonName: which BrokerCluster it is for, cut to the 64 characters X.509 allows."""
+    return f"broker-failover CA {namespace}/{cluster}"[:64]
+
+
+@dataclass(frozen=True)
+class OperatorSecrets:
+    """``<name>-ca`` and ``<name>-tls`` as the API server returned them (None: absent)."""
+
+    ca: Mapping[str, Any] | None
+    tls: Mapping[str, Any] | None
+
+    def materials(self) -> Materials:
+        return Materials(
+            ca=shapes.key_pair(self.ca, shapes.CA_CERT_KEY, shapes.CA_KEY_KEY, what="CA Secret"),
+            server=shapes.key_pair(self.tls, shapes.TLS_CERT_KEY, shapes.TLS_KEY_KEY, what="TLS Secret"),
+            client=shapes.key_pair(self.ca, shapes.CLIENT_CERT_KEY, shapes.CLIENT_KEY_KEY, what="CA Secret"),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass found and did, for the shell to write and report."""
+
+    entries: tuple[Entry, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    renewals: tuple[Renewal, ...] = ()  # carried out: each becomes an event once written
+    ca_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-ca
+    tls_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-tls
+    foreign_tls: bool = False  # <name>-tls exists and is not ours: a pod must not mount it
+
+
+def _info(pair: KeyPair | None) -> CertificateInfo | None:
+    if pair is None:
+        return None
+    try:
+        return pair.info()
+    except CertificateError:
+        return None
+
+
+def entries_of(cluster: str, materials: Materials) -> tuple[Entry, ...]:
+    ca_name, tls_name = names.ca_secret_name(cluster), names.tls_secret_name(cluster)
+    return (
+        Entry(CA, ca_name, _info(materials.ca)),
+        Entry(SERVER, tls_name, _info(materials.server)),
+        Entry(OPERATOR_CLIENT, ca_name, _info(materials.client)),
+    )
+
+
+def _not_owned(namespace: str, secret: Mapping[str, Any], name: str, role: str) -> Problem:
+    owner = shapes.recorded_owner(secret)
+    whose = f"recorded as BrokerCluster uid {owner}'s" if owner else "not recorded as the operator's"
+    return Problem(
+        NOT_OWNED,
+        f"Secret {namespace}/{name} ({role}) exists and is {whose} (label "
+        f"{shapes.LABEL_CERTIFICATES_OWNER}), so the operator does not overwrite it: delete or rename it to "
+        "have the operator issue its own, or set spec.tls.mode: Secrets to use certificates of your own",
+    )
+
+
+def plan_and_issue(
+    secrets: OperatorSecrets,
+    *,
+    owner: Mapping[str, Any],
+    dns_names: tuple[str, ...],
+    policy: RenewalPolicy,
+    now: datetime,
+) -> Outcome:
+    """Issue what is due, and what to write; runs in a worker thread (key generation)."""
+    meta = owner["metadata"]
+    namespace, cluster, uid = meta["namespace"], meta["name"], str(meta.get("uid") or "")
+    problems = []
+    for secret, name, role in (
+        (secrets.ca, names.ca_secret_name(cluster), "the cluster's CA"),
+        (secrets.tls, names.tls_secret_name(cluster), "the brokers' certificate"),
+    ):
+        if secret is not None and shapes.ownership(secret, uid) is shapes.Ownership.FOREIGN:
+            problems.append(_not_owned(namespace, secret, name, role))
+    foreign_tls = secrets.tls is not None and shapes.ownership(secrets.tls, uid) is shapes.Ownership.FOREIGN
+    if problems:
+        return Outcome(problems=tuple(problems), foreign_tls=foreign_tls)
+    held = secrets.materials()
+    client_name = shapes.OPERATOR_CLIENT_NAME
+    try:
+        renewals = plan_renewal(
+            held, server_dns_names=dns_names, client_name=client_name, policy=policy, now=now
+        )
+        issued = _issue(
+            held, renewals, dns_names=dns_names, policy=policy, now=now,
+            common_name=ca_common_name(namespace, cluster),
+        )  # fmt: skip
+    except CertificateError as error:
+        message = (
+            f"Secret {namespace}/{names.ca_secret_name(cluster)}: {error}. The operator makes no new CA "
+            "key on its own (every client that trusts the old CA, SAP's STRUST among them, would refuse "
+            "the brokers): restore the Secret, or delete it to have a new CA made and give the new ca.crt of "
+            f"{names.tls_secret_name(cluster)} to everyone who trusts the old one"
+        )
+        return Outcome(entries_of(cluster, held), (Problem(INVALID, message),))
+    assert issued.ca is not None and issued.server is not None and issued.client is not None  # _issue
+    ca_data = shapes.ca_secret_data(issued.ca, issued.client)
+    tls_data = shapes.tls_secret_data(issued.server, trust_bundle(issued.ca.certificate_pem))
+    return Outcome(
+        entries=entries_of(cluster, issued),
+        renewals=renewals,
+        ca_data=None if shapes.held_data(secrets.ca, shapes.CA_SECRET_KEYS) == ca_data else ca_data,
+        tls_data=None if shapes.held_data(secrets.tls, shapes.TLS_SECRET_KEYS) == tls_data else tls_data,
+    )
+
+
+def _issue(
+    held: Materials,
+    renewals: tuple[Renewal, ...],
+    *,
+    dns_names: tuple[str, ...],
+    policy: RenewalPolicy,
+    now: datetime,
+    common_name: str,
+) -> Materials:
+    """``held`` with every renewal carried out, the CA first (plan_renewal lists it first)."""
+    ca, server, client = held.ca, held.server, held.client
+    for renewal in renewals:
+        if renewal.target is Target.CA:
+            if renewal.verb is Verb.RENEW_SAME_KEY and ca is not None:
+                ca = renew_ca(ca, days=policy.ca_days, now=now)
+            else:
+                ca = new_ca(common_name, days=policy.ca_days, now=now)
+        elif ca is None:
+            raise CertificateError("no CA to issue from")  # plan_renewal always issues one first
+        elif renewal.target is Target.SERVER:
+            server = issue_server(ca, dns_names, days=policy.certificate_days, now=now)
+        else:
+            client = issue_client(ca, shapes.OPERATOR_CLIENT_NAME, days=policy.certificate_days, now=now)
+    return Materials(ca=ca, server=server, client=client)
+
+
+def next_check(
+    entries: tuple[Entry, ...], *, policy: RenewalPolicy | None, warn_within: timedelta, now: datetime
+) -> timedelta | None:
+    """How long until something about ``entries`` changes on its own: a renewal falls due (with a
+    ``policy``: mode Operator), a warning starts, a certificate expires. None: nothing ahead."""
+    moments = []
+    for entry in entries:
+        if entry.info is None:
+            continue
+        end = entry.info.not_after
+        moments += [end, end - warn_within]
+        if policy is not None and entry.name in (SERVER, OPERATOR_CLIENT):
+            moments.append(end - timedelta(days=policy.renew_before_days))
+        elif policy is not None and entry.name == CA:
+            moments.append(end - timedelta(days=policy.ca_renew_before_days))
+    ahead = [moment - now for moment in moments if moment > now]
+    return min(ahead) if ahead else None

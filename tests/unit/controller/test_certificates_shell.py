@@ -1,0 +1,311 @@
+"""``certificates.ensure_certificates`` and ``client_tls.client_material`` against an in-memory Secret
+store that keeps resourceVersions and answers 409 as the API server does: what is read, what is
+written (nothing on an idle pass), a create that meets another replica's Secret, an update that
+meets a newer version, the status patch and the events (kopf's posting replaced by a recorder)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kopf
+import pytest
+
+from broker_operator.controller import names
+from broker_operator.controller import tls_secrets as shapes
+from broker_operator.controller.certificates import client_material, ensure_certificates, read_client_material
+from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.reconcile import ClusterRef
+from broker_operator.controller.settings import ControllerSettings
+from broker_operator.controller.spec import ClusterSpec, parse_spec
+from broker_operator.pki import issue_client, issue_server, new_ca, verifies
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+UID = "uid-orders"
+LOG = logging.getLogger(__name__)
+
+
+class SecretStore:
+    """The Secret calls of ``KubeApi`` the certificates make, over a dict, with resourceVersions."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.reads = 0
+        self.version = 0
+        self.before_create: Any = None  # called before a create lands: another replica's turn
+
+    def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        body = copy.deepcopy(body)
+        body["metadata"]["resourceVersion"] = str(self.version)
+        return body
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        found = self.secrets.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+    async def create(self, manifest: dict[str, Any]) -> bool:
+        if self.before_create is not None:
+            hook, self.before_create = self.before_create, None
+            await hook()
+        name = manifest["metadata"]["name"]
+        self.writes.append(("create", name))
+        if name in self.secrets:
+            return False
+        self.secrets[name] = self._stored(manifest)
+        return True
+
+    async def patch_secret(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        self.writes.append(("patch", name))
+        current = self.secrets.get(name)
+        wanted = patch.get("metadata", {}).get("resourceVersion")
+        if current is None or (wanted and wanted != current["metadata"]["resourceVersion"]):
+            return False
+        merged = copy.deepcopy(current)
+        merged["data"].update(patch.get("data") or {})
+        merged["metadata"]["labels"].update(patch.get("metadata", {}).get("labels") or {})
+        self.secrets[name] = self._stored(merged)
+        return True
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        kopf, "info", lambda body, *, reason, message: posted.append(("Normal", reason, message))
+    )
+    monkeypatch.setattr(
+        kopf, "warn", lambda body, *, reason, message: posted.append(("Warning", reason, message))
+    )
+    return posted
+
+
+def body(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": "orders", "namespace": "shop", "uid": UID, "generation": 1},
+        "spec": {"account": "acme", "company": "1000", "replicas": 2, **spec},
+        "status": status or {},
+    }
+
+
+def context_for(store: SecretStore) -> ControllerContext:
+    return ControllerContext(settings=ControllerSettings(broker_tls=True), api=store)  # type: ignore[arg-type]
+
+
+async def reconcile(
+    context: ControllerContext, manifest: dict[str, Any], now: datetime = NOW
+) -> tuple[dict[str, Any], bool]:
+    """One pass; the status patch, applied to ``manifest`` as kopf would, and whether pods are held."""
+    spec: ClusterSpec = parse_spec("orders", manifest["spec"])
+    ref = ClusterRef("shop", "orders", manifest, manifest["status"])
+    patch: dict[str, Any] = {}
+    held = await ensure_certificates(context, ref, spec, patch, LOG, now=now)
+    for key, value in patch.items():
+        if value is None:
+            manifest["status"].pop(key, None)
+        elif key == "tls":
+            manifest["status"]["tls"] = {k: v for k, v in value.items() if v is not None}
+        else:
+            manifest["status"][key] = value
+    return patch, held
+
+
+def expire_cache(context: ControllerContext) -> None:
+    for check in context.certificate_checks.values():
+        check.due = 0.0
+
+
+def condition(manifest: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in manifest["status"]["conditions"] if c["type"] == "CertificatesValid")
+
+
+async def test_the_first_pass_writes_both_secrets_and_an_idle_pass_nothing(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context, manifest = context_for(store), body()
+    patch, held = await reconcile(context, manifest)
+    assert not held
+    assert store.writes == [("create", "orders-ca"), ("create", "orders-tls")]  # the CA first
+    assert [e[1] for e in events] == ["CertificateIssued"] * 3
+    assert patch["tls"]["mode"] == "Operator" and len(patch["tls"]["certificates"]) == 3
+    assert condition(manifest)["reason"] == "Valid"
+    reads = store.reads
+    again, _ = await reconcile(context, manifest)  # a pod is missing (about to be made): read again
+    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2
+    reads = store.reads
+    context.observations_for("shop", "orders").pods = {"orders-0": {}, "orders-1": {}}  # type: ignore[typeddict-item]
+    again, _ = await reconcile(context, manifest)  # cached: nothing read, nothing written
+    assert again == {} and store.reads == reads and len(store.writes) == 2
+    expire_cache(context)
+    again, _ = await reconcile(context, manifest)  # read again: still nothing due, nothing written
+    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2 and len(events) == 3
+
+
+async def test_a_create_that_meets_another_replicas_ca_uses_it(events: list[tuple[str, str, str]]) -> None:
+    store, other = SecretStore(), SecretStore()
+    await reconcile(context_for(other), body())  # the other replica's CA and certificate
+
+    async def other_replica_first() -> None:
+        store.secrets["orders-ca"] = copy.deepcopy(other.secrets["orders-ca"])
+
+    store.before_create = other_replica_first
+    context, manifest = context_for(store), body()
+    await reconcile(context, manifest)
+    assert store.secrets["orders-ca"]["data"] == other.secrets["orders-ca"]["data"]  # theirs, kept
+    ca_pem = base64.b64decode(store.secrets["orders-ca"]["data"]["ca.crt"])
+    tls = {k: base64.b64decode(v) for k, v in store.secrets["orders-tls"]["data"].items()}
+    assert tls["ca.crt"] == ca_pem
+    assert verifies(tls["tls.crt"], ca_pem, dns_name="orders-active.shop.svc.cluster.local", now=NOW)
+
+
+async def test_an_update_that_meets_a_newer_version_waits_for_the_next_pass(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context, manifest = (
+        context_for(store),
+        body(tls={"certificates": {"validityDays": 2, "renewBeforeDays": 1}}),
+    )
+    await reconcile(context, manifest)
+    later = NOW + timedelta(hours=36)
+    real_patch = store.patch_secret
+
+    async def bumped_first(namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        store.secrets[name] = store._stored(store.secrets[name])  # someone wrote it meanwhile
+        return await real_patch(namespace, name, patch)
+
+    store.patch_secret = bumped_first  # type: ignore[method-assign]
+    expire_cache(context)
+    await reconcile(context, manifest, later)
+    assert not [e for e in events if e[1] == "CertificateRenewed"]  # nothing was written
+    store.patch_secret = real_patch  # type: ignore[method-assign]
+    await reconcile(context, manifest, later)  # due again at once: this pass renews
+    renewed = [e for e in events if e[1] == "CertificateRenewed"]
+    assert [e[2].split(":")[0] for e in renewed] == ["server", "client"]
+    assert all("expires in 12 hours" in e[2] for e in renewed)
+
+
+async def test_a_foreign_tls_secret_holds_the_pods_and_is_reported_once(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    store.secrets["orders-tls"] = {
+        "metadata": {"name": "orders-tls", "namespace": "shop", "resourceVersion": "7"},
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": "", "tls.key": ""},
+    }
+    context, manifest = context_for(store), body()
+    _, held = await reconcile(context, manifest)
+    assert held and store.writes == []
+    assert (condition(manifest)["status"], condition(manifest)["reason"]) == ("False", "NotOwned")
+    expire_cache(context)
+    await reconcile(context, manifest)
+    assert [e[:2] for e in events] == [("Warning", "CertificateNotOwned")]  # once per distinct problem
+    no_tls = ControllerContext(settings=ControllerSettings(broker_tls=False), api=store)  # type: ignore[arg-type]
+    assert not (await reconcile(no_tls, body()))[1]  # pods that mount no TLS are not held
+
+
+async def test_disabled_reports_the_mode_and_removes_the_condition(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    stale = {"type": "CertificatesValid", "status": "True", "reason": "Valid", "message": "x"}
+    old_tls = {"mode": "Operator", "certificates": [{"name": "ca", "secret": "orders-ca"}], "served": []}
+    manifest = body({"conditions": [stale], "tls": old_tls}, tls={"mode": "Disabled"})
+    patch, _ = await reconcile(context_for(store), manifest)
+    assert patch["tls"] == {"mode": "Disabled", "certificates": None}  # served stays (a merge patch)
+    assert patch["conditions"] == []
+    assert store.reads == 0 and store.writes == [] and events == []
+
+
+async def test_mode_secrets_reads_and_never_writes(events: list[tuple[str, str, str]]) -> None:
+    ca = new_ca("customer", days=365, now=NOW, key_bits=2048)
+    server = issue_server(ca, ["orders-active.shop.svc.cluster.local"], days=60, now=NOW)
+    client = issue_client(ca, "sap-operator", days=60, now=NOW)
+
+    def user(name: str, pair: Any, labelled: bool = True) -> dict[str, Any]:
+        data = {"tls.crt": pair.certificate_pem, "tls.key": pair.key_pem, "ca.crt": ca.certificate_pem}
+        labels = {names.LABEL_CREDENTIAL: "true"} if labelled else {}
+        return {
+            "metadata": {"name": name, "namespace": "shop", "labels": labels, "resourceVersion": "3"},
+            "type": "kubernetes.io/tls",
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+
+    store = SecretStore()
+    store.secrets = {"srv": user("srv", server), "cli": user("cli", client)}
+    tls = {"mode": "Secrets", "secrets": {"server": "srv", "operatorClient": "cli"}}
+    manifest = body(tls=tls)
+    patch, _ = await reconcile(context_for(store), manifest)
+    assert store.writes == []
+    assert [c["name"] for c in patch["tls"]["certificates"]] == ["ca", "server", "operatorClient"]
+    assert condition(manifest)["reason"] == "Valid"
+    material = await client_material(store, "shop", "orders", parse_spec("orders", manifest["spec"]).tls)  # type: ignore[arg-type]
+    assert material is not None and material.certificate_pem == client.certificate_pem
+    assert material.trust_bundle_pem == ca.certificate_pem and "BEGIN" not in repr(material)
+    store.secrets["cli"] = user("cli", client, labelled=False)
+    refused = await read_client_material(store, "shop", "orders", parse_spec("orders", manifest["spec"]).tls)  # type: ignore[arg-type]
+    assert (
+        refused.material is None
+        and refused.reason is not None
+        and "does not carry the label" in refused.reason
+    )
+    manifest = body(tls=tls)
+    await reconcile(context_for(store), manifest)
+    assert (condition(manifest)["status"], condition(manifest)["reason"]) == ("Unknown", "CredentialRefused")
+    assert events == []  # CredentialsAllowed posts that one
+
+
+async def test_client_material_in_mode_operator_is_the_operators_client_and_the_ca(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    manifest = body()
+    spec = parse_spec("orders", manifest["spec"])
+    missing = await read_client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
+    assert missing.material is None and missing.reason == "Secret shop/orders-ca does not exist yet"
+    await reconcile(context_for(store), manifest)
+    material = await client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
+    assert material is not None
+    data = {k: base64.b64decode(v) for k, v in store.secrets["orders-ca"]["data"].items()}
+    assert (material.certificate_pem, material.key_pem) == (data["client.crt"], data["client.key"])
+    assert material.trust_bundle_pem == data["ca.crt"]
+    server = base64.b64decode(store.secrets["orders-tls"]["data"]["tls.crt"])
+    assert verifies(server, material.trust_bundle_pem, dns_name="orders-active.shop.svc", now=NOW)
+    foreign = copy.deepcopy(store.secrets["orders-ca"])
+    foreign["metadata"]["ownerReferences"] = []
+    store.secrets["orders-ca"] = foreign
+    assert await client_material(store, "shop", "orders", spec.tls) is None  # type: ignore[arg-type]
+    assert shapes.LABEL_CERTIFICATES_OWNER in foreign["metadata"]["labels"]  # the label alone is not enough
+
+
+async def test_a_refused_write_is_write_failed_and_not_retried_every_pass(
+    events: list[tuple[str, str, str]],
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    store = SecretStore()
+
+    async def forbidden(manifest: dict[str, Any]) -> bool:
+        store.writes.append(("create", manifest["metadata"]["name"]))
+        raise ApiException(status=403, reason="Forbidden")
+
+    store.create = forbidden  # type: ignore[method-assign]
+    context, manifest = context_for(store), body()
+    context.observations_for("shop", "orders").pods = {"orders-0": {}, "orders-1": {}}  # type: ignore[typeddict-item]
+    patch, _ = await reconcile(context, manifest)
+    found = condition(manifest)
+    assert (found["status"], found["reason"]) == ("False", "WriteFailed")
+    assert "403 Forbidden" in found["message"] and "shop/orders-ca" in found["message"]
+    assert [c.get("serial") for c in patch["tls"]["certificates"]] == [None, None, None]  # nothing stored
+    assert [e[:2] for e in events] == [("Warning", "CertificateWriteFailed")]  # no CertificateIssued
+    await reconcile(context, manifest)  # within --certificates-recheck-seconds: no new keys, no write
+    assert store.writes == [("create", "orders-ca")]
