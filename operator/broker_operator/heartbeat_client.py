@@ -196,6 +196,13 @@ class HeartbeatClient:
         """The client TLS context source (``TlsClient.update`` takes each new material)."""
         return self._tls
 
+    def use_tls(self, tls: TlsClient | None) -> None:
+        """Call TLS brokers with ``tls`` from now on: the engine started before the cluster's client
+        material was there (spec.tls turned on later). A client that has one keeps it: a new
+        material goes to ``tls.update``."""
+        if self._tls is None:
+            self._tls = tls
+
     def served_serials(self) -> Mapping[str, str]:
         """Broker name -> the serial (lower-case hex) of the certificate it served in the latest
         handshake with it; brokers not yet called over TLS are absent (``status.tls.served[]``)."""

@@ -44,6 +44,7 @@ from broker_operator.controller import credentials, names, verifiers
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.endpoint_hosts import endpoint_refusals
+from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required
 from broker_operator.controller.observed import pod_ready, targets_for
 from broker_operator.controller.reconcile import ClusterRef, conflict_owner
 from broker_operator.controller.shell import KubernetesClusterShell
@@ -95,9 +96,10 @@ async def _ready_to_run(
     claims: Callable[[], Iterable[PairClaim]],
     stopped: Any,
     logger: Logger,
-) -> tuple[ClusterSpec, HeartbeatSettings, str] | None:
+) -> tuple[ClusterSpec, HeartbeatSettings, str, HeartbeatTls] | None:
     """Wait until the cluster may run; None if kopf stopped the daemon first."""
     began = time.monotonic()
+    tls = HeartbeatTls(context, ref_of().namespace, ref_of().name)
     while not stopped:
         ref = ref_of()
         waiting_for: str
@@ -139,6 +141,10 @@ async def _ready_to_run(
                     problem := verifiers.token_problem(ref.namespace, token_ref, "operator's", token)
                 ) or not token:
                     waiting_for = f"a usable token: {problem}"
+                elif (await tls.read(parsed) is None or tls.client() is None) and material_required(
+                    context, parsed
+                ):
+                    waiting_for = f"the operator's client certificate ({tls.problem})"
                 elif may_start(
                     expected=expected_brokers(ref.name, parsed),
                     addressed=addressed,
@@ -147,7 +153,7 @@ async def _ready_to_run(
                     waited=time.monotonic() - began,
                     grace=context.settings.startup_grace_seconds,
                 ):
-                    return parsed, settings, token
+                    return parsed, settings, token, tls
                 else:
                     waiting_for = f"every broker pod Ready (ready: {', '.join(sorted(ready)) or 'none'})"
         logger.info("heartbeats wait for %s", waiting_for)
@@ -200,7 +206,7 @@ async def run_cluster_heartbeats(
             )
             if ready is None:
                 return
-            parsed, settings, token = ready
+            parsed, settings, token, tls = ready
             ref = ref_of()
             await _run_engine(
                 context=context,
@@ -212,12 +218,21 @@ async def run_cluster_heartbeats(
                 parsed=parsed,
                 settings=settings,
                 token=token,
+                tls=tls,
             )
             logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
     finally:
         # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again.
         if cluster_deleted(stopped):
             metrics.forget_cluster(ref_of().name)
+
+
+def _current_spec(name: str, spec: Mapping[str, Any], parsed: ClusterSpec) -> ClusterSpec:
+    """The spec as it is now (kopf's live view), or the one the engine started with if it is invalid."""
+    try:
+        return parse_spec(name, spec)
+    except SpecError:
+        return parsed
 
 
 def cluster_deleted(stopped: Any) -> bool:
@@ -254,6 +269,7 @@ async def _run_engine(
     parsed: ClusterSpec,
     settings: HeartbeatSettings,
     token: str,
+    tls: HeartbeatTls,
 ) -> None:
     ref = ref_of()
     observations = context.observations_for(ref.namespace, ref.name)
@@ -269,6 +285,7 @@ async def _run_engine(
         operator_id=context.settings.operator_id,
         timeout=settings.timeout_seconds,
         refresh=lambda: read_token(context, ref_of(), spec, parsed),
+        tls=tls.client(),
     )
     loop = ClusterLoop(
         cluster=ref.name,
@@ -331,6 +348,8 @@ async def _run_engine(
                 # A rotated Secret reaches the heartbeats here (see heartbeat_client for the order).
                 token_due = time.monotonic() + context.settings.token_recheck_for(context.running_engines)
                 await heartbeats.refresh_token()
+            # A renewed certificate or a changed CA bundle: after the controller's next look.
+            await tls.follow(lambda: _current_spec(ref_of().name, spec, parsed), heartbeats)
             if conflict_owner(ref_of(), claims()) is not None:
                 logger.warning("an older BrokerCluster took the pair: stopping heartbeats")
                 break

@@ -1,0 +1,101 @@
+"""``heartbeat_tls.HeartbeatTls``: the engine's client material follows the certificates controller.
+
+The controller's real passes (``ensure_certificates``) write real certificates into the in-memory
+Secret store of ``test_certificates_shell``; the heartbeat client is the real one (no connection is
+opened: only its TLS source is looked at)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker_operator.controller import names
+from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required
+from broker_operator.controller.settings import ControllerSettings
+from broker_operator.controller.spec import parse_spec
+from broker_operator.heartbeat_client import HeartbeatClient
+from tests.unit.controller.test_certificates_shell import SecretStore, body, events, expire_cache, reconcile
+
+__all__ = ["events"]  # the fixture, used by name below
+
+SPEC = parse_spec("orders", body()["spec"])
+
+
+def _context(store: SecretStore, *, broker_tls: bool = True) -> ControllerContext:
+    settings = ControllerSettings(broker_tls=broker_tls)
+    return ControllerContext(settings=settings, api=store)  # type: ignore[arg-type]
+
+
+def _client() -> HeartbeatClient:
+    return HeartbeatClient("t" * 32, "operator-test", 1.0)
+
+
+async def test_no_material_before_the_controller_wrote_it_and_the_reason_says_which_secret(
+    events: list[Any],
+) -> None:
+    context = _context(SecretStore())
+    tls = HeartbeatTls(context, "shop", "orders")
+    assert await tls.read(SPEC) is None and tls.client() is None
+    assert tls.problem is not None and "shop/orders-ca" in tls.problem and "does not exist" in tls.problem
+    assert material_required(context, SPEC)
+
+
+async def test_material_is_read_again_only_after_the_controller_looked_and_a_renewal_reaches_the_client(
+    events: list[Any],
+) -> None:
+    store = SecretStore()
+    context, manifest = _context(store), body()
+    await reconcile(context, manifest)
+    tls = HeartbeatTls(context, "shop", "orders")
+    first = await tls.read(SPEC)
+    assert first is not None
+    heartbeats = _client()
+    heartbeats.use_tls(tls.client())
+    assert heartbeats.tls is not None and heartbeats.tls.version == first.version
+    reads = store.reads
+    await tls.follow(lambda: SPEC, heartbeats)  # the controller has not looked since: nothing read
+    assert store.reads == reads and not tls.due()
+
+    # The client certificate is lost from <name>-ca: the controller's next look reissues it.
+    ca = store.secrets[names.ca_secret_name("orders")]
+    del ca["data"]["client.crt"]
+    expire_cache(context)
+    await reconcile(context, manifest)
+    assert tls.due()
+    await tls.follow(lambda: SPEC, heartbeats)
+    assert heartbeats.tls.version != first.version and not tls.due()
+
+
+async def test_a_client_started_without_tls_takes_the_first_material_and_keeps_its_source(
+    events: list[Any],
+) -> None:
+    store = SecretStore()
+    context, manifest = _context(store), body()
+    tls = HeartbeatTls(context, "shop", "orders")
+    await tls.read(SPEC)
+    heartbeats = _client()
+    heartbeats.use_tls(tls.client())
+    assert heartbeats.tls is None  # nothing yet
+    await reconcile(context, manifest)
+    await tls.follow(lambda: SPEC, heartbeats)
+    source = heartbeats.tls
+    assert source is not None
+    heartbeats.use_tls(None)  # a later call does not replace (or drop) the source in use
+    assert heartbeats.tls is source
+
+
+def test_material_is_required_only_where_the_pods_serve_tls() -> None:
+    store = SecretStore()
+    disabled = parse_spec("orders", body(tls={"mode": "Disabled"})["spec"])
+    endpoints = parse_spec(
+        "orders",
+        {
+            "account": "acme",
+            "company": "1000",
+            "endpoints": [{"name": "a", "url": "https://a:8080/soap", "priority": 0}],
+        },
+    )
+    assert material_required(_context(store), SPEC)
+    assert not material_required(_context(store, broker_tls=False), SPEC)
+    assert not material_required(_context(store), disabled)
+    assert not material_required(_context(store), endpoints)
