@@ -115,7 +115,35 @@ def cluster_document(
         "conflictsWith": status.get("conflictsWith"),
         "heldTotal": _held_total(brokers) if held is not None else None,
         "brokers": brokers,
+        "tls": _tls_document(status.get("tls"), now),
     }
+
+
+def _tls_document(tls: object, now: datetime) -> dict[str, Any] | None:
+    """``status.tls`` with each certificate's time left; None before the operator reported it."""
+    if not isinstance(tls, Mapping):
+        return None
+    certificates = []
+    for entry in tls.get("certificates") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        end = parse_time(entry.get("notAfter"))
+        left = None if end is None else round((end - now).total_seconds(), 1)
+        certificates.append(
+            {
+                "name": entry.get("name"),
+                "secret": entry.get("secret"),
+                "serial": entry.get("serial"),
+                "notAfter": entry.get("notAfter"),
+                "secondsLeft": left,
+            }
+        )
+    served = [
+        {"broker": s.get("broker"), "serial": s.get("serial")}
+        for s in tls.get("served") or []
+        if isinstance(s, Mapping)
+    ]
+    return {"mode": tls.get("mode"), "certificates": certificates, "served": served}
 
 
 def _held_total(brokers: Sequence[Mapping[str, Any]]) -> int | None:
@@ -159,7 +187,41 @@ def render_cluster(document: Mapping[str, Any], now: datetime) -> str:
     missing = sorted({b["heldError"] for b in document["brokers"] if b.get("heldError")})
     if missing:
         lines += ["", "Held counts missing:", *(f"  {m}" for m in missing)]
+    lines += certificate_lines(document.get("tls"))
     return "\n".join(lines)
+
+
+def format_left(seconds: float | None) -> str:
+    """Time left before an end: ``in 89d23h``, or ``EXPIRED 2h ago``; ``-`` when unknown."""
+    if seconds is None:
+        return NONE
+    return f"in {format_age(seconds)}" if seconds > 0 else f"EXPIRED {format_age(-seconds)} ago"
+
+
+def certificate_lines(tls: Mapping[str, Any] | None) -> list[str]:
+    """The TLS mode, one row per certificate (its end first: what a person checks), what each
+    broker serves; nothing before the operator reported ``status.tls``."""
+    if not tls:
+        return []
+    lines = ["", f"TLS:        {tls.get('mode') or NONE}"]
+    certificates = tls.get("certificates") or []
+    if certificates:
+        header = ("CERTIFICATE", "ENDS", "NOT AFTER", "SERIAL", "SECRET")
+        rows = [
+            (
+                str(c["name"]),
+                format_left(c["secondsLeft"]),
+                str(c["notAfter"] or NONE),
+                str(c["serial"] or NONE),
+                str(c["secret"] or NONE),
+            )
+            for c in certificates
+        ]
+        lines += table([header, *rows])
+    served = ", ".join(f"{s['broker']} {s['serial']}" for s in tls.get("served") or [])
+    if served:
+        lines.append(f"Served:     {served}")
+    return lines
 
 
 def broker_table(brokers: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -142,3 +142,31 @@ def test_the_list_has_one_line_per_cluster(body: dict[str, Any]) -> None:
     assert lines[1].split() == ["shop", "orders", "Healthy", "orders-0", "3", "2/2", "1", "1h0m", "-"]
     assert lines[2].split() == ["finance", "billing", "Degraded", "billing-1", "7", "1/2", "0", "-", "-"]
     assert render_cluster_list([], NOW, with_namespace=False) == "No BrokerClusters found."
+
+
+def test_certificates_show_their_end_and_what_each_broker_serves() -> None:
+    tls = {
+        "mode": "Operator",
+        "certificates": [
+            {"name": "ca", "secret": "orders-ca", "serial": "1a", "notAfter": "2036-11-23T12:00:00Z"},
+            {"name": "server", "secret": "orders-tls", "serial": "2b", "notAfter": "2026-11-23T10:00:00Z"},
+        ],
+        "served": [{"broker": "orders-0", "serial": "2b"}],
+    }
+    body = cluster_body(tls=tls)
+    document = cluster_document(body, None, NOW)
+    certificates = document["tls"]["certificates"]
+    assert [c["name"] for c in certificates] == ["ca", "server"]
+    assert certificates[1]["secondsLeft"] == -7200.0  # ended two hours before NOW
+    assert certificates[0]["secondsLeft"] > 0
+    text = render_cluster(document, NOW)
+    assert "TLS:        Operator" in text
+    server_row = next(line for line in text.splitlines() if line.startswith("server"))
+    assert (
+        "EXPIRED 2h0m ago" in server_row
+        and "2026-11-23T10:00:00Z" in server_row
+        and "orders-tls" in server_row
+    )
+    assert "Served:     orders-0 2b" in text
+    assert cluster_document(cluster_body(), None, NOW)["tls"] is None
+    assert "TLS:" not in render_cluster(cluster_document(cluster_body(), None, NOW), NOW)
