@@ -38,8 +38,8 @@ once per broker and problem (``tls_problems``). The engine does not count it tow
 a certificate error is no proof of death, and the next broker shares the PKI. A refused client
 certificate looks like a crash on the wire (a reset in the handshake, or a close right after
 it, with no alert the client can read), so a reset or close before any reply from an ``https``
-broker is checked with up to two new connections that send nothing (``_tls_refused``): taken by
-TCP and cut by TLS means a live broker refusing the certificate; a refused port means a dead
+broker is checked with up to two new connections that send nothing (``tls_refusal.py``): taken
+by TCP and cut by TLS means a live broker refusing the certificate; a refused port means a dead
 one, classified as without TLS.
 
 This module does not decide anything and does not retry otherwise; the engine does both.
@@ -48,7 +48,6 @@ This module does not decide anything and does not retry otherwise; the engine do
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
 import logging
@@ -68,6 +67,7 @@ from zeep.transports import Transport
 import broker_contracts
 from broker_contracts.redact import redact, redact_url
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState, FaultCode
+from broker_operator import tls_refusal
 from broker_operator.core.model import BrokerTarget, HeartbeatReply
 from broker_operator.tls_client import TlsClient
 
@@ -78,16 +78,6 @@ _MAX_REPLY_BYTES = 64 * 1024  # a Heartbeat reply is a few hundred bytes; refuse
 _REPLY_CACHE_SIZE = 8192  # distinct replies kept; cleared when full (replies are ~400 bytes)
 _REFRESH_MIN_SECONDS = 1.0  # a broker refusing every token re-reads the Secret at most this often
 _PEER_CLOSED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
-# Telling a refused client certificate from a dead broker (HeartbeatClient._tls_refused): each
-# probe is one new connection, given at most _TLS_PROBE_SECONDS (and never past the call's limit,
-# less a margin for the engine's own bound); one held open _TLS_PROBE_HOLD_SECONDS after its
-# handshake was accepted. Two probes, because a process being killed may cut the first one too.
-_TLS_PROBES = 2
-_TLS_PROBE_SECONDS = 0.5
-_TLS_PROBE_HOLD_SECONDS = 0.2
-_TLS_PROBE_GAP_SECONDS = 0.02
-_TLS_PROBE_MARGIN_SECONDS = 0.05
-
 logger = logging.getLogger(__name__)
 TokenReader = Callable[[], Awaitable[str | None]]
 
@@ -118,7 +108,7 @@ class HeartbeatError(Exception):
         self.timed_out = timed_out  # no reply within the limit (the engine asks whose delay that was)
         # TLS failed between the operator and this broker: its certificate did not verify (chain,
         # name, expiry), or it refused the operator's (proven by a second handshake, see
-        # HeartbeatClient._tls_refused). Proof of nothing about the broker's health, and never a
+        # tls_refusal.tls_refused). Proof of nothing about the broker's health, and never a
         # reason to fail over: the brokers share the PKI, so the next one would fail the same way.
         self.tls_error = tls_error
 
@@ -372,7 +362,7 @@ class HeartbeatClient:
     ) -> HeartbeatReply:
         """Over TLS: with the operator's client context and the target's server name, when there is
         a ``tls``; an ``https`` endpoint without one keeps aiohttp's default (the system's trust).
-        A reset or close before any reply is checked by :meth:`_tls_refused`: under TLS it is also
+        A reset or close before any reply is checked by :func:`tls_refusal.tls_refused`: under TLS it is also
         how a broker refuses the operator's certificate, which must not count as a crash."""
         started = asyncio.get_running_loop().time()
         context: ssl.SSLContext | None = None
@@ -401,70 +391,38 @@ class HeartbeatClient:
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
         except aiohttp.ClientConnectorCertificateError as error:  # a ClientConnectorError: first
-            problem = _verify_message(error.certificate_error)
+            problem = tls_refusal.verify_message(error.certificate_error)
             raise self._tls_failed(
                 target, f"certificate verify failed: {problem} for {server_name}", reached=False
             ) from error
         except aiohttp.ClientConnectorError as error:
-            cut = _handshake_cut(error.os_error)
+            cut = tls_refusal.handshake_cut(error.os_error)
             if not cut and isinstance(error.os_error, ssl.SSLError):
                 # An alert or a protocol mismatch (a plain-HTTP listener answers a ClientHello
                 # with "wrong version number"): the connection is there, TLS is not.
-                reason = f"TLS handshake with {server_name} failed: {_ssl_reason(error.os_error)}"
+                reason = f"TLS handshake with {server_name} failed: {tls_refusal.ssl_reason(error.os_error)}"
                 raise self._tls_failed(target, reason, reached=False) from error
-            if cut and await self._tls_refused(url, context, target.tls_server_name, started, limit):
-                raise self._tls_failed(target, _refused_reason(server_name), reached=False) from error
+            if cut and await tls_refusal.tls_refused(url, context, target.tls_server_name, started, limit):
+                raise self._tls_failed(
+                    target, tls_refusal.refused_reason(server_name), reached=False
+                ) from error
             raise self._connect_failed(target, error) from error
         except TimeoutError as error:
             raise self._timed_out(target, limit) from error
         except aiohttp.ClientError as error:
             failed = self._connection_failed(target, error)
-            if failed.peer_closed and await self._tls_refused(
+            if failed.peer_closed and await tls_refusal.tls_refused(
                 url, context, target.tls_server_name, started, limit
             ):
                 # TLS 1.3: the client's side of the handshake ends before the broker checks the
                 # certificate, so its refusal reads as a close after the request was written.
-                raise self._tls_failed(target, _refused_reason(server_name), reached=True) from error
+                raise self._tls_failed(
+                    target, tls_refusal.refused_reason(server_name), reached=True
+                ) from error
             raise failed from error
         if self._tls_problems.pop(target.name, None) is not None:
             logger.info("heartbeats to %s over TLS work again", target.name)
         return self._reply(target, status, content, content_type)
-
-    async def _tls_refused(
-        self,
-        url: URL,
-        context: ssl.SSLContext | None,
-        server_name: str | None,
-        started: float,
-        limit: aiohttp.ClientTimeout,
-    ) -> bool:
-        """Whether the broker at ``url`` refuses the operator's TLS handshake, rather than being gone.
-
-        A broker that refuses the client certificate resets the connection during the handshake
-        (TLS 1.2) or closes it right after (TLS 1.3), with no alert the client could read
-        (DAY2_FACTS.md), which is what a killed broker's kernel does too. The difference is the
-        next connection: a dead process's port refuses it, while a live TLS layer takes it and cuts
-        it again. So up to ``_TLS_PROBES`` new connections are made (no request is sent on them);
-        True only if every one is accepted by TCP and cut by TLS. A refused connect, a connection
-        held open (the broker took the certificate: the cut was something else), or no time
-        left in the call's limit: False, and the failure is classified as without TLS.
-        """
-        if context is None:
-            return False
-        host, port = url.raw_host, url.port
-        if host is None or port is None:
-            return False
-        loop = asyncio.get_running_loop()
-        deadline = started + (limit.total or _TLS_PROBE_SECONDS)
-        for attempt in range(_TLS_PROBES):
-            if attempt:
-                await asyncio.sleep(_TLS_PROBE_GAP_SECONDS)
-            budget = min(_TLS_PROBE_SECONDS, deadline - loop.time() - _TLS_PROBE_MARGIN_SECONDS)
-            if budget <= 0:
-                return False
-            if not await _cut_by_tls(host, port, context, server_name or host, budget):
-                return False
-        return True
 
     def _connect_failed(self, target: BrokerTarget, error: aiohttp.ClientConnectorError) -> HeartbeatError:
         reason = self._redact(f"cannot connect: {error.os_error}")
@@ -551,75 +509,6 @@ class HeartbeatClient:
             # Let the connector's transports finish closing (aiohttp's documented advice).
             await asyncio.sleep(0)
         self._session = None
-
-
-def _ssl_reason(error: ssl.SSLError) -> str:
-    """OpenSSL's words for ``error`` (its reason, or the message without the source location)."""
-    text = str(error.reason or error.strerror or error)
-    return text.replace("_", " ").lower() if error.reason and text.isupper() else text
-
-
-def _verify_message(error: BaseException) -> str:
-    """Why a server certificate did not verify, in OpenSSL's words ("certificate has expired",
-    "Hostname mismatch, certificate is not valid for 'x'.", "self-signed certificate in
-    certificate chain")."""
-    if isinstance(error, ssl.SSLCertVerificationError) and error.verify_message:
-        return str(error.verify_message)
-    return _ssl_reason(error) if isinstance(error, ssl.SSLError) else type(error).__name__
-
-
-def _handshake_cut(error: BaseException) -> bool:
-    """The connection was taken and then reset or closed during the TLS handshake (not refused)."""
-    return isinstance(
-        error,
-        ConnectionResetError
-        | ConnectionAbortedError
-        | BrokenPipeError
-        | ssl.SSLEOFError
-        | ssl.SSLZeroReturnError,
-    )
-
-
-def _refused_reason(server_name: str) -> str:
-    return (
-        f"{server_name} refused the TLS handshake, again on a new connection: its admin port does not "
-        "accept the operator's client certificate (expired, or from a CA the broker does not trust)"
-    )
-
-
-async def _cut_by_tls(host: str, port: int, context: ssl.SSLContext, server_name: str, budget: float) -> bool:
-    """One probe: True if TCP takes a new connection and TLS cuts it, during the handshake or just
-    after (before any request is sent); False if nothing listens, or the connection stays open."""
-    try:
-        async with asyncio.timeout(budget):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=context, server_hostname=server_name, ssl_handshake_timeout=budget
-            )
-    except (ssl.SSLError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
-        return True  # taken by TCP, cut (or not verified) by TLS
-    except (OSError, TimeoutError):
-        return False  # refused: nothing listens, the process is gone; or nothing answers at all
-    try:
-        return await _closed_at_once(reader, min(budget, _TLS_PROBE_HOLD_SECONDS))
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(_TLS_PROBE_GAP_SECONDS):
-                await writer.wait_closed()
-
-
-async def _closed_at_once(reader: asyncio.StreamReader, hold: float) -> bool:
-    """Whether a connection whose handshake the client finished is closed within ``hold`` (under
-    TLS 1.3 a server checks the client's certificate after that); held open, it was accepted."""
-    try:
-        async with asyncio.timeout(hold):
-            return not await reader.read(1)
-    except TimeoutError:
-        return False
-    except (ssl.SSLError, ConnectionError):
-        return True
-    except OSError:
-        return False
 
 
 def _fault_code(fault: zeep.exceptions.Fault) -> str:
