@@ -3,7 +3,8 @@
 ``ensure_certificates`` is what ``reconcile_cluster`` calls, before any child is made (a broker pod
 in mode Operator cannot start without ``<name>-tls``). By ``spec.tls.mode``:
 
-- ``Operator``: keeps ``<name>-ca`` and ``<name>-tls`` (shapes and ownership: ``tls_secrets.py``;
+- ``Operator``: keeps ``<name>-ca``, ``<name>-tls`` and ``<name>-operator-client`` (shapes,
+  ownership and the upgrade from the layout with the client pair in ``<name>-ca``: ``tls_secrets.py``;
   decisions: ``operator_certificates.py``). Key generation runs in a worker thread. Writes are
   conditional: a create that finds the Secret there (409: another replica made it) reads again and
   uses what is there, in the same pass; an update carries the ``resourceVersion`` read, and one that
@@ -28,8 +29,11 @@ the time something falls due (``operator_certificates.next_check``), and every
 operator's client certificate and the CA bundle the brokers' certificates chain to, read from the
 same Secrets.
 
-What it does not do: mount anything (``broker_tls.py``), replace the CA's key (``pki.replacement``),
-or learn which certificate each broker serves (``status.tls.served``).
+``status.tls.served[]`` (which serving certificate each broker presented in the operator's latest
+handshake) is not learnt here: the heartbeat daemon publishes it into the cluster's observations
+(``ClusterObservations.served``), and the report adds it when it changed.
+
+What it does not do: mount anything (``broker_tls.py``) or replace the CA's key (``pki.replacement``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,6 @@ from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.operator_certificates import (
     OperatorSecrets,
     Outcome,
-    entries_of,
     next_check,
     plan_and_issue,
 )
@@ -183,23 +186,29 @@ async def _operator_pass(
     """Read, issue what is due, write; (what was found, whether to look again on the next pass)."""
     api, namespace, cluster = context.api, ref.namespace, ref.name
     ca_name, tls_name = names.ca_secret_name(cluster), names.tls_secret_name(cluster)
+    client_name = names.operator_client_secret_name(cluster)
     dns_names = wanted_dns_names(cluster, namespace, spec)
     policy = spec.tls.certificates.renewal_policy()
     outcome, secrets = Outcome(), OperatorSecrets(None, None)
     for _attempt in range(2):  # a create that meets another replica's Secret reads it and goes on
         secrets = OperatorSecrets(
-            await api.read_secret(namespace, ca_name), await api.read_secret(namespace, tls_name)
+            await api.read_secret(namespace, ca_name),
+            await api.read_secret(namespace, tls_name),
+            await api.read_secret(namespace, client_name),
         )
         outcome = await asyncio.to_thread(
             plan_and_issue, secrets, owner=ref.body, dns_names=dns_names, policy=policy, now=now
         )
+        # The CA first: leaves are checked against it. The operator's client Secret last: its
+        # ca.crt must not name a CA that <name>-ca does not hold yet.
         writes = [
-            (ca_name, secrets.ca, outcome.ca_data, shapes.build_ca_secret),
-            (tls_name, secrets.tls, outcome.tls_data, shapes.build_tls_secret),
+            (ca_name, secrets.ca, outcome.ca_data, outcome.ca_removed, shapes.build_ca_secret),
+            (tls_name, secrets.tls, outcome.tls_data, (), shapes.build_tls_secret),
+            (client_name, secrets.client, outcome.client_data, (), shapes.build_operator_client_secret),
         ]
         raced = False
         try:
-            for name, held, data, build in writes:  # the CA first: leaves are checked against it
+            for name, held, data, removed, build in writes:
                 if data is None:
                     continue
                 if held is None:
@@ -209,14 +218,14 @@ async def _operator_pass(
                 else:
                     version = str((held.get("metadata") or {}).get("resourceVersion") or "")
                     if not await api.patch_secret(
-                        namespace, name, shapes.update_patch(ref.body, version, data)
+                        namespace, name, shapes.update_patch(ref.body, version, data, removed)
                     ):
                         logger.info(
                             "Secret %s/%s changed while it was renewed: again on the next pass",
                             namespace,
                             name,
                         )
-                        return Outcome(entries_of(cluster, secrets.materials())), True
+                        return Outcome(secrets.entries(cluster)), True
         except ApiException as error:
             if error.status not in _WRITE_REFUSED:
                 raise
@@ -225,13 +234,20 @@ async def _operator_pass(
                 f"{error.status} {error.reason}; the operator's RBAC needs secrets get, create and patch "
                 "(and, cluster-wide, the chart's writes guard must admit it)"
             )
-            stored = entries_of(cluster, secrets.materials())  # what is stored, not what was not written
+            stored = secrets.entries(cluster)  # what is stored, not what was not written
             return Outcome(stored, (*outcome.problems, Problem(WRITE_FAILED, message))), False
         if raced:
             continue
         _post_renewals(ref, outcome)
-        return outcome, False
-    return Outcome(entries_of(cluster, secrets.materials())), True
+        if outcome.ca_removed:
+            logger.info(
+                "Secret %s/%s: the operator's client certificate lives in %s now; its old keys %s are "
+                "removed from the CA's Secret",
+                namespace, ca_name, client_name, ", ".join(outcome.ca_removed),
+            )  # fmt: skip
+        # A pass that moved the pair (or must still drop the old keys) looks again on the next one.
+        return outcome, secrets.client_in_ca and outcome.client_data is not None
+    return Outcome(secrets.entries(cluster)), True
 
 
 def _post_renewals(ref: ClusterRef, outcome: Outcome) -> None:

@@ -67,7 +67,11 @@ class SecretStore:
         if current is None or (wanted and wanted != current["metadata"]["resourceVersion"]):
             return False
         merged = copy.deepcopy(current)
-        merged["data"].update(patch.get("data") or {})
+        for key, value in (patch.get("data") or {}).items():  # a merge patch: null deletes the key
+            if value is None:
+                merged["data"].pop(key, None)
+            else:
+                merged["data"][key] = value
         merged["metadata"]["labels"].update(patch.get("metadata", {}).get("labels") or {})
         self.secrets[name] = self._stored(merged)
         return True
@@ -126,27 +130,73 @@ def condition(manifest: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in manifest["status"]["conditions"] if c["type"] == "CertificatesValid")
 
 
-async def test_the_first_pass_writes_both_secrets_and_an_idle_pass_nothing(
+SECRETS = 3  # <name>-ca, <name>-tls, <name>-operator-client: what each pass that reads, reads
+
+
+async def test_the_first_pass_writes_three_secrets_and_an_idle_pass_nothing(
     events: list[tuple[str, str, str]],
 ) -> None:
     store = SecretStore()
     context, manifest = context_for(store), body()
     patch, held = await reconcile(context, manifest)
     assert not held
-    assert store.writes == [("create", "orders-ca"), ("create", "orders-tls")]  # the CA first
+    # The CA first; the operator's client Secret last (its ca.crt names the CA stored).
+    assert store.writes == [
+        ("create", "orders-ca"),
+        ("create", "orders-tls"),
+        ("create", "orders-operator-client"),
+    ]
     assert [e[1] for e in events] == ["CertificateIssued"] * 3
+    assert "Secret orders-operator-client" in events[2][2]
     assert patch["tls"]["mode"] == "Operator" and len(patch["tls"]["certificates"]) == 3
     assert condition(manifest)["reason"] == "Valid"
     reads = store.reads
     again, _ = await reconcile(context, manifest)  # a pod is missing (about to be made): read again
-    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2
+    assert again == {} and store.reads == reads + SECRETS and len(store.writes) == 3
     reads = store.reads
     context.observations_for("shop", "orders").pods = {"orders-0": {}, "orders-1": {}}  # type: ignore[typeddict-item]
     again, _ = await reconcile(context, manifest)  # cached: nothing read, nothing written
-    assert again == {} and store.reads == reads and len(store.writes) == 2
+    assert again == {} and store.reads == reads and len(store.writes) == 3
     expire_cache(context)
     again, _ = await reconcile(context, manifest)  # read again: still nothing due, nothing written
-    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2 and len(events) == 3
+    assert again == {} and store.reads == reads + SECRETS and len(store.writes) == 3 and len(events) == 3
+
+
+async def test_an_upgrade_from_the_client_pair_in_the_ca_secret_moves_it_then_drops_it(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """A cluster whose <name>-ca an operator of the previous layout wrote (the client pair beside
+    the CA): the heartbeats keep reading it until <name>-operator-client exists, the pair moves
+    unchanged (no reissue), and the old keys leave <name>-ca on the next pass."""
+    store = SecretStore()
+    context, manifest = context_for(store), body()
+    await reconcile(context, manifest)
+    client = store.secrets.pop("orders-operator-client")
+    ca = store.secrets["orders-ca"]
+    ca["data"].update({"client.crt": client["data"]["tls.crt"], "client.key": client["data"]["tls.key"]})
+    spec = parse_spec("orders", manifest["spec"]).tls
+    legacy = await client_material(store, "shop", "orders", spec)  # type: ignore[arg-type]
+    assert legacy is not None and legacy.certificate_pem == base64.b64decode(client["data"]["tls.crt"])
+    manifest = body()
+    store.writes.clear()
+    patch, _ = await reconcile(context_for(store), manifest)
+    assert store.writes == [("create", "orders-operator-client")]  # moved; <name>-ca not yet touched
+    assert store.secrets["orders-operator-client"]["data"] == client["data"]  # the same pair, not reissued
+    assert {"client.crt", "client.key"} <= set(store.secrets["orders-ca"]["data"])
+    assert [e[1] for e in events] == ["CertificateIssued"] * 3  # the first reconcile's, none new
+    entries = {c["name"]: c["secret"] for c in patch["tls"]["certificates"]}
+    assert entries["operatorClient"] == "orders-operator-client"
+    # The next pass reads at once (the move asks for it) and drops the old keys.
+    context = context_for(store)
+    context.certificate_checks = {}
+    await reconcile(context, manifest)
+    assert store.writes == [("create", "orders-operator-client"), ("patch", "orders-ca")]
+    assert set(store.secrets["orders-ca"]["data"]) == {"ca.crt", "ca.key"}
+    moved = await client_material(store, "shop", "orders", spec)  # type: ignore[arg-type]
+    assert moved is not None and moved.version == legacy.version  # the heartbeats see no change
+    expire_cache(context)
+    await reconcile(context, manifest)
+    assert len(store.writes) == 2  # settled: nothing more to write
 
 
 async def test_a_create_that_meets_another_replicas_ca_uses_it(events: list[tuple[str, str, str]]) -> None:
@@ -271,19 +321,23 @@ async def test_client_material_in_mode_operator_is_the_operators_client_and_the_
     manifest = body()
     spec = parse_spec("orders", manifest["spec"])
     missing = await read_client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
-    assert missing.material is None and missing.reason == "Secret shop/orders-ca does not exist yet"
+    assert missing.material is None
+    assert missing.reason == "Secret shop/orders-operator-client does not exist yet"
     await reconcile(context_for(store), manifest)
     material = await client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
     assert material is not None
-    data = {k: base64.b64decode(v) for k, v in store.secrets["orders-ca"]["data"].items()}
-    assert (material.certificate_pem, material.key_pem) == (data["client.crt"], data["client.key"])
+    data = {k: base64.b64decode(v) for k, v in store.secrets["orders-operator-client"]["data"].items()}
+    assert (material.certificate_pem, material.key_pem) == (data["tls.crt"], data["tls.key"])
     assert material.trust_bundle_pem == data["ca.crt"]
+    assert data["ca.crt"] == base64.b64decode(store.secrets["orders-ca"]["data"]["ca.crt"])
     server = base64.b64decode(store.secrets["orders-tls"]["data"]["tls.crt"])
     assert verifies(server, material.trust_bundle_pem, dns_name="orders-active.shop.svc", now=NOW)
-    foreign = copy.deepcopy(store.secrets["orders-ca"])
+    foreign = copy.deepcopy(store.secrets["orders-operator-client"])
     foreign["metadata"]["ownerReferences"] = []
-    store.secrets["orders-ca"] = foreign
-    assert await client_material(store, "shop", "orders", spec.tls) is None  # type: ignore[arg-type]
+    store.secrets["orders-operator-client"] = foreign
+    refused = await read_client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
+    assert refused.material is None and refused.reason is not None
+    assert "orders-operator-client is not recorded as the operator's" in refused.reason
     assert shapes.LABEL_CERTIFICATES_OWNER in foreign["metadata"]["labels"]  # the label alone is not enough
 
 

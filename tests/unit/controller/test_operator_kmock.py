@@ -60,7 +60,8 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
             "orders-backend-token",
             "orders-broker-token",
             "orders-broker-verifiers",
-            "orders-ca",  # mode Operator, the default: the cluster's CA and the brokers' certificate
+            "orders-ca",  # mode Operator, the default: the cluster's CA, the brokers' certificate
+            "orders-operator-client",  # and the operator's client certificate
             "orders-tls",
         ]
         for child in [*pods.values(), *services.values(), *secrets.values()]:
@@ -86,7 +87,7 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         assert [(c["name"], c["secret"]) for c in tls["certificates"]] == [
             ("ca", "orders-ca"),
             ("server", "orders-tls"),
-            ("operatorClient", "orders-ca"),
+            ("operatorClient", "orders-operator-client"),
         ]
         issued = [e for e in events_of(kmock, "orders") if e["reason"] == "CertificateIssued"]
         assert len(issued) == 3 and all("BEGIN" not in e["message"] for e in issued)
@@ -162,7 +163,8 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
             "ext-backend-token",
             "ext-broker-token",
             "ext-broker-verifiers",
-            "ext-ca",  # mode Operator: the operator's client certificate and its CA
+            "ext-ca",  # mode Operator: the CA, the operator's client certificate
+            "ext-operator-client",
             "ext-tls",
         ]
         status = cluster_status(kmock, "ext")
