@@ -19,7 +19,11 @@ in mode Operator cannot start without ``<name>-tls``). By ``spec.tls.mode``:
 With TLS on, the CA bundles the spec names (``backendClients.caSecretRef``, ``upstreamCASecretRef``)
 are reported too. The outcome is ``status.tls`` (``mode`` and ``certificates``; ``served`` and
 ``caReplacement`` are left to their writers) and ``CertificatesValid``, each put into the status
-patch only when it changed, and one Warning event per distinct problem.
+patch only when it changed, and one Warning event per distinct problem. ``status.tls.served[]`` and
+the heartbeats' TLS problems come from the heartbeat daemon through the cluster's observations
+(``ClusterObservations.served_serials``, ``tls_problems``): ``served`` is added to the patch when it
+changed, and each broker's distinct TLS problem is one Warning event ``HeartbeatTLSFailed`` (a
+Normal ``HeartbeatTLSRecovered`` when it answers over TLS again); an idle pass writes nothing.
 
 Cost: the Secrets are read once per spec generation, whenever a broker pod is about to be made, at
 the time something falls due (``operator_certificates.next_check``), and every
@@ -64,11 +68,13 @@ from broker_operator.controller.certificate_report import (
     Problem,
     check_bundle,
     check_user_pair,
+    served_status,
 )
 from broker_operator.controller.client_tls import ClientMaterialRead, client_material, read_client_material
 from broker_operator.controller.conditions import remove_condition, set_condition
 from broker_operator.controller.context import CertificateCheck, ControllerContext
 from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.operator_certificates import (
     OperatorSecrets,
     Outcome,
@@ -250,6 +256,51 @@ async def _operator_pass(
     return Outcome(secrets.entries(cluster)), True
 
 
+_UNCHANGED: Final = object()
+HEARTBEAT_TLS_FAILED: Final = "HeartbeatTLSFailed"
+HEARTBEAT_TLS_RECOVERED: Final = "HeartbeatTLSRecovered"
+
+
+def _served(ref: ClusterRef, observations: ClusterObservations, mode: str) -> Any:
+    """``status.tls.served[]`` as it should be now (None: removed), or ``_UNCHANGED``: the engine is
+    not running, or has handshaken with no broker yet since it started (an operator restart must
+    not empty it for a moment, which would be two writes for nothing)."""
+    if mode == fields.TLS_MODE_DISABLED:
+        return None
+    seen = observations.served_serials() if observations.served_serials is not None else {}
+    if not seen:
+        return _UNCHANGED
+    brokers = [str(b["name"]) for b in ref.status.get("brokers") or [] if b.get("name")]
+    current = (ref.status.get("tls") or {}).get("served") or []
+    return served_status(seen, current, brokers or None) or None
+
+
+def _report_heartbeat_tls(ref: ClusterRef, observations: ClusterObservations) -> None:
+    """A Warning event per broker and distinct TLS problem of the heartbeats, and a Normal one when
+    that broker answers over TLS again. The text is the heartbeat client's, already redacted: a
+    server name and OpenSSL's reason, never a key, a certificate or a token."""
+    if observations.tls_problems is None:
+        return  # no engine: nothing is known either way
+    problems = observations.tls_problems()
+    prefix = f"{HEARTBEAT_TLS_FAILED}/"
+    for broker, problem in sorted(problems.items()):
+        message = (
+            f"heartbeats to {broker} fail TLS: {problem}. Not counted toward a failover (a certificate "
+            "error is no proof of death); fix the certificates (condition CertificatesValid)"
+        )
+        if observations.first_report(prefix + broker, message):
+            kopf.warn(ref.kopf_body, reason=HEARTBEAT_TLS_FAILED, message=message)
+    for key in [k for k in observations.reported if k.startswith(prefix)]:
+        broker = key.removeprefix(prefix)
+        if broker not in problems:
+            observations.reported.pop(key)
+            kopf.info(
+                ref.kopf_body,
+                reason=HEARTBEAT_TLS_RECOVERED,
+                message=f"heartbeats to {broker} work over TLS again",
+            )
+
+
 def _post_renewals(ref: ClusterRef, outcome: Outcome) -> None:
     secrets = {entry.name: entry for entry in outcome.entries}
     for renewal in outcome.renewals:
@@ -304,7 +355,7 @@ async def _read_user_secrets(
 
 def _report(
     ref: ClusterRef,
-    observations: Any,
+    observations: ClusterObservations,
     status_patch: MutableMapping[str, Any],
     report: CertificateReport,
     now: datetime,
@@ -312,11 +363,18 @@ def _report(
     """``status.tls`` and ``CertificatesValid`` into the patch when they changed; one event per problem."""
     wanted = report.status_tls()
     current = ref.status.get("tls") or {}
+    tls_patch: dict[str, Any] = {}
     if (
         current.get("mode") != wanted["mode"]
         or (current.get("certificates") or None) != wanted["certificates"]
     ):
-        status_patch["tls"] = wanted
+        tls_patch.update(wanted)
+    served = _served(ref, observations, report.mode)
+    if served is not _UNCHANGED and (current.get("served") or None) != served:
+        tls_patch["served"] = served
+    if tls_patch:
+        status_patch["tls"] = tls_patch
+    _report_heartbeat_tls(ref, observations)
     condition = report.condition(now)
     if condition is None:
         remove_condition(ref, status_patch, CONDITION_CERTIFICATES)

@@ -114,8 +114,13 @@ async def reconcile(
     for key, value in patch.items():
         if value is None:
             manifest["status"].pop(key, None)
-        elif key == "tls":
-            manifest["status"]["tls"] = {k: v for k, v in value.items() if v is not None}
+        elif key == "tls":  # a merge patch: what it names, null removes
+            tls = manifest["status"].setdefault("tls", {})
+            for field, part in value.items():
+                if part is None:
+                    tls.pop(field, None)
+                else:
+                    tls[field] = part
         else:
             manifest["status"][key] = value
     return patch, held
@@ -363,3 +368,90 @@ async def test_a_refused_write_is_write_failed_and_not_retried_every_pass(
     assert [e[:2] for e in events] == [("Warning", "CertificateWriteFailed")]  # no CertificateIssued
     await reconcile(context, manifest)  # within --certificates-recheck-seconds: no new keys, no write
     assert store.writes == [("create", "orders-ca")]
+
+
+async def test_served_serials_reach_the_status_when_they_change_and_idle_passes_write_nothing(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context = context_for(store)
+    brokers = [{"name": "orders-0"}, {"name": "orders-1"}]
+    manifest = body({"brokers": brokers})
+    await reconcile(context, manifest)
+    observations = context.observations_for("shop", "orders")
+    seen: dict[str, str] = {}
+    observations.served_serials = lambda: dict(seen)
+    assert (await reconcile(context, manifest))[0] == {}  # no handshake yet: nothing to say
+    seen["orders-0"] = "1a2b"
+    patch, _ = await reconcile(context, manifest)
+    assert patch == {"tls": {"served": [{"broker": "orders-0", "serial": "1a2b"}]}}  # served alone
+    assert manifest["status"]["tls"]["mode"] == "Operator"  # the rest of status.tls as it was
+    assert (await reconcile(context, manifest))[0] == {}  # the same serials: no write
+    seen["orders-1"] = "3c4d"
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [
+        {"broker": "orders-0", "serial": "1a2b"},
+        {"broker": "orders-1", "serial": "3c4d"},
+    ]
+    # A rotation seen by a fresh handshake with orders-1; the engine restarted since (orders-0
+    # not handshaken yet by this one) keeps what was recorded for orders-0.
+    seen.clear()
+    seen["orders-1"] = "5e6f"
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [
+        {"broker": "orders-0", "serial": "1a2b"},
+        {"broker": "orders-1", "serial": "5e6f"},
+    ]
+    observations.served_serials = None  # the engine stopped: nothing known, nothing written
+    assert (await reconcile(context, manifest))[0] == {}
+    observations.served_serials = lambda: dict(seen)
+    manifest["status"]["brokers"] = [{"name": "orders-1"}]  # orders-0 scaled away
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [{"broker": "orders-1", "serial": "5e6f"}]
+    manifest["spec"]["tls"] = {"mode": "Disabled"}
+    manifest["metadata"]["generation"] = 2
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"] == {"mode": "Disabled", "certificates": None, "served": None}
+    assert "served" not in manifest["status"]["tls"]
+
+
+async def test_heartbeat_tls_problems_are_one_warning_per_distinct_problem_then_a_recovery(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context, manifest = context_for(store), body()
+    await reconcile(context, manifest)
+    events.clear()
+    observations = context.observations_for("shop", "orders")
+    problems: dict[str, str] = {}
+    observations.tls_problems = lambda: dict(problems)
+    pod = "orders-1.orders-brokers.shop.svc.cluster.local"
+    expired = f"certificate verify failed: certificate has expired for {pod}"
+    problems["orders-1"] = expired
+    for _ in range(3):  # every reconcile pass sees it; a person is told once
+        await reconcile(context, manifest)
+    assert events == [
+        (
+            "Warning",
+            "HeartbeatTLSFailed",
+            f"heartbeats to orders-1 fail TLS: {expired}. Not counted toward a failover (a certificate "
+            "error is no proof of death); fix the certificates (condition CertificatesValid)",
+        )
+    ]
+    refused = (
+        "orders-1.orders-brokers.shop.svc.cluster.local refused the TLS handshake, again on a new connection"
+    )
+    problems["orders-1"] = refused  # another problem: said again
+    await reconcile(context, manifest)
+    assert [e[1] for e in events] == ["HeartbeatTLSFailed"] * 2 and refused in events[1][2]
+    problems.clear()  # it answers again
+    await reconcile(context, manifest)
+    await reconcile(context, manifest)
+    assert events[2:] == [("Normal", "HeartbeatTLSRecovered", "heartbeats to orders-1 work over TLS again")]
+    problems["orders-1"] = expired  # the same problem as before, after a recovery: said again
+    await reconcile(context, manifest)
+    failed, recovered = "HeartbeatTLSFailed", "HeartbeatTLSRecovered"
+    assert [e[1] for e in events] == [failed, failed, recovered, failed]
+    observations.tls_problems = None  # no engine: no recovery is claimed
+    await reconcile(context, manifest)
+    assert len(events) == 4 and all("BEGIN" not in e[2] for e in events)

@@ -148,7 +148,7 @@ async def test_an_invalid_spec_is_reported_and_nothing_is_created(
 async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
     kmock: kmock.KubernetesEmulator, kube_api: KubeApi
 ) -> None:
-    async with running_operator(kmock, kube_api):
+    async with running_operator(kmock, kube_api) as context:
         # Port 9 on loopback (discard) is closed here: each heartbeat is refused at once.
         endpoints = [
             {"name": "ext-a", "url": "http://127.0.0.1:9/soap", "priority": 0},
@@ -174,6 +174,13 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
         await eventually(lambda: unreachable(cluster_status(kmock, "ext")))
         assert cluster_status(kmock, "ext")["epoch"] >= 1
         assert cluster_status(kmock, "ext").get("active") is None
+        # The running engine's heartbeat client tells the certificates controller what it saw of
+        # TLS (status.tls.served[], HeartbeatTLSFailed events): nothing here, over plain HTTP.
+        observations = context.observations_for(NAMESPACE, "ext")
+        assert observations.served_serials is not None and observations.tls_problems is not None
+        assert observations.served_serials() == {} and observations.tls_problems() == {}
+        assert "served" not in cluster_status(kmock, "ext")["tls"]
+    assert observations.served_serials is None and observations.tls_problems is None  # engine stopped
 
 
 def unreachable(status: dict[str, Any]) -> bool:
