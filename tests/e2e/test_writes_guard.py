@@ -212,9 +212,8 @@ def test_the_operator_creates_only_opaque_secrets(guarded: PlaneAccess) -> None:
 def test_a_tls_secret_is_created_only_as_a_clusters_certificate_with_the_ownership_label(
     guarded: PlaneAccess,
 ) -> None:
-    """Mode Operator's <cluster>-tls and <cluster>-operator-client are kubernetes.io/tls
-    (cert-manager's shape): admitted under those names with the ownership label, refused under any
-    other name or without the label."""
+    """Mode Operator's <cluster>-tls is kubernetes.io/tls (cert-manager's shape): admitted under
+    that name with the ownership label, refused under any other name or without the label."""
     ownership = {"broker.failover.dev/cluster": "orders", "broker.failover.dev/certificates-owner": "uid-1"}
 
     def tls_secret(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -230,18 +229,14 @@ def test_a_tls_secret_is_created_only_as_a_clusters_certificate_with_the_ownersh
         ("orders-tls", OURS),  # no ownership label
         ("checkout-tls", {**OURS, **ownership}),  # another name than the cluster's
         ("orders-ca", {**OURS, **ownership}),  # the CA's name: that one is Opaque
-        ("checkout-operator-client", {**OURS, **ownership}),  # another cluster's name
-        ("orders-operator-client", OURS),  # no ownership label
-        ("orders-operator", {**OURS, **ownership}),  # not the whole suffix
     ):
         refused = as_operator(guarded, "create", "-f", "-", body=tls_secret(name, labels))
         assert refused.returncode != 0, name
         assert "kubernetes.io/tls Secrets named <cluster>-tls" in refused.stderr, refused.stderr
     unlabelled = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", ownership))
     assert unlabelled.returncode != 0 and REFUSED_BY_POLICY in unlabelled.stderr
-    for name in ("orders-tls", "orders-operator-client"):
-        admitted = as_operator(guarded, "create", "-f", "-", body=tls_secret(name, {**OURS, **ownership}))
-        assert admitted.returncode == 0, (name, admitted.stderr)
+    admitted = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", {**OURS, **ownership}))
+    assert admitted.returncode == 0, admitted.stderr
     # Updated (a renewal is a conditional merge patch, which RBAC grants) while it stays the operator's.
     patched = as_operator(
         guarded, "patch", "secret", "-n", VICTIM, "orders-tls", "--type=merge", "-p",
