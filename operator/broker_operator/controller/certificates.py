@@ -17,13 +17,16 @@ in mode Operator cannot start without ``<name>-tls``). By ``spec.tls.mode``:
   is removed, as it would describe certificates nothing uses.
 
 With TLS on, the CA bundles the spec names (``backendClients.caSecretRef``, ``upstreamCASecretRef``)
-are reported too. The outcome is ``status.tls`` (``mode`` and ``certificates``; ``served`` and
-``caReplacement`` are left to their writers) and ``CertificatesValid``, each put into the status
-patch only when it changed, and one Warning event per distinct problem. ``status.tls.served[]`` and
-the heartbeats' TLS problems come from the heartbeat daemon through the cluster's observations
-(``ClusterObservations.served_serials``, ``tls_problems``): ``served`` is added to the patch when it
-changed, and each broker's distinct TLS problem is one Warning event ``HeartbeatTLSFailed`` (a
-Normal ``HeartbeatTLSRecovered`` when it answers over TLS again); an idle pass writes nothing.
+are reported too. The outcome is ``status.tls`` (``mode``, ``certificates`` and ``served``;
+``caReplacement`` is left to its writer) and ``CertificatesValid``, each put into the status patch
+only when it changed, and one Warning event per distinct problem.
+
+``status.tls.served[]`` (which serving certificate each broker presented in the operator's latest
+handshake) and the heartbeats' TLS problems are not learnt here: the heartbeat daemon publishes its
+client's view into the cluster's observations (``ClusterObservations.served_serials`` and
+``tls_problems``, while the engine runs), and each pass adds ``served`` to the patch when it changed
+and posts one Warning event ``HeartbeatTLSFailed`` per broker and distinct problem (a Normal
+``HeartbeatTLSRecovered`` when it answers over TLS again). An idle pass writes nothing.
 
 Cost: the Secrets are read once per spec generation, whenever a broker pod is about to be made, at
 the time something falls due (``operator_certificates.next_check``), and every
@@ -32,10 +35,6 @@ the time something falls due (``operator_certificates.next_check``), and every
 ``client_material`` (``client_tls.py``, re-exported here) is the heartbeat client's side: the
 operator's client certificate and the CA bundle the brokers' certificates chain to, read from the
 same Secrets.
-
-``status.tls.served[]`` (which serving certificate each broker presented in the operator's latest
-handshake) is not learnt here: the heartbeat daemon publishes it into the cluster's observations
-(``ClusterObservations.served``), and the report adds it when it changed.
 
 What it does not do: mount anything (``broker_tls.py``) or replace the CA's key (``pki.replacement``).
 """
