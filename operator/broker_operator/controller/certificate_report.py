@@ -23,6 +23,9 @@ The condition's reasons, most severe first; each False one is also a Warning eve
   failed; in mode Secrets 14 days: cert-manager, or a person, did not renew it).
 - ``Valid`` (True).
 
+``status.tls.served[]`` (:func:`served_status`) is what the heartbeats saw: the serial each broker's
+serving certificate had in the operator's latest handshake with it.
+
 Messages name dates, not "in 3 days": a message that changed with the clock would rewrite the
 status and post an event on every pass.
 
@@ -31,7 +34,7 @@ What it does not do: read or write Secrets, issue, or decide what to renew (``pk
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -160,6 +163,23 @@ class CertificateReport:
         if self.renews and entry.name in (SERVER, OPERATOR_CLIENT, CA):
             return "the operator could not renew it: see its events and log"
         return "replace it"
+
+
+SERVED_MAX: Final = 16  # the CRD's maxItems of status.tls.served
+
+
+def served_status(
+    seen: Mapping[str, str], current: Iterable[Mapping[str, Any]], brokers: Iterable[str] | None
+) -> list[dict[str, str]]:
+    """``status.tls.served[]``: ``current`` (what the status holds) updated with ``seen`` (broker ->
+    the serial of its latest handshake; a broker not handshaken since the operator started keeps
+    what was recorded), limited to ``brokers`` when they are known (a broker scaled away goes),
+    sorted by broker, at most ``SERVED_MAX``."""
+    served = {str(e["broker"]): str(e["serial"]) for e in current if e.get("broker") and e.get("serial")}
+    served.update(seen)
+    wanted = set(brokers) if brokers is not None else None
+    kept = sorted((b, s) for b, s in served.items() if wanted is None or b in wanted)
+    return [{"broker": broker, "serial": serial} for broker, serial in kept[:SERVED_MAX]]
 
 
 def _where(namespace: str, secret: str, field: str) -> str:

@@ -3,7 +3,8 @@
 ``ensure_certificates`` is what ``reconcile_cluster`` calls, before any child is made (a broker pod
 in mode Operator cannot start without ``<name>-tls``). By ``spec.tls.mode``:
 
-- ``Operator``: keeps ``<name>-ca`` and ``<name>-tls`` (shapes and ownership: ``tls_secrets.py``;
+- ``Operator``: keeps ``<name>-ca``, ``<name>-tls`` and ``<name>-operator-client`` (shapes,
+  ownership and the upgrade from the layout with the client pair in ``<name>-ca``: ``tls_secrets.py``;
   decisions: ``operator_certificates.py``). Key generation runs in a worker thread. Writes are
   conditional: a create that finds the Secret there (409: another replica made it) reads again and
   uses what is there, in the same pass; an update carries the ``resourceVersion`` read, and one that
@@ -16,9 +17,16 @@ in mode Operator cannot start without ``<name>-tls``). By ``spec.tls.mode``:
   is removed, as it would describe certificates nothing uses.
 
 With TLS on, the CA bundles the spec names (``backendClients.caSecretRef``, ``upstreamCASecretRef``)
-are reported too. The outcome is ``status.tls`` (``mode`` and ``certificates``; ``served`` and
-``caReplacement`` are left to their writers) and ``CertificatesValid``, each put into the status
-patch only when it changed, and one Warning event per distinct problem.
+are reported too. The outcome is ``status.tls`` (``mode``, ``certificates`` and ``served``;
+``caReplacement`` is left to its writer) and ``CertificatesValid``, each put into the status patch
+only when it changed, and one Warning event per distinct problem.
+
+``status.tls.served[]`` (which serving certificate each broker presented in the operator's latest
+handshake) and the heartbeats' TLS problems are not learnt here: the heartbeat daemon publishes its
+client's view into the cluster's observations (``ClusterObservations.served_serials`` and
+``tls_problems``, while the engine runs), and each pass adds ``served`` to the patch when it changed
+and posts one Warning event ``HeartbeatTLSFailed`` per broker and distinct problem (a Normal
+``HeartbeatTLSRecovered`` when it answers over TLS again). An idle pass writes nothing.
 
 Cost: the Secrets are read once per spec generation, whenever a broker pod is about to be made, at
 the time something falls due (``operator_certificates.next_check``), and every
@@ -28,8 +36,7 @@ the time something falls due (``operator_certificates.next_check``), and every
 operator's client certificate and the CA bundle the brokers' certificates chain to, read from the
 same Secrets.
 
-What it does not do: mount anything (``broker_tls.py``), replace the CA's key (``pki.replacement``),
-or learn which certificate each broker serves (``status.tls.served``).
+What it does not do: mount anything (``broker_tls.py``) or replace the CA's key (``pki.replacement``).
 """
 
 from __future__ import annotations
@@ -60,15 +67,16 @@ from broker_operator.controller.certificate_report import (
     Problem,
     check_bundle,
     check_user_pair,
+    served_status,
 )
 from broker_operator.controller.client_tls import ClientMaterialRead, client_material, read_client_material
 from broker_operator.controller.conditions import remove_condition, set_condition
 from broker_operator.controller.context import CertificateCheck, ControllerContext
 from broker_operator.controller.kube import KubeApi
+from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.operator_certificates import (
     OperatorSecrets,
     Outcome,
-    entries_of,
     next_check,
     plan_and_issue,
 )
@@ -183,23 +191,29 @@ async def _operator_pass(
     """Read, issue what is due, write; (what was found, whether to look again on the next pass)."""
     api, namespace, cluster = context.api, ref.namespace, ref.name
     ca_name, tls_name = names.ca_secret_name(cluster), names.tls_secret_name(cluster)
+    client_name = names.operator_client_secret_name(cluster)
     dns_names = wanted_dns_names(cluster, namespace, spec)
     policy = spec.tls.certificates.renewal_policy()
     outcome, secrets = Outcome(), OperatorSecrets(None, None)
     for _attempt in range(2):  # a create that meets another replica's Secret reads it and goes on
         secrets = OperatorSecrets(
-            await api.read_secret(namespace, ca_name), await api.read_secret(namespace, tls_name)
+            await api.read_secret(namespace, ca_name),
+            await api.read_secret(namespace, tls_name),
+            await api.read_secret(namespace, client_name),
         )
         outcome = await asyncio.to_thread(
             plan_and_issue, secrets, owner=ref.body, dns_names=dns_names, policy=policy, now=now
         )
+        # The CA first: leaves are checked against it. The operator's client Secret last: its
+        # ca.crt must not name a CA that <name>-ca does not hold yet.
         writes = [
-            (ca_name, secrets.ca, outcome.ca_data, shapes.build_ca_secret),
-            (tls_name, secrets.tls, outcome.tls_data, shapes.build_tls_secret),
+            (ca_name, secrets.ca, outcome.ca_data, outcome.ca_removed, shapes.build_ca_secret),
+            (tls_name, secrets.tls, outcome.tls_data, (), shapes.build_tls_secret),
+            (client_name, secrets.client, outcome.client_data, (), shapes.build_operator_client_secret),
         ]
         raced = False
         try:
-            for name, held, data, build in writes:  # the CA first: leaves are checked against it
+            for name, held, data, removed, build in writes:
                 if data is None:
                     continue
                 if held is None:
@@ -209,14 +223,14 @@ async def _operator_pass(
                 else:
                     version = str((held.get("metadata") or {}).get("resourceVersion") or "")
                     if not await api.patch_secret(
-                        namespace, name, shapes.update_patch(ref.body, version, data)
+                        namespace, name, shapes.update_patch(ref.body, version, data, removed)
                     ):
                         logger.info(
                             "Secret %s/%s changed while it was renewed: again on the next pass",
                             namespace,
                             name,
                         )
-                        return Outcome(entries_of(cluster, secrets.materials())), True
+                        return Outcome(secrets.entries(cluster)), True
         except ApiException as error:
             if error.status not in _WRITE_REFUSED:
                 raise
@@ -225,13 +239,65 @@ async def _operator_pass(
                 f"{error.status} {error.reason}; the operator's RBAC needs secrets get, create and patch "
                 "(and, cluster-wide, the chart's writes guard must admit it)"
             )
-            stored = entries_of(cluster, secrets.materials())  # what is stored, not what was not written
+            stored = secrets.entries(cluster)  # what is stored, not what was not written
             return Outcome(stored, (*outcome.problems, Problem(WRITE_FAILED, message))), False
         if raced:
             continue
         _post_renewals(ref, outcome)
-        return outcome, False
-    return Outcome(entries_of(cluster, secrets.materials())), True
+        if outcome.ca_removed:
+            logger.info(
+                "Secret %s/%s: the operator's client certificate lives in %s now; its old keys %s are "
+                "removed from the CA's Secret",
+                namespace, ca_name, client_name, ", ".join(outcome.ca_removed),
+            )  # fmt: skip
+        # A pass that moved the pair (or must still drop the old keys) looks again on the next one.
+        return outcome, secrets.client_in_ca and outcome.client_data is not None
+    return Outcome(secrets.entries(cluster)), True
+
+
+_UNCHANGED: Final = object()
+HEARTBEAT_TLS_FAILED: Final = "HeartbeatTLSFailed"
+HEARTBEAT_TLS_RECOVERED: Final = "HeartbeatTLSRecovered"
+
+
+def _served(ref: ClusterRef, observations: ClusterObservations, mode: str) -> Any:
+    """``status.tls.served[]`` as it should be now (None: removed), or ``_UNCHANGED``: the engine is
+    not running, or has handshaken with no broker yet since it started (an operator restart must
+    not empty it for a moment, which would be two writes for nothing)."""
+    if mode == fields.TLS_MODE_DISABLED:
+        return None
+    seen = observations.served_serials() if observations.served_serials is not None else {}
+    if not seen:
+        return _UNCHANGED
+    brokers = [str(b["name"]) for b in ref.status.get("brokers") or [] if b.get("name")]
+    current = (ref.status.get("tls") or {}).get("served") or []
+    return served_status(seen, current, brokers or None) or None
+
+
+def _report_heartbeat_tls(ref: ClusterRef, observations: ClusterObservations) -> None:
+    """A Warning event per broker and distinct TLS problem of the heartbeats, and a Normal one when
+    that broker answers over TLS again. The text is the heartbeat client's, already redacted: a
+    server name and OpenSSL's reason, never a key, a certificate or a token."""
+    if observations.tls_problems is None:
+        return  # no engine: nothing is known either way
+    problems = observations.tls_problems()
+    prefix = f"{HEARTBEAT_TLS_FAILED}/"
+    for broker, problem in sorted(problems.items()):
+        message = (
+            f"heartbeats to {broker} fail TLS: {problem}. Not counted toward a failover (a certificate "
+            "error is no proof of death); fix the certificates (condition CertificatesValid)"
+        )
+        if observations.first_report(prefix + broker, message):
+            kopf.warn(ref.kopf_body, reason=HEARTBEAT_TLS_FAILED, message=message)
+    for key in [k for k in observations.reported if k.startswith(prefix)]:
+        broker = key.removeprefix(prefix)
+        if broker not in problems:
+            observations.reported.pop(key)
+            kopf.info(
+                ref.kopf_body,
+                reason=HEARTBEAT_TLS_RECOVERED,
+                message=f"heartbeats to {broker} work over TLS again",
+            )
 
 
 def _post_renewals(ref: ClusterRef, outcome: Outcome) -> None:
@@ -288,7 +354,7 @@ async def _read_user_secrets(
 
 def _report(
     ref: ClusterRef,
-    observations: Any,
+    observations: ClusterObservations,
     status_patch: MutableMapping[str, Any],
     report: CertificateReport,
     now: datetime,
@@ -296,11 +362,18 @@ def _report(
     """``status.tls`` and ``CertificatesValid`` into the patch when they changed; one event per problem."""
     wanted = report.status_tls()
     current = ref.status.get("tls") or {}
+    tls_patch: dict[str, Any] = {}
     if (
         current.get("mode") != wanted["mode"]
         or (current.get("certificates") or None) != wanted["certificates"]
     ):
-        status_patch["tls"] = wanted
+        tls_patch.update(wanted)
+    served = _served(ref, observations, report.mode)
+    if served is not _UNCHANGED and (current.get("served") or None) != served:
+        tls_patch["served"] = served
+    if tls_patch:
+        status_patch["tls"] = tls_patch
+    _report_heartbeat_tls(ref, observations)
     condition = report.condition(now)
     if condition is None:
         remove_condition(ref, status_patch, CONDITION_CERTIFICATES)

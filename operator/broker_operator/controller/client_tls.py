@@ -1,11 +1,17 @@
 """The operator's client TLS material for one BrokerCluster, read from its Secrets: what the heartbeat
-client presents to the brokers and trusts them by.
+client presents to the brokers and trusts them by (and what ``kubectl broker`` presents, with the
+same rules: :func:`operator_secret_material` and :func:`user_secrets_material` take Secrets already
+read, so that the plugin's synchronous client shares them).
 
-- mode Operator: ``client.crt`` and ``client.key`` of ``<name>-ca`` (the operator's client
-  certificate, issued by ``certificates.py``) and its ``ca.crt`` as the trust bundle: the CA the
-  brokers' serving certificate chains to. Only a ``<name>-ca`` recorded as the operator's is read
-  (the ownership label, and a controller reference to the BrokerCluster ``<name>`` of the uid the
-  label names): a Secret of that name someone else made must not choose whom the operator trusts.
+- mode Operator: ``tls.crt``, ``tls.key`` and ``ca.crt`` of ``<name>-operator-client`` (the
+  operator's client certificate, issued by ``certificates.py``, and the CA the brokers' serving
+  certificate chains to). Only a Secret recorded as the operator's is read (the ownership label,
+  and a controller reference to the BrokerCluster ``<name>`` of the uid the label names): a Secret
+  of that name someone else made must not choose whom the operator trusts. Upgrades: while no such
+  Secret is there yet (an operator of the previous layout wrote the cluster's Secrets, and the
+  certificates controller has not moved the pair yet), ``client.crt`` and ``client.key`` of an
+  operator-owned ``<name>-ca`` and its ``ca.crt`` are read instead, so that the heartbeats never
+  wait for that move; never once ``<name>-operator-client`` is the operator's.
 - mode Secrets: ``tls.crt`` and ``tls.key`` of ``spec.tls.secrets.operatorClient``, and ``ca.crt``
   of ``spec.tls.secrets.server`` (what the brokers' certificate chains to), each from a Secret that
   opts in as a credential (``credentials.refusal``).
@@ -41,7 +47,13 @@ from broker_operator.pki import (
 )
 from broker_operator.tls_material import ClientTlsMaterial
 
-__all__ = ["ClientMaterialRead", "client_material", "read_client_material"]
+__all__ = [
+    "ClientMaterialRead",
+    "client_material",
+    "operator_secret_material",
+    "read_client_material",
+    "user_secrets_material",
+]
 
 
 @dataclass(frozen=True)
@@ -74,33 +86,60 @@ async def read_client_material(
 
 
 async def _operator_material(api: KubeApi, namespace: str, cluster: str) -> ClientMaterialRead:
-    name = names.ca_secret_name(cluster)
+    name = names.operator_client_secret_name(cluster)
     secret = await api.read_secret(namespace, name)
+    if secret is not None and operator_owned(secret, cluster):
+        return operator_secret_material(secret, namespace, cluster)
+    # The previous layout (module docstring): the pair in <name>-ca, until the controller moves it.
+    ca_name = names.ca_secret_name(cluster)
+    ca = await api.read_secret(namespace, ca_name)
+    if ca is not None and operator_owned(ca, cluster) and shapes.legacy_client_keys(ca):
+        pair = _Pair(ca, shapes.LEGACY_CLIENT_CERT_KEY, shapes.LEGACY_CLIENT_KEY_KEY)
+        return _material(pair, ca, shapes.CA_CERT_KEY, f"Secret {namespace}/{ca_name}")
+    return operator_secret_material(secret, namespace, cluster)
+
+
+def operator_secret_material(
+    secret: Mapping[str, Any] | None, namespace: str, cluster: str
+) -> ClientMaterialRead:
+    """The material of ``<name>-operator-client`` as read (None: absent), if it is the operator's."""
+    name = names.operator_client_secret_name(cluster)
     if secret is None:
         return ClientMaterialRead(None, f"Secret {namespace}/{name} does not exist yet")
     if not operator_owned(secret, cluster):
         return ClientMaterialRead(None, f"Secret {namespace}/{name} is not recorded as the operator's")
-    pair = _Pair(secret, shapes.CLIENT_CERT_KEY, shapes.CLIENT_KEY_KEY)
-    return _material(pair, secret, shapes.CA_CERT_KEY, f"Secret {namespace}/{name}")
+    pair = _Pair(secret, shapes.TLS_CERT_KEY, shapes.TLS_KEY_KEY)
+    return _material(pair, secret, shapes.TLS_CA_KEY, f"Secret {namespace}/{name}")
 
 
 async def _user_material(
     api: KubeApi, namespace: str, client_name: str, server_name: str
 ) -> ClientMaterialRead:
-    found = []
-    for field, secret_name in (
-        ("spec.tls.secrets.operatorClient", client_name),
-        ("spec.tls.secrets.server", server_name),
+    client = await api.read_secret(namespace, client_name)
+    server = await api.read_secret(namespace, server_name) if client is not None else None
+    return user_secrets_material(client, server, namespace, client_name, server_name)
+
+
+def user_secrets_material(
+    client: Mapping[str, Any] | None,
+    server: Mapping[str, Any] | None,
+    namespace: str,
+    client_name: str,
+    server_name: str,
+) -> ClientMaterialRead:
+    """Mode Secrets: ``tls.crt``/``tls.key`` of ``client`` (``spec.tls.secrets.operatorClient``) and
+    ``ca.crt`` of ``server`` (``spec.tls.secrets.server``), each only if it opts in as a credential."""
+    for field, secret_name, secret in (
+        ("spec.tls.secrets.operatorClient", client_name, client),
+        ("spec.tls.secrets.server", server_name, server),
     ):
-        secret = await api.read_secret(namespace, secret_name)
         refused = credentials.refusal(
             credentials.NamedSecret(field, SecretRef(secret_name, "")), secret, namespace, ""
         )
         if secret is None or refused is not None:
             why = refused.message if refused is not None else f"Secret {namespace}/{secret_name} is absent"
             return ClientMaterialRead(None, why)
-        found.append(secret)
-    client, server = found
+    assert client is not None and server is not None  # refused above otherwise
     where = f"Secrets {namespace}/{client_name} and {server_name}"
     return _material(_Pair(client, shapes.TLS_CERT_KEY, shapes.TLS_KEY_KEY), server, shapes.TLS_CA_KEY, where)
 

@@ -330,9 +330,12 @@ async def _run_engine(
         )
         loop.update(targets, fresh_settings, preferred)
 
-    observations.wake = loop.wake
-    observations.retarget = retarget
-    observations.repoint = loop.repoint
+    observations.wake, observations.retarget, observations.repoint = loop.wake, retarget, loop.repoint
+    # What the heartbeats learn of TLS, for the certificates controller to report (status.tls.served[]).
+    observations.served_serials, observations.tls_problems = (
+        heartbeats.served_serials,
+        heartbeats.tls_problems,
+    )
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
     context.running_loops.add(loop)
     # One waiter for the whole run, not kopf's stopped.wait(timeout) per check: that makes a task,
@@ -360,6 +363,7 @@ async def _run_engine(
         context.running_engines -= 1
         stop.cancel()
         observations.wake = observations.retarget = observations.repoint = None
+        observations.served_serials = observations.tls_problems = None
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
         await _hand_over_if_exiting(context, loop, stopped)

@@ -149,6 +149,13 @@ def ca_secret_name(cluster: str) -> str:
     return f"{cluster}-ca"
 
 
+def operator_client_secret_name(cluster: str) -> str:
+    """Mode Operator: the operator's client certificate for the brokers' admin port (tls.crt,
+    tls.key, ca.crt), apart from the CA's key so that RBAC can grant ``kubectl broker`` users this
+    one Secret by name without the power to issue certificates; never mounted."""
+    return f"{cluster}-operator-client"
+
+
 def broker_soap_url(pod_ip: str, port: int = BROKER_PORT, *, tls: bool = False) -> str:
     """The engine's ``BrokerTarget.url`` for a pod: its IP, the port of the operator's calls (the
     admin port where the pod has one, see ``observed.admin_port``), the SOAP path; ``https`` when

@@ -195,6 +195,12 @@ class ClusterObservations:
     # Set by the daemon: the -active Service's EndpointSlice was deleted or written by someone
     # else; write it again now.
     repoint: Callable[[], None] | None = None
+    # Set by the daemon while its engine runs (the heartbeat client's): broker name -> the serial of
+    # the serving certificate it presented in the latest handshake, and broker name -> why TLS with
+    # it fails now (redacted). The certificates controller reports them (status.tls.served[], a
+    # Warning event per distinct problem) on its passes; the engine never waits for that.
+    served_serials: Callable[[], Mapping[str, str]] | None = None
+    tls_problems: Callable[[], Mapping[str, str]] | None = None
     # The resourceVersion of the engine's own last write of that slice: a watch event of any
     # other version is someone else's write (or one the engine has not heard back from yet).
     slice_version: str | None = None

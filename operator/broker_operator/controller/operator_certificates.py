@@ -1,4 +1,5 @@
-"""Mode Operator, the decisions: from ``<name>-ca`` and ``<name>-tls`` as read, what to issue and write.
+"""Mode Operator, the decisions: from ``<name>-ca``, ``<name>-tls`` and ``<name>-operator-client`` as
+read, what to issue and write.
 
 One synchronous function, :func:`plan_and_issue`, which the shell (``certificates.py``) runs in a
 worker thread because making an RSA-3072 key takes a second of CPU: it refuses Secrets this
@@ -9,6 +10,14 @@ write equal those held, so the shell writes nothing: an idle pass costs two read
 
 - ``<name>-tls``'s ``ca.crt`` is the trust bundle of the current CA certificate, so a same-key
   CA renewal rewrites it even though no leaf is due (the brokers and SAP see the renewed CA).
+- ``<name>-operator-client``'s ``ca.crt`` is the same trust bundle: what the brokers' certificate
+  chains to, which the operator (and ``kubectl broker``) verify the brokers against.
+- Upgrade from the layout that kept the operator's client certificate in ``<name>-ca``
+  (``tls_secrets.LEGACY_CLIENT_KEYS``): while ``<name>-operator-client`` is absent, the pair is read
+  from there and written, unchanged, into ``<name>-operator-client`` (no reissue: a renewal only
+  when it is due anyway); a later pass that finds ``<name>-operator-client`` stored, ours and
+  holding what it would write drops the keys from ``<name>-ca``. Never in the same pass: a create
+  refused or lost would otherwise lose the pair with it.
 - A CA that cannot be read raises no new key: ``pki.plan_renewal`` refuses it, and this says
   Invalid with what to do, because a new CA silently made would leave every client that trusts
   the old one (SAP's STRUST among them) refusing the brokers.
@@ -60,17 +69,36 @@ def ca_common_name(namespace: str, cluster: str) -> str:
 
 @dataclass(frozen=True)
 class OperatorSecrets:
-    """``<name>-ca`` and ``<name>-tls`` as the API server returned them (None: absent)."""
+    """``<name>-ca``, ``<name>-tls`` and ``<name>-operator-client`` as the API server returned them
+    (None: absent)."""
 
     ca: Mapping[str, Any] | None
     tls: Mapping[str, Any] | None
+    client: Mapping[str, Any] | None = None
+
+    @property
+    def client_in_ca(self) -> bool:
+        """The operator's client certificate is still where the previous layout kept it."""
+        return self.client is None and bool(shapes.legacy_client_keys(self.ca))
 
     def materials(self) -> Materials:
+        if self.client_in_ca:
+            client = shapes.key_pair(
+                self.ca, shapes.LEGACY_CLIENT_CERT_KEY, shapes.LEGACY_CLIENT_KEY_KEY, what="CA Secret"
+            )
+        else:
+            client = shapes.key_pair(
+                self.client, shapes.TLS_CERT_KEY, shapes.TLS_KEY_KEY, what="operator client Secret"
+            )
         return Materials(
             ca=shapes.key_pair(self.ca, shapes.CA_CERT_KEY, shapes.CA_KEY_KEY, what="CA Secret"),
             server=shapes.key_pair(self.tls, shapes.TLS_CERT_KEY, shapes.TLS_KEY_KEY, what="TLS Secret"),
-            client=shapes.key_pair(self.ca, shapes.CLIENT_CERT_KEY, shapes.CLIENT_KEY_KEY, what="CA Secret"),
+            client=client,
         )
+
+    def entries(self, cluster: str) -> tuple[Entry, ...]:
+        """What is stored now, as ``status.tls.certificates[]``."""
+        return entries_of(cluster, self.materials(), client_in_ca=self.client_in_ca)
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,8 @@ class Outcome:
     renewals: tuple[Renewal, ...] = ()  # carried out: each becomes an event once written
     ca_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-ca
     tls_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-tls
+    client_data: dict[str, bytes] | None = field(default=None, repr=False)  # to <name>-operator-client
+    ca_removed: tuple[str, ...] = ()  # keys to drop from <name>-ca (the previous layout's client pair)
     foreign_tls: bool = False  # <name>-tls exists and is not ours: a pod must not mount it
 
 
@@ -94,12 +124,13 @@ def _info(pair: KeyPair | None) -> CertificateInfo | None:
         return None
 
 
-def entries_of(cluster: str, materials: Materials) -> tuple[Entry, ...]:
+def entries_of(cluster: str, materials: Materials, *, client_in_ca: bool = False) -> tuple[Entry, ...]:
     ca_name, tls_name = names.ca_secret_name(cluster), names.tls_secret_name(cluster)
+    client_name = ca_name if client_in_ca else names.operator_client_secret_name(cluster)
     return (
         Entry(CA, ca_name, _info(materials.ca)),
         Entry(SERVER, tls_name, _info(materials.server)),
-        Entry(OPERATOR_CLIENT, ca_name, _info(materials.client)),
+        Entry(OPERATOR_CLIENT, client_name, _info(materials.client)),
     )
 
 
@@ -129,6 +160,7 @@ def plan_and_issue(
     for secret, name, role in (
         (secrets.ca, names.ca_secret_name(cluster), "the cluster's CA"),
         (secrets.tls, names.tls_secret_name(cluster), "the brokers' certificate"),
+        (secrets.client, names.operator_client_secret_name(cluster), "the operator's client certificate"),
     ):
         if secret is not None and shapes.ownership(secret, uid) is shapes.Ownership.FOREIGN:
             problems.append(_not_owned(namespace, secret, name, role))
@@ -152,15 +184,23 @@ def plan_and_issue(
             "the brokers): restore the Secret, or delete it to have a new CA made and give the new ca.crt of "
             f"{names.tls_secret_name(cluster)} to everyone who trusts the old one"
         )
-        return Outcome(entries_of(cluster, held), (Problem(INVALID, message),))
+        return Outcome(secrets.entries(cluster), (Problem(INVALID, message),))
     assert issued.ca is not None and issued.server is not None and issued.client is not None  # _issue
-    ca_data = shapes.ca_secret_data(issued.ca, issued.client)
-    tls_data = shapes.tls_secret_data(issued.server, trust_bundle(issued.ca.certificate_pem))
+    bundle = trust_bundle(issued.ca.certificate_pem)
+    ca_data = shapes.ca_secret_data(issued.ca)
+    tls_data = shapes.tls_secret_data(issued.server, bundle)
+    client_data = shapes.operator_client_secret_data(issued.client, bundle)
+    client_stored = shapes.held_data(secrets.client, shapes.OPERATOR_CLIENT_SECRET_KEYS) == client_data
+    # The previous layout's pair goes only once its new home is stored as it should be (module doc).
+    removed = shapes.legacy_client_keys(secrets.ca) if client_stored else ()
+    ca_held = shapes.held_data(secrets.ca, shapes.CA_SECRET_KEYS) == ca_data
     return Outcome(
         entries=entries_of(cluster, issued),
         renewals=renewals,
-        ca_data=None if shapes.held_data(secrets.ca, shapes.CA_SECRET_KEYS) == ca_data else ca_data,
+        ca_data=None if ca_held and not removed else ca_data,
         tls_data=None if shapes.held_data(secrets.tls, shapes.TLS_SECRET_KEYS) == tls_data else tls_data,
+        client_data=None if client_stored else client_data,
+        ca_removed=removed,
     )
 
 

@@ -5,8 +5,15 @@ file the broker serves and the operator's heartbeat client reads), one ``request
 broker carrying ``Authorization: Bearer <operator token>``. The plugin makes a handful of calls
 per command, so the operator's aiohttp machinery (built for 1,000 brokers at 1 Hz) is not needed.
 
+A broker that serves TLS (an ``https`` URL) is called with mutual TLS, given an
+:class:`~broker_operator.kubectl_plugin.admin_tls.AdminTls`: the operator's client certificate
+presented, the broker verified against the cluster's CA bundle alone under its pod's DNS name while
+the pod's IP (or a port-forward) is dialled (``admin_tls.VerifiedAsAdapter``). The bearer token is
+still sent: the second factor, as for the operator.
+
 Every failure becomes a :class:`PluginError` naming the broker and its URL: a SOAP fault with the
-broker's code (``UNAUTHENTICATED``, ``NOT_FOUND``, ``JOURNAL_ERROR``, ...), a refused or timed-out
+broker's code (``UNAUTHENTICATED``, ``NOT_FOUND``, ``JOURNAL_ERROR``, ...), a TLS failure with what
+must hold (the chain, the name, the client certificate, and which Secret), a refused or timed-out
 connection with what to do from outside the pod network (``kubectl port-forward`` and ``--url``).
 zeep parses with DTDs, entities and external fetches forbidden, as the operator's client does.
 
@@ -20,6 +27,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import requests
+import urllib3.exceptions
 import zeep
 import zeep.exceptions
 from lxml import etree
@@ -27,6 +35,7 @@ from zeep.transports import Transport
 
 import broker_contracts
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, FaultCode, HeldMessage
+from broker_operator.kubectl_plugin.admin_tls import AdminTls, VerifiedAsAdapter
 from broker_operator.kubectl_plugin.errors import PluginError
 
 _BINDING: Final = f"{{{NAMESPACE}}}BrokerBinding"
@@ -61,13 +70,26 @@ def _client() -> zeep.Client:
 
 
 class BrokerAdmin:
-    """The admin operations of one broker at ``url``, authenticated with the operator's ``token``."""
+    """The admin operations of one broker at ``url``, authenticated with the operator's ``token`` (and,
+    for an ``https`` URL with ``tls``, the operator's client certificate)."""
 
-    def __init__(self, broker: str, url: str, token: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        broker: str,
+        url: str,
+        token: str,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        tls: AdminTls | None = None,
+    ) -> None:
         self.broker = broker
         self.url = url
+        self._tls = tls if url.lower().startswith("https://") else None
         session = requests.Session()
+        if self._tls is not None:
+            session.mount("https://", VerifiedAsAdapter(self._tls.context(), self._tls.server_name))
         session.headers[AUTH_HEADER] = f"{AUTH_SCHEME} {token}"
+        self._session = session
         transport = Transport(session=session, timeout=timeout, operation_timeout=timeout)
         client = zeep.Client(_client().wsdl, settings=_client().settings, transport=transport)
         self._service = client.create_service(_BINDING, url)
@@ -100,9 +122,25 @@ class BrokerAdmin:
                 f"{operation} refused by broker {self.broker} ({self.url}): {code}: {fault.message}{hint}",
                 code,
             ) from None
+        except requests.exceptions.SSLError as error:
+            raise BrokerAdminError(
+                f"TLS with broker {self.broker} at {self.url} failed ({_short(error)}){self._tls_hint()}"
+            ) from None
         except requests.exceptions.Timeout:
             raise BrokerAdminError(
                 f"broker {self.broker} at {self.url} did not answer {operation} in time{_REACH_HINT}"
+            ) from None
+        except requests.exceptions.ConnectionError as error:
+            if self._tls is not None and _closed_unanswered(error):
+                # A refused client certificate has no alert the client can read: the broker's TLS
+                # layer closes the connection (TLS 1.3: after the client's side of the handshake).
+                raise BrokerAdminError(
+                    f"broker {self.broker} at {self.url} closed the connection without answering "
+                    f"{operation}, as a broker serving TLS does when its admin port refuses the client "
+                    f"certificate{self._tls_hint()}"
+                ) from None
+            raise BrokerAdminError(
+                f"broker {self.broker} unreachable at {self.url} ({_short(error)}){_REACH_HINT}"
             ) from None
         except requests.exceptions.RequestException as error:
             raise BrokerAdminError(
@@ -113,11 +151,22 @@ class BrokerAdmin:
                 f"broker {self.broker} at {self.url} answered {operation} with something unusable: {error}"
             ) from None
 
+    def _tls_hint(self) -> str:
+        if self._tls is None:
+            return "; the broker's certificate was checked against the system's trust store"
+        name = self._tls.server_name or "its URL's host"
+        return (
+            f"; the broker's certificate must chain to ca.crt of {self._tls.source} and carry {name}, and "
+            f"its admin port must accept the client certificate of {self._tls.source}: see condition "
+            "CertificatesValid and the operator's HeartbeatTLSFailed events (kubectl describe bc)"
+        )
+
 
 _REACH_HINT: Final = (
     "; brokers are reached at their pod IPs, which only work from inside the pod network: from "
     "elsewhere run `kubectl port-forward pod/BROKER 18081:8081` (its admin port; 8080 for a pod "
-    "without one) and pass --url http://127.0.0.1:18081/soap"
+    "without one) and pass --url http://127.0.0.1:18081/soap (https:// for a broker that serves TLS: "
+    "its certificate is still verified as the pod's DNS name)"
 )
 _FAULT_HINTS: Final = {
     FaultCode.WRONG_PORT.value: (
@@ -153,6 +202,12 @@ def _fault_code(fault: zeep.exceptions.Fault) -> str:
         if code is not None and code.text:
             return str(code.text)
     return str(fault.code)
+
+
+def _closed_unanswered(error: requests.exceptions.ConnectionError) -> bool:
+    """The connection was made and then closed or reset before a reply (urllib3's ``ProtocolError``,
+    "Connection aborted."), as opposed to a connect that failed (nothing listens there)."""
+    return any(isinstance(arg, urllib3.exceptions.ProtocolError) for arg in error.args)
 
 
 def _short(error: Exception) -> str:

@@ -6,9 +6,11 @@ account and namespace). Every call turns an ``ApiException`` into a :class:`Plug
 names the verb, the resource and the namespace, so that a 403 tells the user which permission to
 ask for (``kubectl auth can-i VERB RESOURCE -n NS``) instead of printing an HTTP body.
 
-Broker addresses and the operator token are resolved here too, because both are read from the
-API server: pod IPs (pods carrying the cluster's label) in replicas mode, ``spec.endpoints`` URLs in
-endpoints mode; the token from ``spec.auth.tokenSecretRef`` or the Secret the operator generates.
+Broker addresses, the operator token and the client certificate for brokers that serve TLS are
+resolved here too, because all are read from the API server: pod IPs (pods carrying the cluster's
+label) and DNS names in replicas mode, ``spec.endpoints`` URLs in endpoints mode; the token from
+``spec.auth.tokenSecretRef`` or the Secret the operator generates; the client certificate from
+``<name>-operator-client`` or the user's Secrets (``admin_tls``).
 The spec is read with the operator's own parser (``controller.spec``), so both agree on defaults.
 
 Not here: anything about brokers' SOAP, or what to print.
@@ -32,9 +34,11 @@ from urllib3.exceptions import HTTPError
 
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody, PodBody
-from broker_operator.controller.observed import admin_soap_url
+from broker_operator.controller.observed import admin_soap_url, pod_dns_name
 from broker_operator.controller.spec import ClusterSpec, SecretRef, SpecError, parse_spec
+from broker_operator.kubectl_plugin import admin_tls
 from broker_operator.kubectl_plugin.errors import PluginError, UsageError
+from broker_operator.tls_material import ClientTlsMaterial
 
 REQUEST_TIMEOUT_SECONDS: Final = 15
 HTTP_UNAUTHORIZED: Final = 401
@@ -48,10 +52,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BrokerAddress:
-    """Where to reach one broker's SOAP endpoint; ``url`` is None while a pod has no IP yet."""
+    """Where to reach one broker's SOAP endpoint; ``url`` is None while a pod has no IP yet.
+    ``server_name``: the name its TLS certificate carries and is verified as (a pod's DNS name; None
+    for an endpoint, verified as its URL's host)."""
 
     name: str
     url: str | None
+    server_name: str | None = None
 
 
 class Kube:
@@ -110,12 +117,54 @@ class Kube:
         spec = cluster_spec(body)
         if spec.endpoints_mode:
             return [BrokerAddress(e.name, e.url) for e in sorted(spec.endpoints, key=lambda e: e.priority)]
-        # The admin operations go where the operator's heartbeats go: the pod's admin port if it has one.
-        urls = {p["metadata"]["name"]: admin_soap_url(p) for p in self.broker_pods(name)}
+        # The admin operations go where the operator's heartbeats go: the pod's admin port if it has
+        # one, in https when it serves TLS, verified as the pod's DNS name (observed.py).
+        pods = {p["metadata"]["name"]: p for p in self.broker_pods(name)}
         wanted = [names.pod_name(name, ordinal) for ordinal in range(spec.replicas)]
         # Pods beyond replicas (a scale-down under way) are still brokers someone may ask.
-        extra = sorted(set(urls) - set(wanted), key=_ordinal)
-        return [BrokerAddress(pod, urls.get(pod)) for pod in [*wanted, *extra]]
+        extra = sorted(set(pods) - set(wanted), key=_ordinal)
+        domain = spec.tls.cluster_domain
+        return [
+            BrokerAddress(
+                pod,
+                admin_soap_url(pods[pod]) if pod in pods else None,
+                # A pod not there yet still has its name: --url through a port-forward verifies it.
+                (pod_dns_name(pods[pod], domain) if pod in pods else None)
+                or f"{pod}.{names.headless_service_name(name)}.{self.namespace}.svc.{domain}",
+            )
+            for pod in [*wanted, *extra]
+        ]
+
+    def client_tls(self, body: BrokerClusterBody) -> tuple[ClientTlsMaterial, str]:
+        """The operator's client certificate and the CA bundle the brokers chain to, for calls to
+        brokers that serve TLS, and which Secret(s) they came from (``admin_tls.client_material``)."""
+        tls = cluster_spec(body).tls
+        secrets = None
+        if not tls.operator_issues and tls.secrets is not None:  # mode Secrets
+            secrets = (tls.secrets.operator_client, tls.secrets.server)
+        return admin_tls.client_material(body, self.namespace, tls.mode, secrets, self.tls_secret)
+
+    def tls_secret(self, secret: str, advice: str) -> dict[str, Any] | None:
+        """Secret ``secret`` as the API returns it (None: absent); a 403 ends with ``advice``."""
+        try:
+            found = self._core.read_namespaced_secret(
+                secret, self.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            reason = _api_message(error)
+            if error.status == HTTP_FORBIDDEN:
+                raise PluginError(
+                    f"forbidden: you may not get Secret {self.namespace}/{secret} ({reason}), which holds "
+                    "the client certificate the brokers' admin port requires over TLS; " + advice
+                ) from None
+            raise PluginError(
+                f"cannot get Secret {self.namespace}/{secret}: HTTP {error.status}: {reason}"
+            ) from None
+        except (HTTPError, OSError) as error:
+            raise PluginError(f"cannot reach the API server to get Secret {secret}: {error}") from None
+        return cast(dict[str, Any], self._api_client.sanitize_for_serialization(found))
 
     def secret_bytes(self, secret: str, key: str) -> bytes | None:
         """One key of a Secret, decoded; None if the Secret or the key is not there."""

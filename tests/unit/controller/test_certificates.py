@@ -89,10 +89,11 @@ def first_pass(policy: RenewalPolicy = POLICY, now: datetime = NOW) -> tuple[Out
     outcome = plan_and_issue(
         OperatorSecrets(None, None), owner=OWNER, dns_names=NAMES, policy=policy, now=now
     )
-    assert outcome.ca_data is not None and outcome.tls_data is not None
+    assert outcome.ca_data is not None and outcome.tls_data is not None and outcome.client_data is not None
     held = OperatorSecrets(
         stored(shapes.build_ca_secret(OWNER, outcome.ca_data)),
         stored(shapes.build_tls_secret(OWNER, outcome.tls_data)),
+        stored(shapes.build_operator_client_secret(OWNER, outcome.client_data)),
     )
     return outcome, held
 
@@ -110,7 +111,7 @@ def issued_short() -> tuple[Outcome, OperatorSecrets]:
 # ---- mode Operator: what to issue and write -------------------------------------------------
 
 
-def test_a_new_cluster_gets_a_ca_then_both_leaves_in_two_secrets(
+def test_a_new_cluster_gets_a_ca_then_both_leaves_in_three_secrets(
     issued: tuple[Outcome, OperatorSecrets],
 ) -> None:
     outcome, held = issued
@@ -120,11 +121,16 @@ def test_a_new_cluster_gets_a_ca_then_both_leaves_in_two_secrets(
         (Target.CLIENT, Verb.ISSUE),
     ]
     assert outcome.problems == () and not outcome.foreign_tls
-    assert held.ca is not None and held.tls is not None
+    assert held.ca is not None and held.tls is not None and held.client is not None
     assert held.ca["type"] == "Opaque" and held.tls["type"] == "kubernetes.io/tls"
-    assert set(held.ca["data"]) == {"ca.crt", "ca.key", "client.crt", "client.key"}
+    assert held.client["type"] == "kubernetes.io/tls"
+    # The CA's key alone in <name>-ca: the operator's client pair has a Secret of its own, which
+    # RBAC can grant to kubectl broker's users without the power to issue certificates.
+    assert set(held.ca["data"]) == {"ca.crt", "ca.key"}
     assert set(held.tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}
-    for secret in (held.ca, held.tls):
+    assert set(held.client["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert held.client["metadata"]["name"] == "orders-operator-client"
+    for secret in (held.ca, held.tls, held.client):
         meta = secret["metadata"]
         assert meta["labels"][shapes.LABEL_CERTIFICATES_OWNER] == UID
         assert meta["labels"][names.LABEL_MANAGED_BY] == names.MANAGED_BY  # the writes guard's label
@@ -134,7 +140,8 @@ def test_a_new_cluster_gets_a_ca_then_both_leaves_in_two_secrets(
     ca_pem = base64.b64decode(held.ca["data"]["ca.crt"])
     assert data["ca.crt"] == ca_pem  # the trust bundle: the CA, which SAP imports
     assert verifies(data["tls.crt"], data["ca.crt"], dns_name=ACTIVE, now=NOW)
-    client = base64.b64decode(held.ca["data"]["client.crt"])
+    client = base64.b64decode(held.client["data"]["tls.crt"])
+    assert base64.b64decode(held.client["data"]["ca.crt"]) == ca_pem  # what the brokers chain to
     assert verifies(client, data["ca.crt"], now=NOW)
     assert certificate_info(client).dns_names == (shapes.OPERATOR_CLIENT_NAME,)
     assert ACTIVE in certificate_info(data["tls.crt"]).dns_names
@@ -145,7 +152,8 @@ def test_nothing_due_issues_nothing_and_writes_nothing(issued: tuple[Outcome, Op
     for now in (NOW, NOW + timedelta(days=59)):  # 90-day leaves, renewed 30 days ahead
         again = plan_and_issue(held, owner=OWNER, dns_names=NAMES, policy=POLICY, now=now)
         assert again.renewals == () and again.problems == ()
-        assert again.ca_data is None and again.tls_data is None
+        assert again.ca_data is None and again.tls_data is None and again.client_data is None
+        assert again.ca_removed == ()
 
 
 def test_a_leaf_within_renew_before_days_is_reissued_and_the_ca_kept(
@@ -159,9 +167,10 @@ def test_a_leaf_within_renew_before_days_is_reissued_and_the_ca_kept(
         (Target.CLIENT, Verb.REISSUE),
     ]
     assert all("expires in 12 hours" in r.reasons for r in outcome.renewals)
-    assert outcome.ca_data is not None and outcome.tls_data is not None
-    assert outcome.ca_data["ca.key"] == first.ca_data["ca.key"]  # type: ignore[index]
-    assert outcome.ca_data["ca.crt"] == first.ca_data["ca.crt"]  # type: ignore[index]
+    assert outcome.ca_data is None  # the CA kept: <name>-ca is not written
+    assert outcome.tls_data is not None and outcome.client_data is not None
+    assert outcome.tls_data["ca.crt"] == first.ca_data["ca.crt"]  # type: ignore[index]
+    assert outcome.client_data["ca.crt"] == first.ca_data["ca.crt"]  # type: ignore[index]
     server = {e.name: e for e in outcome.entries}[SERVER].info
     assert server is not None and server.not_after > later + timedelta(days=1)
 
@@ -186,6 +195,9 @@ def test_a_ca_renewed_with_its_key_rewrites_the_bundle_of_the_tls_secret() -> No
     assert outcome.ca_data["ca.crt"] != first.ca_data["ca.crt"]  # type: ignore[index]
     assert outcome.tls_data["ca.crt"] == outcome.ca_data["ca.crt"]
     assert outcome.tls_data["tls.crt"] == first.tls_data["tls.crt"]  # type: ignore[index]
+    # The operator's client Secret's bundle follows too: what it verifies the brokers by.
+    assert outcome.client_data is not None and outcome.client_data["ca.crt"] == outcome.ca_data["ca.crt"]
+    assert outcome.client_data["tls.crt"] == first.client_data["tls.crt"]  # type: ignore[index]
 
 
 def test_a_foreign_tls_secret_is_never_overwritten_and_holds_the_pods(
@@ -195,7 +207,7 @@ def test_a_foreign_tls_secret_is_never_overwritten_and_holds_the_pods(
     assert held.tls is not None
     users = {**held.tls, "metadata": {"name": "orders-tls", "namespace": "shop", "labels": {"team": "sap"}}}
     outcome = plan_and_issue(
-        OperatorSecrets(None, users), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+        OperatorSecrets(None, users, held.client), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
     )
     assert outcome.ca_data is None and outcome.tls_data is None and outcome.renewals == ()
     assert outcome.foreign_tls
@@ -212,8 +224,9 @@ def test_a_secret_of_another_uid_is_not_ours_even_with_our_name_and_labels(
     other = {**OWNER, "metadata": {**OWNER["metadata"], "uid": "another-uid"}}
     outcome = plan_and_issue(held, owner=other, dns_names=NAMES, policy=POLICY, now=NOW)
     assert {p.reason for p in outcome.problems} == {NOT_OWNED}
-    assert len(outcome.problems) == 2 and f"uid {UID}" in outcome.problems[0].message
-    assert outcome.ca_data is None and outcome.tls_data is None
+    assert len(outcome.problems) == 3 and f"uid {UID}" in outcome.problems[0].message
+    assert "orders-operator-client (the operator's client certificate)" in outcome.problems[2].message
+    assert outcome.ca_data is None and outcome.tls_data is None and outcome.client_data is None
 
 
 def test_an_unreadable_ca_is_reported_and_no_new_key_is_made(issued: tuple[Outcome, OperatorSecrets]) -> None:
@@ -223,7 +236,7 @@ def test_an_unreadable_ca_is_reported_and_no_new_key_is_made(issued: tuple[Outco
         held.ca, {"ca.crt": b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, "2"
     )
     outcome = plan_and_issue(
-        OperatorSecrets(broken, held.tls), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+        OperatorSecrets(broken, held.tls, held.client), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
     )
     (problem,) = outcome.problems
     assert problem.reason == INVALID and "no new CA key" in problem.message
@@ -235,11 +248,76 @@ def test_a_deleted_tls_secret_gets_a_new_server_certificate_from_the_same_ca(
 ) -> None:
     first, held = issued
     outcome = plan_and_issue(
-        OperatorSecrets(held.ca, None), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+        OperatorSecrets(held.ca, None, held.client), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
     )
     assert [(r.target, r.verb) for r in outcome.renewals] == [(Target.SERVER, Verb.ISSUE)]
     assert outcome.ca_data is None and outcome.tls_data is not None
     assert outcome.tls_data["ca.crt"] == first.ca_data["ca.crt"]  # type: ignore[index]
+
+
+def legacy_ca(held: OperatorSecrets) -> dict[str, Any]:
+    """``<name>-ca`` as an operator of the previous layout wrote it: the client pair beside the CA."""
+    assert held.ca is not None and held.client is not None
+    pair = {key: base64.b64decode(held.client["data"][key]) for key in ("tls.crt", "tls.key")}
+    return applied(held.ca, {"client.crt": pair["tls.crt"], "client.key": pair["tls.key"]}, "7")
+
+
+def test_an_upgrade_moves_the_client_pair_unchanged_then_drops_it_from_the_ca_secret(
+    issued: tuple[Outcome, OperatorSecrets],
+) -> None:
+    first, held = issued
+    old_ca = legacy_ca(held)
+    # Pass 1: the previous layout's pair is read from <name>-ca and written, as it is, into
+    # <name>-operator-client; nothing is reissued, and <name>-ca keeps its keys for now.
+    moved = plan_and_issue(
+        OperatorSecrets(old_ca, held.tls, None), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+    )
+    assert moved.renewals == () and moved.problems == ()
+    assert moved.client_data == first.client_data
+    assert moved.ca_data is None and moved.tls_data is None and moved.ca_removed == ()
+    assert {e.name: e.secret for e in moved.entries}[OPERATOR_CLIENT] == "orders-operator-client"
+    # Pass 2: the new Secret is stored and holds that pair: the old keys go, in a patch whose
+    # nulls delete them, and the CA's own keys are written unchanged.
+    created = stored(shapes.build_operator_client_secret(OWNER, moved.client_data))  # type: ignore[arg-type]
+    dropped = plan_and_issue(
+        OperatorSecrets(old_ca, held.tls, created), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+    )
+    assert dropped.renewals == () and dropped.client_data is None and dropped.tls_data is None
+    assert dropped.ca_removed == ("client.crt", "client.key")
+    assert dropped.ca_data == first.ca_data
+    patch = shapes.update_patch(OWNER, "7", dropped.ca_data, dropped.ca_removed)  # type: ignore[arg-type]
+    assert patch["data"]["client.crt"] is None and patch["data"]["client.key"] is None
+    assert patch["metadata"]["resourceVersion"] == "7"
+    # Pass 3: nothing left to do.
+    done = OperatorSecrets(held.ca, held.tls, created)
+    idle = plan_and_issue(done, owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW)
+    assert (idle.ca_data, idle.tls_data, idle.client_data, idle.ca_removed) == (None, None, None, ())
+
+
+def test_the_old_keys_stay_while_the_new_secret_does_not_hold_the_pair_to_write(
+    issued_short: tuple[Outcome, OperatorSecrets],
+) -> None:
+    _, held = issued_short
+    old_ca = legacy_ca(held)
+    later = NOW + timedelta(hours=36)  # the client certificate is due: the new Secret is rewritten
+    outcome = plan_and_issue(
+        OperatorSecrets(old_ca, held.tls, held.client), owner=OWNER, dns_names=NAMES, policy=SHORT, now=later
+    )
+    assert outcome.client_data is not None and outcome.ca_removed == () and outcome.ca_data is None
+
+
+def test_a_foreign_operator_client_secret_is_never_overwritten(
+    issued: tuple[Outcome, OperatorSecrets],
+) -> None:
+    _, held = issued
+    assert held.client is not None
+    users = {**held.client, "metadata": {**held.client["metadata"], "labels": {"team": "sap"}}}
+    outcome = plan_and_issue(
+        OperatorSecrets(held.ca, held.tls, users), owner=OWNER, dns_names=NAMES, policy=POLICY, now=NOW
+    )
+    assert outcome.client_data is None and outcome.ca_data is None and not outcome.foreign_tls
+    (problem,) = outcome.problems
+    assert problem.reason == NOT_OWNED and "shop/orders-operator-client" in problem.message
 
 
 def test_no_key_or_certificate_reaches_the_outcome_repr(issued: tuple[Outcome, OperatorSecrets]) -> None:
@@ -264,7 +342,7 @@ def test_status_tls_lists_each_certificate_with_serial_and_not_after(
     assert [(c["name"], c["secret"]) for c in tls["certificates"]] == [
         (CA, "orders-ca"),
         (SERVER, "orders-tls"),
-        (OPERATOR_CLIENT, "orders-ca"),
+        (OPERATOR_CLIENT, "orders-operator-client"),
     ]
     for entry in tls["certificates"]:
         assert re.fullmatch(r"[0-9a-f]+", entry["serial"])

@@ -67,7 +67,11 @@ class SecretStore:
         if current is None or (wanted and wanted != current["metadata"]["resourceVersion"]):
             return False
         merged = copy.deepcopy(current)
-        merged["data"].update(patch.get("data") or {})
+        for key, value in (patch.get("data") or {}).items():  # a merge patch: null deletes the key
+            if value is None:
+                merged["data"].pop(key, None)
+            else:
+                merged["data"][key] = value
         merged["metadata"]["labels"].update(patch.get("metadata", {}).get("labels") or {})
         self.secrets[name] = self._stored(merged)
         return True
@@ -110,8 +114,13 @@ async def reconcile(
     for key, value in patch.items():
         if value is None:
             manifest["status"].pop(key, None)
-        elif key == "tls":
-            manifest["status"]["tls"] = {k: v for k, v in value.items() if v is not None}
+        elif key == "tls":  # a merge patch: what it names, null removes
+            tls = manifest["status"].setdefault("tls", {})
+            for field, part in value.items():
+                if part is None:
+                    tls.pop(field, None)
+                else:
+                    tls[field] = part
         else:
             manifest["status"][key] = value
     return patch, held
@@ -126,27 +135,73 @@ def condition(manifest: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in manifest["status"]["conditions"] if c["type"] == "CertificatesValid")
 
 
-async def test_the_first_pass_writes_both_secrets_and_an_idle_pass_nothing(
+SECRETS = 3  # <name>-ca, <name>-tls, <name>-operator-client: what each pass that reads, reads
+
+
+async def test_the_first_pass_writes_three_secrets_and_an_idle_pass_nothing(
     events: list[tuple[str, str, str]],
 ) -> None:
     store = SecretStore()
     context, manifest = context_for(store), body()
     patch, held = await reconcile(context, manifest)
     assert not held
-    assert store.writes == [("create", "orders-ca"), ("create", "orders-tls")]  # the CA first
+    # The CA first; the operator's client Secret last (its ca.crt names the CA stored).
+    assert store.writes == [
+        ("create", "orders-ca"),
+        ("create", "orders-tls"),
+        ("create", "orders-operator-client"),
+    ]
     assert [e[1] for e in events] == ["CertificateIssued"] * 3
+    assert "Secret orders-operator-client" in events[2][2]
     assert patch["tls"]["mode"] == "Operator" and len(patch["tls"]["certificates"]) == 3
     assert condition(manifest)["reason"] == "Valid"
     reads = store.reads
     again, _ = await reconcile(context, manifest)  # a pod is missing (about to be made): read again
-    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2
+    assert again == {} and store.reads == reads + SECRETS and len(store.writes) == 3
     reads = store.reads
     context.observations_for("shop", "orders").pods = {"orders-0": {}, "orders-1": {}}  # type: ignore[typeddict-item]
     again, _ = await reconcile(context, manifest)  # cached: nothing read, nothing written
-    assert again == {} and store.reads == reads and len(store.writes) == 2
+    assert again == {} and store.reads == reads and len(store.writes) == 3
     expire_cache(context)
     again, _ = await reconcile(context, manifest)  # read again: still nothing due, nothing written
-    assert again == {} and store.reads == reads + 2 and len(store.writes) == 2 and len(events) == 3
+    assert again == {} and store.reads == reads + SECRETS and len(store.writes) == 3 and len(events) == 3
+
+
+async def test_an_upgrade_from_the_client_pair_in_the_ca_secret_moves_it_then_drops_it(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """A cluster whose <name>-ca an operator of the previous layout wrote (the client pair beside
+    the CA): the heartbeats keep reading it until <name>-operator-client exists, the pair moves
+    unchanged (no reissue), and the old keys leave <name>-ca on the next pass."""
+    store = SecretStore()
+    context, manifest = context_for(store), body()
+    await reconcile(context, manifest)
+    client = store.secrets.pop("orders-operator-client")
+    ca = store.secrets["orders-ca"]
+    ca["data"].update({"client.crt": client["data"]["tls.crt"], "client.key": client["data"]["tls.key"]})
+    spec = parse_spec("orders", manifest["spec"]).tls
+    legacy = await client_material(store, "shop", "orders", spec)  # type: ignore[arg-type]
+    assert legacy is not None and legacy.certificate_pem == base64.b64decode(client["data"]["tls.crt"])
+    manifest = body()
+    store.writes.clear()
+    patch, _ = await reconcile(context_for(store), manifest)
+    assert store.writes == [("create", "orders-operator-client")]  # moved; <name>-ca not yet touched
+    assert store.secrets["orders-operator-client"]["data"] == client["data"]  # the same pair, not reissued
+    assert {"client.crt", "client.key"} <= set(store.secrets["orders-ca"]["data"])
+    assert [e[1] for e in events] == ["CertificateIssued"] * 3  # the first reconcile's, none new
+    entries = {c["name"]: c["secret"] for c in patch["tls"]["certificates"]}
+    assert entries["operatorClient"] == "orders-operator-client"
+    # The next pass reads at once (the move asks for it) and drops the old keys.
+    context = context_for(store)
+    context.certificate_checks = {}
+    await reconcile(context, manifest)
+    assert store.writes == [("create", "orders-operator-client"), ("patch", "orders-ca")]
+    assert set(store.secrets["orders-ca"]["data"]) == {"ca.crt", "ca.key"}
+    moved = await client_material(store, "shop", "orders", spec)  # type: ignore[arg-type]
+    assert moved is not None and moved.version == legacy.version  # the heartbeats see no change
+    expire_cache(context)
+    await reconcile(context, manifest)
+    assert len(store.writes) == 2  # settled: nothing more to write
 
 
 async def test_a_create_that_meets_another_replicas_ca_uses_it(events: list[tuple[str, str, str]]) -> None:
@@ -271,19 +326,23 @@ async def test_client_material_in_mode_operator_is_the_operators_client_and_the_
     manifest = body()
     spec = parse_spec("orders", manifest["spec"])
     missing = await read_client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
-    assert missing.material is None and missing.reason == "Secret shop/orders-ca does not exist yet"
+    assert missing.material is None
+    assert missing.reason == "Secret shop/orders-operator-client does not exist yet"
     await reconcile(context_for(store), manifest)
     material = await client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
     assert material is not None
-    data = {k: base64.b64decode(v) for k, v in store.secrets["orders-ca"]["data"].items()}
-    assert (material.certificate_pem, material.key_pem) == (data["client.crt"], data["client.key"])
+    data = {k: base64.b64decode(v) for k, v in store.secrets["orders-operator-client"]["data"].items()}
+    assert (material.certificate_pem, material.key_pem) == (data["tls.crt"], data["tls.key"])
     assert material.trust_bundle_pem == data["ca.crt"]
+    assert data["ca.crt"] == base64.b64decode(store.secrets["orders-ca"]["data"]["ca.crt"])
     server = base64.b64decode(store.secrets["orders-tls"]["data"]["tls.crt"])
     assert verifies(server, material.trust_bundle_pem, dns_name="orders-active.shop.svc", now=NOW)
-    foreign = copy.deepcopy(store.secrets["orders-ca"])
+    foreign = copy.deepcopy(store.secrets["orders-operator-client"])
     foreign["metadata"]["ownerReferences"] = []
-    store.secrets["orders-ca"] = foreign
-    assert await client_material(store, "shop", "orders", spec.tls) is None  # type: ignore[arg-type]
+    store.secrets["orders-operator-client"] = foreign
+    refused = await read_client_material(store, "shop", "orders", spec.tls)  # type: ignore[arg-type]
+    assert refused.material is None and refused.reason is not None
+    assert "orders-operator-client is not recorded as the operator's" in refused.reason
     assert shapes.LABEL_CERTIFICATES_OWNER in foreign["metadata"]["labels"]  # the label alone is not enough
 
 
@@ -309,3 +368,90 @@ async def test_a_refused_write_is_write_failed_and_not_retried_every_pass(
     assert [e[:2] for e in events] == [("Warning", "CertificateWriteFailed")]  # no CertificateIssued
     await reconcile(context, manifest)  # within --certificates-recheck-seconds: no new keys, no write
     assert store.writes == [("create", "orders-ca")]
+
+
+async def test_served_serials_reach_the_status_when_they_change_and_idle_passes_write_nothing(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context = context_for(store)
+    brokers = [{"name": "orders-0"}, {"name": "orders-1"}]
+    manifest = body({"brokers": brokers})
+    await reconcile(context, manifest)
+    observations = context.observations_for("shop", "orders")
+    seen: dict[str, str] = {}
+    observations.served_serials = lambda: dict(seen)
+    assert (await reconcile(context, manifest))[0] == {}  # no handshake yet: nothing to say
+    seen["orders-0"] = "1a2b"
+    patch, _ = await reconcile(context, manifest)
+    assert patch == {"tls": {"served": [{"broker": "orders-0", "serial": "1a2b"}]}}  # served alone
+    assert manifest["status"]["tls"]["mode"] == "Operator"  # the rest of status.tls as it was
+    assert (await reconcile(context, manifest))[0] == {}  # the same serials: no write
+    seen["orders-1"] = "3c4d"
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [
+        {"broker": "orders-0", "serial": "1a2b"},
+        {"broker": "orders-1", "serial": "3c4d"},
+    ]
+    # A rotation seen by a fresh handshake with orders-1; the engine restarted since (orders-0
+    # not handshaken yet by this one) keeps what was recorded for orders-0.
+    seen.clear()
+    seen["orders-1"] = "5e6f"
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [
+        {"broker": "orders-0", "serial": "1a2b"},
+        {"broker": "orders-1", "serial": "5e6f"},
+    ]
+    observations.served_serials = None  # the engine stopped: nothing known, nothing written
+    assert (await reconcile(context, manifest))[0] == {}
+    observations.served_serials = lambda: dict(seen)
+    manifest["status"]["brokers"] = [{"name": "orders-1"}]  # orders-0 scaled away
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"]["served"] == [{"broker": "orders-1", "serial": "5e6f"}]
+    manifest["spec"]["tls"] = {"mode": "Disabled"}
+    manifest["metadata"]["generation"] = 2
+    patch, _ = await reconcile(context, manifest)
+    assert patch["tls"] == {"mode": "Disabled", "certificates": None, "served": None}
+    assert "served" not in manifest["status"]["tls"]
+
+
+async def test_heartbeat_tls_problems_are_one_warning_per_distinct_problem_then_a_recovery(
+    events: list[tuple[str, str, str]],
+) -> None:
+    store = SecretStore()
+    context, manifest = context_for(store), body()
+    await reconcile(context, manifest)
+    events.clear()
+    observations = context.observations_for("shop", "orders")
+    problems: dict[str, str] = {}
+    observations.tls_problems = lambda: dict(problems)
+    pod = "orders-1.orders-brokers.shop.svc.cluster.local"
+    expired = f"certificate verify failed: certificate has expired for {pod}"
+    problems["orders-1"] = expired
+    for _ in range(3):  # every reconcile pass sees it; a person is told once
+        await reconcile(context, manifest)
+    assert events == [
+        (
+            "Warning",
+            "HeartbeatTLSFailed",
+            f"heartbeats to orders-1 fail TLS: {expired}. Not counted toward a failover (a certificate "
+            "error is no proof of death); fix the certificates (condition CertificatesValid)",
+        )
+    ]
+    refused = (
+        "orders-1.orders-brokers.shop.svc.cluster.local refused the TLS handshake, again on a new connection"
+    )
+    problems["orders-1"] = refused  # another problem: said again
+    await reconcile(context, manifest)
+    assert [e[1] for e in events] == ["HeartbeatTLSFailed"] * 2 and refused in events[1][2]
+    problems.clear()  # it answers again
+    await reconcile(context, manifest)
+    await reconcile(context, manifest)
+    assert events[2:] == [("Normal", "HeartbeatTLSRecovered", "heartbeats to orders-1 work over TLS again")]
+    problems["orders-1"] = expired  # the same problem as before, after a recovery: said again
+    await reconcile(context, manifest)
+    failed, recovered = "HeartbeatTLSFailed", "HeartbeatTLSRecovered"
+    assert [e[1] for e in events] == [failed, failed, recovered, failed]
+    observations.tls_problems = None  # no engine: no recovery is claimed
+    await reconcile(context, manifest)
+    assert len(events) == 4 and all("BEGIN" not in e[2] for e in events)

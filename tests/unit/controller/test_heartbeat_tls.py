@@ -36,7 +36,8 @@ async def test_no_material_before_the_controller_wrote_it_and_the_reason_says_wh
     context = _context(SecretStore())
     tls = HeartbeatTls(context, "shop", "orders")
     assert await tls.read(SPEC) is None and tls.client() is None
-    assert tls.problem is not None and "shop/orders-ca" in tls.problem and "does not exist" in tls.problem
+    assert tls.problem is not None and "does not exist" in tls.problem
+    assert "shop/orders-operator-client" in tls.problem
     assert material_required(context, SPEC)
 
 
@@ -56,9 +57,9 @@ async def test_material_is_read_again_only_after_the_controller_looked_and_a_ren
     await tls.follow(lambda: SPEC, heartbeats)  # the controller has not looked since: nothing read
     assert store.reads == reads and not tls.due()
 
-    # The client certificate is lost from <name>-ca: the controller's next look reissues it.
-    ca = store.secrets[names.ca_secret_name("orders")]
-    del ca["data"]["client.crt"]
+    # The client certificate is lost from its Secret: the controller's next look reissues it.
+    client = store.secrets[names.operator_client_secret_name("orders")]
+    del client["data"]["tls.crt"]
     expire_cache(context)
     await reconcile(context, manifest)
     assert tls.due()

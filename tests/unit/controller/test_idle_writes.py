@@ -87,9 +87,8 @@ async def test_healthy_clusters_cost_no_api_writes(
             # mode Operator (the default): each cluster's certificates were issued, and their periodic
             # re-checks (certificates.py) are among what the window below must not see write.
             secrets = objects_of(kmock, "v1/secrets")
-            assert all({f"{name}-ca", f"{name}-tls"} <= set(secrets) for name in CLUSTER_NAMES), sorted(
-                secrets
-            )
+            wanted = [{f"{name}-ca", f"{name}-tls", f"{name}-operator-client"} for name in CLUSTER_NAMES]
+            assert all(each <= set(secrets) for each in wanted), sorted(secrets)
             # What the periodic token re-reads are spread over (ControllerSettings.token_recheck_for).
             assert context.running_engines == len(CLUSTER_NAMES)
             await asyncio.sleep(2 * RECONCILE_SECONDS)  # the reconciles already under way finish

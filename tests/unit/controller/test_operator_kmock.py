@@ -60,7 +60,8 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
             "orders-backend-token",
             "orders-broker-token",
             "orders-broker-verifiers",
-            "orders-ca",  # mode Operator, the default: the cluster's CA and the brokers' certificate
+            "orders-ca",  # mode Operator, the default: the cluster's CA, the brokers' certificate
+            "orders-operator-client",  # and the operator's client certificate
             "orders-tls",
         ]
         for child in [*pods.values(), *services.values(), *secrets.values()]:
@@ -86,7 +87,7 @@ async def test_a_new_cluster_gets_owned_pods_services_and_token_and_its_claims(
         assert [(c["name"], c["secret"]) for c in tls["certificates"]] == [
             ("ca", "orders-ca"),
             ("server", "orders-tls"),
-            ("operatorClient", "orders-ca"),
+            ("operatorClient", "orders-operator-client"),
         ]
         issued = [e for e in events_of(kmock, "orders") if e["reason"] == "CertificateIssued"]
         assert len(issued) == 3 and all("BEGIN" not in e["message"] for e in issued)
@@ -147,7 +148,7 @@ async def test_an_invalid_spec_is_reported_and_nothing_is_created(
 async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
     kmock: kmock.KubernetesEmulator, kube_api: KubeApi
 ) -> None:
-    async with running_operator(kmock, kube_api):
+    async with running_operator(kmock, kube_api) as context:
         # Port 9 on loopback (discard) is closed here: each heartbeat is refused at once.
         endpoints = [
             {"name": "ext-a", "url": "http://127.0.0.1:9/soap", "priority": 0},
@@ -162,7 +163,8 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
             "ext-backend-token",
             "ext-broker-token",
             "ext-broker-verifiers",
-            "ext-ca",  # mode Operator: the operator's client certificate and its CA
+            "ext-ca",  # mode Operator: the CA, the operator's client certificate
+            "ext-operator-client",
             "ext-tls",
         ]
         status = cluster_status(kmock, "ext")
@@ -172,6 +174,13 @@ async def test_endpoints_mode_manages_no_pods_and_reports_unreachable_brokers(
         await eventually(lambda: unreachable(cluster_status(kmock, "ext")))
         assert cluster_status(kmock, "ext")["epoch"] >= 1
         assert cluster_status(kmock, "ext").get("active") is None
+        # The running engine's heartbeat client tells the certificates controller what it saw of
+        # TLS (status.tls.served[], HeartbeatTLSFailed events): nothing here, over plain HTTP.
+        observations = context.observations_for(NAMESPACE, "ext")
+        assert observations.served_serials is not None and observations.tls_problems is not None
+        assert observations.served_serials() == {} and observations.tls_problems() == {}
+        assert "served" not in cluster_status(kmock, "ext")["tls"]
+    assert observations.served_serials is None and observations.tls_problems is None  # engine stopped
 
 
 def unreachable(status: dict[str, Any]) -> bool:

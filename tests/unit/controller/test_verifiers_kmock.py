@@ -78,12 +78,13 @@ async def test_brokers_mount_the_verifiers_of_the_generated_tokens_and_never_a_t
         await create_cluster(kmock, cluster_body("orders", replicas=2))
         await eventually(lambda: len(objects_of(kmock, "v1/pods")) == 2)
         secrets = objects_of(kmock, "v1/secrets")
-        # orders-ca and orders-tls: the certificates (mode Operator); no token is in either.
+        # orders-ca, -operator-client and -tls: the certificates (mode Operator); no token is in any.
         assert sorted(secrets) == [
             "orders-backend-token",
             "orders-broker-token",
             "orders-broker-verifiers",
             "orders-ca",
+            "orders-operator-client",
             "orders-tls",
         ]
         operator_token = secret_value(kmock, "orders-broker-token", "token")
