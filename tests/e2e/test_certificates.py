@@ -6,10 +6,11 @@ nothing runs, which is all the certificates need), and ``python -m broker_operat
 process watching one namespace, re-reading the certificate Secrets every second
 (``--certificates-recheck-seconds 1``) so that changes made here are seen at once.
 
-- mode Operator: ``<name>-ca`` and ``<name>-tls`` appear with a controller reference and the
-  ownership label; the server certificate carries ``<name>-active.<ns>.svc.cluster.local`` and
-  ``openssl verify`` (the real CLI) accepts it, and the operator's client certificate, against
-  ``ca.crt``; ``status.tls`` names the serials openssl prints; passes with nothing due write nothing.
+- mode Operator: ``<name>-ca``, ``<name>-tls`` and ``<name>-operator-client`` appear with a
+  controller reference and the ownership label; the server certificate carries
+  ``<name>-active.<ns>.svc.cluster.local`` and ``openssl verify`` (the real CLI) accepts it, and
+  the operator's client certificate, against ``ca.crt``; ``status.tls`` names the serials openssl
+  prints; passes with nothing due write nothing.
 - a ``<name>-tls`` the operator does not own is never overwritten, and the condition says so.
 - mode Secrets: the user's Secret is never written (its resourceVersion stays), a missing key is
   named in the condition, and a certificate ending within 14 days is ``ExpiringSoon`` with a
@@ -150,15 +151,18 @@ def test_mode_operator_issues_owned_secrets_that_openssl_verifies(
     apply(plane, namespace, broker_cluster("orders", replicas=2))
     ca_found = wait_for("orders-ca", lambda: secret(plane, namespace, "orders-ca"))
     tls_found = wait_for("orders-tls", lambda: secret(plane, namespace, "orders-tls"))
+    client_name = "orders-operator-client"
+    client_found = wait_for(client_name, lambda: secret(plane, namespace, client_name))
     uid = plane.get_json(namespace, "brokercluster", "orders")["metadata"]["uid"]
     assert (ca_found["type"], tls_found["type"]) == ("Opaque", "kubernetes.io/tls")
-    for found in (ca_found, tls_found):
+    assert client_found["type"] == "kubernetes.io/tls" and set(ca_found["data"]) == {"ca.crt", "ca.key"}
+    for found in (ca_found, tls_found, client_found):
         assert found["metadata"]["labels"][shapes.LABEL_CERTIFICATES_OWNER] == uid
         (reference,) = found["metadata"]["ownerReferences"]
         assert (reference["kind"], reference["name"], reference["uid"]) == ("BrokerCluster", "orders", uid)
         assert reference["controller"] is True
     files = {}
-    for key, value in {**data_of(tls_found), "client.crt": data_of(ca_found)["client.crt"]}.items():
+    for key, value in {**data_of(tls_found), "client.crt": data_of(client_found)["tls.crt"]}.items():
         files[key] = tmp_path / key
         files[key].write_bytes(value)
     active = f"orders-active.{namespace}.svc.cluster.local"
@@ -176,7 +180,7 @@ def test_mode_operator_issues_owned_secrets_that_openssl_verifies(
     )
     assert client.returncode == 0, client.stderr
     assert "PRIVATE KEY" in data_of(ca_found)["ca.key"].decode()  # the CA key stays in <name>-ca only
-    assert "ca.key" not in tls_found["data"]
+    assert "ca.key" not in tls_found["data"] and "ca.key" not in client_found["data"]
 
     def reported() -> list[dict[str, Any]]:
         return list(status_tls(plane, namespace, "orders").get("certificates") or [])
@@ -190,7 +194,8 @@ def test_mode_operator_issues_owned_secrets_that_openssl_verifies(
     wait_for("CertificatesValid", lambda: condition(plane, namespace, "orders").get("reason") == "Valid")
     issued = events(plane, namespace, "orders", "CertificateIssued")
     assert len(issued) == 3 and all("BEGIN" not in e["message"] for e in issued)
-    versions_stay(plane, namespace, "orders-ca", "orders-tls")  # nothing due: nothing written
+    assert by_name["operatorClient"]["secret"] == "orders-operator-client"
+    versions_stay(plane, namespace, "orders-ca", "orders-tls", "orders-operator-client")  # nothing written
 
 
 def test_a_tls_secret_the_operator_does_not_own_is_never_overwritten(
