@@ -14,7 +14,13 @@ certificate and key and differing in whom they trust:
 :meth:`ListenerTls.poll` checks both every ``--tls-reload-seconds`` and keeps the metrics in step:
 ``broker_tls_serving_certificate{listener,serial}`` is 1 for the serial each listener serves now,
 ``broker_tls_reloads_total`` and ``broker_tls_reload_failures_total`` count swaps and contents that
-did not load (the log says which and why, once per problem).
+did not load (the log says which and why, once per problem); ``broker_tls_trust_bundle{listener,
+version}`` is 1 for the version of the admin port's ``ca.crt`` its live context trusts.
+
+:meth:`ListenerTls.trust_bundle_version` is that version, which the admin port's replies carry in
+the ``X-Broker-Trust-Bundle`` header (``server.py``): the operator waits for it during a CA key
+replacement (``broker_operator.pki.replacement``), since only the broker knows when the kubelet's
+update of the Secret volume has reached its live context.
 
 Not here: the swap itself (``broker_contracts.tls.reloading``), the sites (``listener.py``).
 """
@@ -65,17 +71,28 @@ class ListenerTls:
             ),
             [*served, files.ca],
             files.cert,
+            trust_file=files.ca,
         )
         return cls(main=main, admin=admin, settings=tls)
 
     def _listeners(self) -> dict[str, ReloadingServerContext]:
         return {"main": self.main, "admin": self.admin}
 
+    @property
+    def trust_bundle_version(self) -> str | None:
+        """The version of the CA bundle the admin port's live context verifies client certificates by."""
+        return self.admin.trust_bundle_version
+
     def export(self, metrics: BrokerMetrics) -> None:
-        """Set the serving-certificate gauge to the serial each listener serves now."""
+        """Set the serving-certificate gauge to the serial each listener serves now, and the
+        trust-bundle gauge to the bundle the admin port trusts."""
         metrics.tls_serving_certificate.clear()
+        metrics.tls_trust_bundle.clear()
         for listener, context in self._listeners().items():
             metrics.tls_serving_certificate.labels(listener=listener, serial=context.serial).set(1)
+            trusted = context.trust_bundle_version
+            if trusted is not None:
+                metrics.tls_trust_bundle.labels(listener=listener, version=trusted).set(1)
 
     async def poll(self, metrics: BrokerMetrics) -> None:
         """Check both listeners' files every ``--tls-reload-seconds``, until cancelled."""

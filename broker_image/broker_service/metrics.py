@@ -66,6 +66,14 @@ class BrokerMetrics:
             ["listener", "serial"],
             registry=r,
         )
+        # The CA bundle the admin port verifies the operator's client certificate against, by its
+        # version (broker_contracts.tls.bundle): what a CA key replacement waits on.
+        self.tls_trust_bundle = Gauge(
+            "broker_tls_trust_bundle",
+            "1 for the version of the CA bundle each TLS listener trusts for client certificates",
+            ["listener", "version"],
+            registry=r,
+        )
         self.tls_reloads = Counter(
             "broker_tls_reloads", "Rotated TLS files served to new connections", ["listener"], registry=r
         )

@@ -33,7 +33,10 @@ With ``--tls-dir`` both listeners serve TLS only (``listener_tls.py``): the admi
 operator's client certificate before any of the above, the credential stays the second factor;
 on the main port, with ``--allowed-client-subjects``, a listed client certificate is checked
 before step 1 (``client_certificates.py``). A plain-HTTP request to either port fails the
-handshake and never reaches this module, so no credential is ever read from one.
+handshake and never reaches this module, so no credential is ever read from one. Every reply of the
+admin port then carries ``X-Broker-Trust-Bundle``: the version of the CA bundle its live context
+trusts (``listener_tls.py``), a header beside the unchanged SOAP contract, which the operator reads
+while it replaces the CA's key.
 
 With ``--admin-port`` the broker listens twice, so that a NetworkPolicy (which sees ports, never
 SOAP operations) can admit the operator's calls from the operator alone and ``SendMessages`` from
@@ -55,11 +58,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from aiohttp import web
 
 from broker_contracts import wsdl_text
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, SOAP_PATH, FaultCode
+from broker_contracts.tls import TRUST_BUNDLE_HEADER
 from broker_service import listener, soap_codec
 from broker_service.client_certificates import ALLOWED_SUBJECTS_KEY, check_client_subject
 from broker_service.credentials import AuthFailure, AuthFailureLog, BrokerCredentials, Role
@@ -368,7 +373,7 @@ def build_app(broker: Broker, tls: ListenerTls | None = None) -> web.Application
             tls_poll = asyncio.create_task(tls.poll(broker.metrics), name="tls-files")
         await broker.start()
         if admin_port is not None:
-            admin_app = build_admin_app(broker, credentials)
+            admin_app = build_admin_app(broker, credentials, tls)
             # No signal handling of its own: the main listener's runner owns SIGTERM and stops this
             # one first thing on shutdown (below), as it stops its own sites.
             admin_runner = ListenerRunner(
@@ -408,9 +413,21 @@ def build_app(broker: Broker, tls: ListenerTls | None = None) -> web.Application
     return app
 
 
-def build_admin_app(broker: Broker, credentials: BrokerCredentials) -> web.Application:
+def build_admin_app(
+    broker: Broker, credentials: BrokerCredentials, tls: ListenerTls | None = None
+) -> web.Application:
     """The admin listener's application: Heartbeat, the admin operations, the WSDL, /metrics, and
-    the operator's ``/watch`` stream (watch.py)."""
+    the operator's ``/watch`` stream (watch.py). With ``tls``, every reply names the CA bundle the
+    listener trusts now (``TRUST_BUNDLE_HEADER``, see ``listener_tls``)."""
     app = _soap_app(broker, credentials, _refused_on_admin(broker.settings.port))
     add_watch(app, credentials, broker.settings.name)
+    if tls is not None:
+        app.on_response_prepare.append(partial(_name_trust_bundle, tls))
     return app
+
+
+async def _name_trust_bundle(tls: ListenerTls, request: web.Request, response: web.StreamResponse) -> None:
+    # Read at each reply: the context new handshakes use now (a reload swaps it between two replies).
+    version = tls.trust_bundle_version
+    if version is not None:
+        response.headers[TRUST_BUNDLE_HEADER] = version

@@ -30,7 +30,9 @@ Heartbeats ride on keep-alive connections (a full mutual-TLS handshake costs ~20
 the ``TlsClient`` makes a fresh context every few minutes and on every rotation, and aiohttp's
 pool, keyed by the context, then opens new connections: a fresh handshake now and then, so that a
 broken listener or an expired certificate cannot hide behind an old connection. Each handshake
-records the serial the broker served (``served_serials``).
+records the serial the broker served (``served_serials``), and each reply over TLS the version of
+the CA bundle the broker's admin port trusts now, from its ``X-Broker-Trust-Bundle`` header
+(``loaded_bundles``; ``broker_contracts.tls.bundle``): a CA key replacement waits on both.
 
 A failure in TLS (a certificate that does not verify; a handshake the broker refuses) is
 ``HeartbeatError.tls_error``, with a reason that names the problem and the server name, logged
@@ -67,6 +69,7 @@ from zeep.transports import Transport
 import broker_contracts
 from broker_contracts.redact import redact, redact_url
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState, FaultCode
+from broker_contracts.tls.bundle import TRUST_BUNDLE_HEADER, is_version
 from broker_operator import tls_refusal
 from broker_operator.core.model import BrokerTarget, HeartbeatReply
 from broker_operator.tls_client import TlsClient
@@ -180,6 +183,7 @@ class HeartbeatClient:
         self._tls = tls
         self._server_names: dict[str, str] = {}  # broker name -> the TLS name it was last dialled as
         self._tls_problems: dict[str, str] = {}  # broker name -> its TLS problem (logged once each)
+        self._loaded_bundles: dict[str, str] = {}  # broker name -> the trust bundle its last reply named
 
     @property
     def tls(self) -> TlsClient | None:
@@ -200,6 +204,15 @@ class HeartbeatClient:
             return {}
         served = {name: self._tls.served_serial(server) for name, server in self._server_names.items()}
         return {name: serial for name, serial in served.items() if serial is not None}
+
+    def loaded_bundles(self) -> Mapping[str, str]:
+        """Broker name -> the version of the CA bundle its admin port trusted at its latest reply over
+        TLS (its ``X-Broker-Trust-Bundle`` header); brokers that never named one are absent."""
+        return dict(self._loaded_bundles)
+
+    def presented_certificate(self) -> bytes | None:
+        """The client certificate (PEM) new handshakes present; None without TLS material."""
+        return None if self._tls is None else self._tls.certificate_pem
 
     def tls_problems(self) -> Mapping[str, str]:
         """Broker name -> why TLS with it fails now (redacted, for a condition or an event); a
@@ -390,6 +403,7 @@ class HeartbeatClient:
                 content = await response.content.read(_MAX_REPLY_BYTES + 1)
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
+                self._record_bundle(target.name, response.headers.get(TRUST_BUNDLE_HEADER))
         except aiohttp.ClientConnectorCertificateError as error:  # a ClientConnectorError: first
             problem = tls_refusal.verify_message(error.certificate_error)
             raise self._tls_failed(
@@ -423,6 +437,18 @@ class HeartbeatClient:
         if self._tls_problems.pop(target.name, None) is not None:
             logger.info("heartbeats to %s over TLS work again", target.name)
         return self._reply(target, status, content, content_type)
+
+    def _record_bundle(self, broker: str, version: str | None) -> None:
+        """Keep what a broker's reply names as its trusted bundle; a value of another shape is not
+        kept (a broker of an older image names none: absent, so nothing waits on a guess)."""
+        if not is_version(version):
+            self._loaded_bundles.pop(broker, None)
+            return
+        assert version is not None  # is_version
+        if self._loaded_bundles.get(broker) != version:
+            if len(self._loaded_bundles) >= _REPLY_CACHE_SIZE and broker not in self._loaded_bundles:
+                self._loaded_bundles.clear()  # names come and go with pods; the next replies refill it
+            self._loaded_bundles[broker] = version
 
     def _connect_failed(self, target: BrokerTarget, error: aiohttp.ClientConnectorError) -> HeartbeatError:
         reason = self._redact(f"cannot connect: {error.os_error}")

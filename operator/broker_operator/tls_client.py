@@ -245,6 +245,11 @@ class TlsClient:
         )
         return True
 
+    @property
+    def certificate_pem(self) -> bytes:
+        """The client certificate (PEM, leaf first) the current context presents."""
+        return self._material.certificate_pem
+
     def served_serial(self, server_name: str) -> str | None:
         """The serial (lower-case hex) that the broker verified as ``server_name`` served in the
         latest handshake with it; None before any."""

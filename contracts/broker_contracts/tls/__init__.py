@@ -8,9 +8,11 @@ elsewhere: the operator's PKI, or ``local_cluster.broker_certificates`` for test
 * :mod:`~broker_contracts.tls.contexts`: server and client contexts (TLS 1.2 floor, ciphers);
 * :mod:`~broker_contracts.tls.reloading`: a listener's context that follows its files;
 * :mod:`~broker_contracts.tls.serial`: a certificate's serial, for logs and metrics;
+* :mod:`~broker_contracts.tls.bundle`: a trust bundle's version, and the header brokers report it in;
 * :mod:`~broker_contracts.tls.subjects`: client certificate subjects, RFC 4514, normalised.
 """
 
+from broker_contracts.tls.bundle import TRUST_BUNDLE_HEADER, BundleVersionError, bundle_version
 from broker_contracts.tls.contexts import MINIMUM_VERSION, ClientCertificates, client_context, server_context
 from broker_contracts.tls.layout import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE, TlsDirectory
 from broker_contracts.tls.reloading import ReloadingServerContext, TlsFilesError
@@ -22,6 +24,8 @@ __all__ = [
     "TLS_CA_FILE",
     "TLS_CERT_FILE",
     "TLS_KEY_FILE",
+    "TRUST_BUNDLE_HEADER",
+    "BundleVersionError",
     "CertificateSerialError",
     "ClientCertificates",
     "ReloadingServerContext",
@@ -29,6 +33,7 @@ __all__ = [
     "SubjectError",
     "TlsDirectory",
     "TlsFilesError",
+    "bundle_version",
     "certificate_serial",
     "client_context",
     "parse_subject",

@@ -30,7 +30,11 @@ gained a CA, must reach a running listener. How it reaches it is the point of th
 
 :attr:`serial` is the serial of the certificate new connections are served (``tls.crt``'s first
 block, :mod:`broker_contracts.tls.serial`), for logs and metrics; :attr:`reloads` and
-:attr:`failures` count swaps and contents that did not load.
+:attr:`failures` count swaps and contents that did not load. With a ``trust_file`` (the admin
+port's ``ca.crt``), :attr:`trust_bundle_version` names the trust bundle of the context new
+handshakes use (:mod:`broker_contracts.tls.bundle`), computed from the very bytes that context was
+built from and swapped with it: what the operator waits on before it issues certificates of a new
+CA or drops an old one.
 
 Not here: which files, which trust, which verification (the caller's ``build``).
 """
@@ -44,6 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+from broker_contracts.tls.bundle import BundleVersionError, bundle_version
 from broker_contracts.tls.serial import CertificateSerialError, certificate_serial
 
 logger = logging.getLogger(__name__)
@@ -91,15 +96,19 @@ class ReloadingServerContext:
         build: Callable[[], ssl.SSLContext],
         files: Sequence[Path],
         cert_file: Path,
+        trust_file: Path | None = None,
     ) -> None:
-        """Build the first context from ``files`` (``cert_file`` among them) or raise
-        :class:`TlsFilesError`: at start a listener that cannot serve is an error, not a warning."""
+        """Build the first context from ``files`` (``cert_file`` and ``trust_file`` among them) or
+        raise :class:`TlsFilesError`: at start a listener that cannot serve is an error, not a warning."""
         self.name = name  # which listener, in log lines ("main port 8080")
         self._build = build
         self._files = tuple(files)
         self._cert_file = cert_file
+        if trust_file is not None and trust_file not in self._files:
+            raise ValueError(f"trust_file {trust_file} must be one of the files the context is built from")
+        self._trust_file = trust_file
         fingerprint, contents = _read_files(self._files)
-        first, self.serial = self._load(contents)
+        first, self.serial, self.trust_bundle_version = self._load(contents)
         self.context: Final = first
         self._current = first
         self._seen = fingerprint
@@ -114,12 +123,18 @@ class ReloadingServerContext:
         if ssl_object.context is not current:
             ssl_object.context = current
 
-    def _load(self, contents: dict[Path, bytes]) -> tuple[ssl.SSLContext, str]:
-        """A context from the files and the serial it serves, or :class:`TlsFilesError`."""
+    def _load(self, contents: dict[Path, bytes]) -> tuple[ssl.SSLContext, str, str | None]:
+        """A context from the files, the serial it serves and the version of the bundle it trusts
+        (None without a ``trust_file``), or :class:`TlsFilesError`."""
         try:
             _check_pem(contents)
             serial = certificate_serial(contents[self._cert_file].decode("ascii", errors="replace"))
-            return self._build(), serial
+            trusted = None
+            if self._trust_file is not None:
+                trusted = bundle_version(contents[self._trust_file])
+            return self._build(), serial, trusted
+        except BundleVersionError as error:
+            raise TlsFilesError(f"{self._trust_file}: {error}") from None
         except CertificateSerialError as error:
             raise TlsFilesError(
                 f"{self._cert_file}: the certificate's serial cannot be read: {error}"
@@ -141,7 +156,7 @@ class ReloadingServerContext:
         if fingerprint == self._seen:
             return False
         try:
-            fresh, serial = self._load(contents)
+            fresh, serial, trusted = self._load(contents)
             failure = None
         except TlsFilesError as error:
             failure = str(error)
@@ -157,13 +172,15 @@ class ReloadingServerContext:
             self.failures += 1
             self._report(fingerprint, failure)
             return False
-        previous = self.serial
-        self._current, self.serial = fresh, serial
+        previous, previous_trust = self.serial, self.trust_bundle_version
+        self._current, self.serial, self.trust_bundle_version = fresh, serial, trusted
         self._problem = None
         self.reloads += 1
         logger.info(
             "%s: serving certificate serial %s (was %s) to new connections", self.name, serial, previous
         )
+        if trusted != previous_trust:
+            logger.info("%s: new connections trust CA bundle %s (was %s)", self.name, trusted, previous_trust)
         return True
 
     def _report(self, fingerprint: bytes | None, problem: str) -> None:

@@ -332,9 +332,18 @@ async def _run_engine(
 
     observations.wake, observations.retarget, observations.repoint = loop.wake, retarget, loop.repoint
     # What the heartbeats learn of TLS, for the certificates controller to report (status.tls.served[]).
-    observations.served_serials, observations.tls_problems = (
+    # And what a CA key replacement waits on (certificates.py, pki.replacement): the bundle each
+    # broker trusts, the client certificate the heartbeats present.
+    (
+        observations.served_serials,
+        observations.tls_problems,
+        observations.loaded_bundles,
+        observations.presented_certificate,
+    ) = (
         heartbeats.served_serials,
         heartbeats.tls_problems,
+        heartbeats.loaded_bundles,
+        heartbeats.presented_certificate,
     )
     engine = asyncio.create_task(loop.run(), name=f"heartbeats {ref.namespace}/{ref.name}")
     context.running_loops.add(loop)
@@ -363,7 +372,9 @@ async def _run_engine(
         context.running_engines -= 1
         stop.cancel()
         observations.wake = observations.retarget = observations.repoint = None
-        observations.served_serials = observations.tls_problems = None
+        observations.served_serials = observations.tls_problems = observations.loaded_bundles = (
+            observations.presented_certificate
+        ) = None
         engine.cancel()
         await asyncio.gather(engine, stop, return_exceptions=True)
         await _hand_over_if_exiting(context, loop, stopped)

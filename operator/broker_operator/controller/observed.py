@@ -201,6 +201,11 @@ class ClusterObservations:
     # Warning event per distinct problem) on its passes; the engine never waits for that.
     served_serials: Callable[[], Mapping[str, str]] | None = None
     tls_problems: Callable[[], Mapping[str, str]] | None = None
+    # Also the heartbeat client's, for a CA key replacement (pki.replacement): broker name -> the
+    # version of the CA bundle its admin port named in its latest reply, and the client certificate
+    # (PEM) the heartbeats present now.
+    loaded_bundles: Callable[[], Mapping[str, str]] | None = None
+    presented_certificate: Callable[[], bytes | None] | None = None
     # The resourceVersion of the engine's own last write of that slice: a watch event of any
     # other version is someone else's write (or one the engine has not heard back from yet).
     slice_version: str | None = None

@@ -3,7 +3,8 @@
 A *trust bundle* is the PEM concatenation of the CAs a party trusts: one CA normally, the old
 and the new one while a CA key is being replaced (``replacement``). ``trust_bundle`` builds it
 from any mix of PEMs, keeping the first of each certificate (by SHA-256 fingerprint) in order;
-``bundle_version`` names its content, so "every broker has loaded version X" is a comparison of
+``bundle_version`` names its content (``broker_contracts.tls.bundle``: the brokers name what they
+loaded the same way), so "every broker has loaded version X" is a comparison of
 two short strings, and the same set of CAs has the same version however it was written.
 
 ``verification_error`` checks a leaf the way a TLS peer would, with cryptography's RFC 5280 /
@@ -18,7 +19,6 @@ stacks' own checks in the brokers and in SAP; the tests also run real handshakes
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -26,6 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
+from broker_contracts.tls.bundle import fingerprints_version
 from broker_operator.pki.material import (
     MAX_BUNDLE_CERTIFICATES,
     CertificateError,
@@ -67,11 +68,13 @@ def trust_bundle(*pems: bytes) -> bytes:
 
 
 def bundle_version(bundle: bytes) -> str:
-    """A short name of the set of CAs in ``bundle``: order and duplicates do not change it."""
-    fingerprints = sorted(
+    """A short name of the set of CAs in ``bundle``: order and duplicates do not change it.
+
+    The bundle is checked here (CAs only, bounded); the version itself is the one definition the
+    brokers report too (``broker_contracts.tls.bundle``)."""
+    return fingerprints_version(
         certificate.fingerprint(hashes.SHA256()) for certificate in bundle_certificates(bundle)
     )
-    return hashlib.sha256(b"".join(fingerprints)).hexdigest()[:16]
 
 
 def _trust(trust: bytes | Sequence[bytes]) -> tuple[x509.Certificate, ...]:
