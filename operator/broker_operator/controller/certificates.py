@@ -36,7 +36,16 @@ the time something falls due (``operator_certificates.next_check``), and every
 operator's client certificate and the CA bundle the brokers' certificates chain to, read from the
 same Secrets.
 
-What it does not do: mount anything (``broker_tls.py``) or replace the CA's key (``pki.replacement``).
+Replacing the CA's key (mode Operator; the rules ``pki.replacement``, the state and the annotations
+``ca_replacement.py``): each pass that reads the Secrets hands ``plan_and_issue`` what the
+heartbeats saw (the bundle each broker trusts, the serial each serves, the client certificate the
+heartbeats present: ``ClusterObservations``), which moves the replacement at most one phase, and
+writes the state with the CA. Each transition is a Normal event ``CAReplacement<Phase>`` once its
+writes landed, and ``status.tls.caReplacement`` says what the phase waits for. While a replacement
+is under way, or an annotation asks for one or confirms one not yet seen, every pass reads the
+Secrets again (the cache is for idle passes): each phase waits on the brokers and on a person.
+
+What it does not do: mount anything (``broker_tls.py``) or decide a phase (``pki.replacement``).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Final
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from broker_operator.controller import ca_replacement as replacing
 from broker_operator.controller import credentials, names
 from broker_operator.controller import tls_secrets as shapes
 from broker_operator.controller.certificate_report import (
@@ -73,7 +83,7 @@ from broker_operator.controller.client_tls import ClientMaterialRead, client_mat
 from broker_operator.controller.conditions import remove_condition, set_condition
 from broker_operator.controller.context import CertificateCheck, ControllerContext
 from broker_operator.controller.kube import KubeApi
-from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.observed import ClusterObservations, expected_brokers
 from broker_operator.controller.operator_certificates import (
     OperatorSecrets,
     Outcome,
@@ -84,6 +94,7 @@ from broker_operator.controller.spec import ClusterSpec
 from broker_operator.controller.tls_spec import WARN_BEFORE_DAYS
 from broker_operator.core import spec_fields as fields
 from broker_operator.pki import (
+    ReplacementPhase,
     Verb,
     server_dns_names,
 )
@@ -139,18 +150,20 @@ async def ensure_certificates(
     async with context.certificate_locks.setdefault(key, asyncio.Lock()):
         now = now or datetime.now(UTC)
         check = context.certificate_checks.get(key)
+        request = replacing.request_of(ref.body)
         fresh = (
             check is not None
             and check.generation == generation
+            and check.request == request  # an annotation changed: read now (ca_replacement)
             and time.monotonic() < check.due
             and (not missing_pod or check.read_from >= waited_from)
         )
         if check is None or not fresh:
             read_from = time.monotonic()
             check = await _check(context, ref, spec, now, logger)
-            check.generation, check.read_from = generation, read_from
+            check.generation, check.read_from, check.request = generation, read_from, request
             context.certificate_checks[key] = check
-    _report(ref, observations, status_patch, check.report, now)
+    _report(ref, observations, status_patch, check.report, now, replacement=check.replacement)
     return check.holds_pods and context.settings.broker_tls
 
 
@@ -163,15 +176,21 @@ async def _check(
     warn_within = timedelta(days=policy.warn_before_days if policy is not None else WARN_BEFORE_DAYS)
     if tls.mode == fields.TLS_MODE_DISABLED:
         report = CertificateReport(tls.mode)
-        return CertificateCheck(None, time.monotonic() + recheck.total_seconds(), report, False)
+        check = CertificateCheck(None, time.monotonic() + recheck.total_seconds(), report, False)
+        check.replacement = _UNCHANGED
+        return check
     entries: list[Entry] = []
     problems: list[Problem] = []
-    holds_pods, again = False, False
+    holds_pods, again, replacement = False, False, _UNCHANGED
     if tls.operator_issues:
         outcome, again = await _operator_pass(context, ref, spec, now, logger)
         entries += outcome.entries
         problems += outcome.problems
         holds_pods = outcome.foreign_tls
+        if outcome.replacement is not None:  # the replacement was read (a pass that wrote it, or idle)
+            replacement = outcome.replacement_status
+        # A replacement under way waits on the brokers and on a person: look on every pass.
+        again = again or _replacing(outcome)
     bundle_entries, bundle_problems = await _read_user_secrets(context.api, ref, spec, now)
     entries += bundle_entries
     problems += bundle_problems
@@ -182,7 +201,28 @@ async def _check(
     wait = min(recheck, ahead) if ahead is not None else recheck
     if again:  # an update met a newer version: read again on the next pass
         wait = timedelta(0)
-    return CertificateCheck(None, time.monotonic() + wait.total_seconds(), report, holds_pods)
+    check = CertificateCheck(None, time.monotonic() + wait.total_seconds(), report, holds_pods)
+    check.replacement = replacement
+    return check
+
+
+def _replacing(outcome: Outcome) -> bool:
+    """A replacement is under way, or asked for and not yet started (the pass could not write)."""
+    step = outcome.replacement
+    return step is not None and (step.state.phase is not ReplacementPhase.DONE or step.transition is not None)
+
+
+def _seen(context: ControllerContext, ref: ClusterRef, spec: ClusterSpec) -> replacing.Seen:
+    """What the heartbeats saw of ``ref``'s brokers (nothing while no engine runs)."""
+    observations = context.observations_for(ref.namespace, ref.name)
+    return replacing.Seen(
+        brokers=frozenset(expected_brokers(ref.name, spec)),
+        loaded_bundles=observations.loaded_bundles() if observations.loaded_bundles is not None else {},
+        served_serials=observations.served_serials() if observations.served_serials is not None else {},
+        presented_certificate=(
+            observations.presented_certificate() if observations.presented_certificate is not None else None
+        ),
+    )
 
 
 async def _operator_pass(
@@ -201,8 +241,9 @@ async def _operator_pass(
             await api.read_secret(namespace, tls_name),
             await api.read_secret(namespace, client_name),
         )
+        seen = _seen(context, ref, spec)
         outcome = await asyncio.to_thread(
-            plan_and_issue, secrets, owner=ref.body, dns_names=dns_names, policy=policy, now=now
+            plan_and_issue, secrets, owner=ref.body, dns_names=dns_names, policy=policy, now=now, seen=seen
         )
         # The CA first: leaves are checked against it. The operator's client Secret last: its
         # ca.crt must not name a CA that <name>-ca does not hold yet.
@@ -243,6 +284,7 @@ async def _operator_pass(
             return Outcome(stored, (*outcome.problems, Problem(WRITE_FAILED, message))), False
         if raced:
             continue
+        _post_replacement(ref, outcome)
         _post_renewals(ref, outcome)
         if outcome.ca_removed:
             logger.info(
@@ -298,6 +340,14 @@ def _report_heartbeat_tls(ref: ClusterRef, observations: ClusterObservations) ->
                 reason=HEARTBEAT_TLS_RECOVERED,
                 message=f"heartbeats to {broker} work over TLS again",
             )
+
+
+def _post_replacement(ref: ClusterRef, outcome: Outcome) -> None:
+    """A Normal event for the phase this pass moved the CA key replacement into (its writes landed)."""
+    step = outcome.replacement
+    if step is not None and step.transition is not None:
+        reason = replacing.event_reason(step.state.phase)
+        kopf.info(ref.kopf_body, reason=reason, message=step.transition)
 
 
 def _post_renewals(ref: ClusterRef, outcome: Outcome) -> None:
@@ -358,8 +408,12 @@ def _report(
     status_patch: MutableMapping[str, Any],
     report: CertificateReport,
     now: datetime,
+    *,
+    replacement: Any = _UNCHANGED,
 ) -> None:
-    """``status.tls`` and ``CertificatesValid`` into the patch when they changed; one event per problem."""
+    """``status.tls`` and ``CertificatesValid`` into the patch when they changed; one event per problem.
+    ``replacement``: ``status.tls.caReplacement`` as the last look left it (``_UNCHANGED``: not
+    known, as in modes other than Operator or when the Secrets could not be read)."""
     wanted = report.status_tls()
     current = ref.status.get("tls") or {}
     tls_patch: dict[str, Any] = {}
@@ -371,6 +425,8 @@ def _report(
     served = _served(ref, observations, report.mode)
     if served is not _UNCHANGED and (current.get("served") or None) != served:
         tls_patch["served"] = served
+    if replacement is not _UNCHANGED and (current.get("caReplacement") or None) != replacement:
+        tls_patch["caReplacement"] = replacement
     if tls_patch:
         status_patch["tls"] = tls_patch
     _report_heartbeat_tls(ref, observations)

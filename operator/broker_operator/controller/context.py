@@ -36,6 +36,11 @@ class CertificateCheck:
     report: Any  # certificate_report.CertificateReport (imported there: no cycle through here)
     holds_pods: bool  # a pod made now would mount a Secret that is not the operator's
     read_from: float = 0.0  # monotonic: when the reads of this check began
+    # The replace-ca-key annotations this look answered (ca_replacement.Request): a change reads again.
+    request: Any = None
+    # status.tls.caReplacement as this look left it (None: none ever asked for; certificates._UNCHANGED:
+    # not known, as in modes other than Operator).
+    replacement: Any = None
 
 
 @dataclass

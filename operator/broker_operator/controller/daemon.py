@@ -40,12 +40,12 @@ import kopf
 
 from broker_contracts.redact import redact_url
 from broker_operator import metrics
-from broker_operator.controller import credentials, names, verifiers
+from broker_operator.controller import credentials, verifiers
 from broker_operator.controller.conflicts import PairClaim
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.endpoint_hosts import endpoint_refusals
 from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required
-from broker_operator.controller.observed import pod_ready, targets_for
+from broker_operator.controller.observed import expected_brokers, pod_ready, targets_for
 from broker_operator.controller.reconcile import ClusterRef, conflict_owner
 from broker_operator.controller.shell import KubernetesClusterShell
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -56,13 +56,6 @@ from broker_operator.heartbeat_client import HeartbeatClient
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 logger = logging.getLogger(__name__)
-
-
-def expected_brokers(cluster: str, spec: ClusterSpec) -> dict[str, int]:
-    """Every broker the cluster should have, by name, with its priority."""
-    if spec.endpoints_mode:
-        return {e.name: e.priority for e in spec.endpoints}
-    return {names.pod_name(cluster, ordinal): ordinal for ordinal in range(spec.replicas)}
 
 
 def may_start(

@@ -117,6 +117,13 @@ def admin_soap_url(pod: PodBody) -> str | None:
     return names.broker_soap_url(ip, admin_port(pod), tls=serves_tls(pod)) if ip else None
 
 
+def expected_brokers(cluster: str, spec: ClusterSpec) -> dict[str, int]:
+    """Every broker the cluster should have, by name, with its priority."""
+    if spec.endpoints_mode:
+        return {e.name: e.priority for e in spec.endpoints}
+    return {names.pod_name(cluster, ordinal): ordinal for ordinal in range(spec.replicas)}
+
+
 def targets_for(spec: ClusterSpec, pods: Mapping[str, PodBody]) -> list[BrokerTarget]:
     """The engine's targets: endpoints as written, or every managed pod that has an IP yet (with
     the DNS name its certificate must carry, when it serves TLS)."""

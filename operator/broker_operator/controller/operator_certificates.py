@@ -21,6 +21,14 @@ write equal those held, so the shell writes nothing: an idle pass costs two read
 - A CA that cannot be read raises no new key: ``pki.plan_renewal`` refuses it, and this says
   Invalid with what to do, because a new CA silently made would leave every client that trusts
   the old one (SAP's STRUST among them) refusing the brokers.
+- Replacing the CA's key (``pki.replacement``; the state in ``<name>-ca`` and the annotations:
+  ``ca_replacement.py``): each pass with a CA calls ``advance`` once, before the renewals. The
+  step's ``signing_ca`` is "the current CA" the leaves are checked against and issued from (so
+  the Reissuing phase reissues both leaves by the ordinary rule), and its ``trust_bundle`` is the
+  ``ca.crt`` of ``<name>-tls`` and ``<name>-operator-client``. A same-key renewal of the CA waits
+  while a replacement is under way (the old CA is on its way out, the new one is fresh; renewing
+  either would change the bundle the phase waits on). A pass that makes the CA records the
+  annotation's value of that moment as done, so that making a CA starts no replacement.
 
 What it does not do: call the API, post events (it returns the renewals that happened), or look
 at the clock (``now`` is passed in).
@@ -29,10 +37,11 @@ at the clock (``now`` is passed in).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from broker_operator.controller import ca_replacement as replacing
 from broker_operator.controller import names
 from broker_operator.controller import tls_secrets as shapes
 from broker_operator.controller.certificate_report import (
@@ -51,8 +60,13 @@ from broker_operator.pki import (
     Materials,
     Renewal,
     RenewalPolicy,
+    ReplacementPhase,
+    ReplacementState,
+    ReplacementStep,
     Target,
+    TrustObservations,
     Verb,
+    advance,
     issue_client,
     issue_server,
     new_ca,
@@ -111,8 +125,11 @@ class Outcome:
     ca_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-ca
     tls_data: dict[str, bytes] | None = field(default=None, repr=False)  # to write to <name>-tls
     client_data: dict[str, bytes] | None = field(default=None, repr=False)  # to <name>-operator-client
-    ca_removed: tuple[str, ...] = ()  # keys to drop from <name>-ca (the previous layout's client pair)
+    # keys to drop from <name>-ca (the previous layout's client pair, a finished replacement's new CA)
+    ca_removed: tuple[str, ...] = ()
     foreign_tls: bool = False  # <name>-tls exists and is not ours: a pod must not mount it
+    replacement: ReplacementStep | None = field(default=None, repr=False)  # this pass's step
+    replacement_status: dict[str, str] | None = None  # status.tls.caReplacement after it
 
 
 def _info(pair: KeyPair | None) -> CertificateInfo | None:
@@ -152,8 +169,11 @@ def plan_and_issue(
     dns_names: tuple[str, ...],
     policy: RenewalPolicy,
     now: datetime,
+    seen: replacing.Seen | None = None,
 ) -> Outcome:
-    """Issue what is due, and what to write; runs in a worker thread (key generation)."""
+    """Issue what is due, and what to write; runs in a worker thread (key generation). ``seen``:
+    what the heartbeats saw, for a CA key replacement (none: nothing seen, so no phase that waits
+    on the brokers moves)."""
     meta = owner["metadata"]
     namespace, cluster, uid = meta["namespace"], meta["name"], str(meta.get("uid") or "")
     problems = []
@@ -169,14 +189,24 @@ def plan_and_issue(
         return Outcome(problems=tuple(problems), foreign_tls=foreign_tls)
     held = secrets.materials()
     client_name = shapes.OPERATOR_CLIENT_NAME
+    request = replacing.request_of(owner)
+    common_name = ca_common_name(namespace, cluster)
+    step: ReplacementStep | None = None
     try:
+        if held.ca is not None and secrets.ca is not None:
+            state = replacing.read_state(secrets.ca, held.ca)
+            observed = _observations(seen or replacing.Seen(), held, state, request)
+            step = advance(
+                state, request.token, observed,
+                new_ca=lambda: new_ca(common_name, days=policy.ca_days, now=now),
+            )  # fmt: skip
+            held = replace(held, ca=step.signing_ca)
         renewals = plan_renewal(
             held, server_dns_names=dns_names, client_name=client_name, policy=policy, now=now
         )
-        issued = _issue(
-            held, renewals, dns_names=dns_names, policy=policy, now=now,
-            common_name=ca_common_name(namespace, cluster),
-        )  # fmt: skip
+        if step is not None and step.state.phase is not ReplacementPhase.DONE:
+            renewals = tuple(r for r in renewals if r.target is not Target.CA)  # module doc
+        issued = _issue(held, renewals, dns_names=dns_names, policy=policy, now=now, common_name=common_name)
     except CertificateError as error:
         message = (
             f"Secret {namespace}/{names.ca_secret_name(cluster)}: {error}. The operator makes no new CA "
@@ -186,21 +216,50 @@ def plan_and_issue(
         )
         return Outcome(secrets.entries(cluster), (Problem(INVALID, message),))
     assert issued.ca is not None and issued.server is not None and issued.client is not None  # _issue
-    bundle = trust_bundle(issued.ca.certificate_pem)
-    ca_data = shapes.ca_secret_data(issued.ca)
+    if step is None:  # the CA is made now: the annotation's value of this moment is no request
+        state = ReplacementState(ca=issued.ca, token=request.token)
+        bundle = trust_bundle(issued.ca.certificate_pem)
+    elif issued.ca is not held.ca:  # renewed with the same key (phase Done only: above)
+        state = replace(step.state, ca=issued.ca)
+        bundle = trust_bundle(issued.ca.certificate_pem)
+    else:
+        state, bundle = step.state, step.trust_bundle
+    ca_data = replacing.state_data(state)
     tls_data = shapes.tls_secret_data(issued.server, bundle)
     client_data = shapes.operator_client_secret_data(issued.client, bundle)
     client_stored = shapes.held_data(secrets.client, shapes.OPERATOR_CLIENT_SECRET_KEYS) == client_data
     # The previous layout's pair goes only once its new home is stored as it should be (module doc).
     removed = shapes.legacy_client_keys(secrets.ca) if client_stored else ()
-    ca_held = shapes.held_data(secrets.ca, shapes.CA_SECRET_KEYS) == ca_data
+    removed += replacing.stale_keys(secrets.ca, ca_data)
+    ca_held = shapes.held_data(secrets.ca, tuple(ca_data)) == ca_data
+    status = None
+    if step is not None:
+        confirmed = request.trusted is not None and request.trusted == step.state.token
+        status = replacing.status_of(step, namespace=namespace, cluster=cluster, confirmed=confirmed)
     return Outcome(
-        entries=entries_of(cluster, issued),
+        entries=entries_of(cluster, Materials(ca=state.ca, server=issued.server, client=issued.client)),
         renewals=renewals,
         ca_data=None if ca_held and not removed else ca_data,
         tls_data=None if shapes.held_data(secrets.tls, shapes.TLS_SECRET_KEYS) == tls_data else tls_data,
         client_data=None if client_stored else client_data,
         ca_removed=removed,
+        replacement=step,
+        replacement_status=status,
+    )
+
+
+def _observations(
+    seen: replacing.Seen, held: Materials, state: ReplacementState, request: replacing.Request
+) -> TrustObservations:
+    """``pki.replacement``'s view: the heartbeats' (``seen``), the server certificate as
+    ``<name>-tls`` holds it, and whether a person confirmed the outside clients trust the new CA."""
+    return TrustObservations(
+        brokers=seen.brokers,
+        loaded_bundles=seen.loaded_bundles,
+        served_serials=seen.served(),
+        server=_info(held.server),
+        client=seen.client(),
+        external_trust_confirmed=request.trusted is not None and request.trusted == state.token,
     )
 
 
