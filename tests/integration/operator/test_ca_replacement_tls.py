@@ -283,6 +283,14 @@ async def test_the_ca_key_is_replaced_in_phases_with_no_failed_heartbeat_or_requ
     assert client.loaded_bundles() == dict.fromkeys(("orders-0", "orders-1"), bundle_version(new_ca))
     serial = certificate_info(secret(store, "orders-tls")["tls.crt"]).serial
     assert {format(int(s, 16), "x") for s in client.served_serials().values()} == {serial}
+    for broker in brokers:  # and the metric says the same, as a scraper reads it from the main port
+        status, page = once(broker.process.host, broker.process.port, trust(new_ca), "GET", "/metrics",
+                            server_name=ACTIVE_NAME)  # fmt: skip
+        assert status == 200
+        assert (
+            f'broker_tls_trust_bundle{{listener="admin",version="{bundle_version(new_ca)}"}} 1.0'
+            in page.decode()
+        )
 
 
 async def _wait_served(broker: Broker, context: ssl.SSLContext, serial: str, within: float = 10.0) -> None:
