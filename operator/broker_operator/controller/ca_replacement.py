@@ -171,10 +171,19 @@ def _shown(token: str) -> str:
     return token if len(token) <= 64 else token[:61] + "..."
 
 
+NONE_REPORTED: Final = (
+    " (no broker has reported a trust bundle: a broker reports it in the X-Broker-Trust-Bundle header of "
+    "its admin port's TLS replies, so one that does not serve TLS, or runs an image older than the "
+    "operator, never does)"
+)
+
+
 def status_of(
-    step: ReplacementStep, *, namespace: str, cluster: str, confirmed: bool
+    step: ReplacementStep, *, namespace: str, cluster: str, confirmed: bool, reported_any: bool = True
 ) -> dict[str, str] | None:
-    """``status.tls.caReplacement`` after ``step``; None when no replacement was ever asked for."""
+    """``status.tls.caReplacement`` after ``step``; None when no replacement was ever asked for.
+    ``reported_any``: some broker named the bundle it trusts (otherwise a wait on loading says why
+    none may ever)."""
     state = step.state
     if state.token is None:
         return None
@@ -188,6 +197,8 @@ def status_of(
         )
     else:
         message = step.waiting_for or f"phase {state.phase.value}"
+        if not reported_any and "to load trust bundle" in message:
+            message += NONE_REPORTED
     if state.phase is ReplacementPhase.TRUSTING and not confirmed:
         command = shlex.join(
             [

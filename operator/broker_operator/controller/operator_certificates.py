@@ -235,7 +235,10 @@ def plan_and_issue(
     status = None
     if step is not None:
         confirmed = request.trusted is not None and request.trusted == step.state.token
-        status = replacing.status_of(step, namespace=namespace, cluster=cluster, confirmed=confirmed)
+        reported = bool((seen or replacing.Seen()).loaded_bundles)
+        status = replacing.status_of(
+            step, namespace=namespace, cluster=cluster, confirmed=confirmed, reported_any=reported
+        )
     return Outcome(
         entries=entries_of(cluster, Materials(ca=state.ca, server=issued.server, client=issued.client)),
         renewals=renewals,

@@ -217,6 +217,8 @@ async def test_no_leaf_of_the_new_ca_before_every_broker_trusts_it(events: Event
     for _ in range(3):
         await reconcile(context, manifest)
     assert phase(store) == "Trusting"
+    said = replacement_status(manifest)["message"]
+    assert ("no broker has reported a trust bundle" in said) == (stale == "no engine"), said
     assert verifies(data(store, "orders-tls")["tls.crt"], old_ca, dns_name="orders-active.shop.svc", now=NOW)
     assert verifies(data(store, "orders-operator-client")["tls.crt"], old_ca, now=NOW)
 
