@@ -101,8 +101,15 @@ def der_serial(der: bytes) -> str:
     if serial_length > MAX_SERIAL_OCTETS:
         raise CertificateSerialError(f"serialNumber: {serial_length} octets, more than {MAX_SERIAL_OCTETS}")
     value = int.from_bytes(body[serial : serial + serial_length], "big", signed=True)
+    return serial_hex(value).upper()
+
+
+def serial_hex(value: int) -> str:
+    """A serial number as OpenSSL prints it, lower-cased: the magnitude's octets, two hex digits
+    each (so ``0a1b``, never ``a1b``), ``-`` before a negative one. The one text form of a serial
+    everywhere: status.tls, ``kubectl broker ca``, the served serials of handshakes."""
     magnitude = abs(value)
-    text = magnitude.to_bytes(max(1, (magnitude.bit_length() + 7) // 8), "big").hex().upper()
+    text = magnitude.to_bytes(max(1, (magnitude.bit_length() + 7) // 8), "big").hex()
     return f"-{text}" if value < 0 else text
 
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from broker_contracts.tls.serial import serial_hex
 from broker_operator.controller import names
 from broker_operator.controller import tls_secrets as shapes
 from broker_operator.pki import (
@@ -90,10 +91,10 @@ def request_of(body: Mapping[str, Any]) -> Request:
 
 
 def _hex_serial(serial: str) -> str | None:
-    """A serial as ``CertificateInfo.serial`` writes it (lower-case hex, no leading zeros): the
-    handshake's is OpenSSL's, two digits an octet, which has a leading zero one time in sixteen."""
+    """A served serial as ``CertificateInfo.serial`` writes it (``serial_hex``), whatever case or
+    zero padding it came in; None if it is not a serial."""
     try:
-        return format(int(serial, 16), "x")
+        return serial_hex(int(serial, 16))
     except ValueError:
         return None
 

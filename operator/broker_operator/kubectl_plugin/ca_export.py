@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from broker_contracts.tls.serial import serial_hex
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody
 from broker_operator.core import spec_fields as fields
@@ -96,7 +97,7 @@ def exported_cas(pem: bytes, where: str) -> list[ExportedCa]:
         exported.append(
             ExportedCa(
                 subject=certificate.subject.rfc4514_string(),
-                serial=format(certificate.serial_number, "x"),
+                serial=serial_hex(certificate.serial_number),
                 not_after=certificate.not_valid_after_utc.isoformat(),
                 sha256=_colon_hex(certificate.fingerprint(hashes.SHA256())),
                 sha1=_colon_hex(certificate.fingerprint(hashes.SHA1())),  # what STRUST shows beside SHA-256

@@ -29,6 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from broker_contracts.tls.serial import serial_hex
+
 __all__ = [
     "MAX_BUNDLE_CERTIFICATES",
     "MAX_PEM_BYTES",
@@ -70,7 +72,7 @@ class KeyPair:
 class CertificateInfo:
     """What the renewal and replacement rules read of a certificate."""
 
-    serial: str  # lowercase hex, no prefix: what `openssl x509 -serial` prints, lowercased
+    serial: str  # `openssl x509 -serial`, lower-cased: two hex digits an octet (serial_hex)
     not_before: datetime  # aware, UTC
     not_after: datetime  # aware, UTC
     subject: str  # RFC 4514
@@ -209,7 +211,7 @@ def certificate_info(data: bytes | x509.Certificate, *, what: str = "") -> Certi
     except x509.ExtensionNotFound:
         authority_key_id = None
     return CertificateInfo(
-        serial=format(certificate.serial_number, "x"),
+        serial=serial_hex(certificate.serial_number),
         not_before=certificate.not_valid_before_utc.astimezone(UTC),
         not_after=certificate.not_valid_after_utc.astimezone(UTC),
         subject=certificate.subject.rfc4514_string(),

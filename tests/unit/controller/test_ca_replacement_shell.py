@@ -256,7 +256,7 @@ async def test_the_old_ca_stays_in_trust_while_anything_uses_it(events: Events, 
 
 async def test_a_served_serial_with_a_leading_zero_octet_is_the_same_serial() -> None:
     seen = replacing.Seen(served_serials={"orders-0": "0A1B", "orders-1": "a1b", "orders-2": "not hex"})
-    assert seen.served() == {"orders-0": "a1b", "orders-1": "a1b"}
+    assert seen.served() == {"orders-0": "0a1b", "orders-1": "0a1b"}  # as CertificateInfo.serial
 
 
 async def test_a_new_token_during_a_replacement_waits_for_it_to_finish(events: Events) -> None:

@@ -9,6 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from broker_contracts.tls.serial import der_serial
 from broker_operator.pki import (
     MAX_BUNDLE_CERTIFICATES,
     MAX_PEM_BYTES,
@@ -141,3 +142,24 @@ def test_a_foreign_certificate_without_key_identifiers_still_has_a_subject_key_i
     info = certificate_info(bare)
     assert info.subject_key_id == ca.info().subject_key_id  # same key, identifier of RFC 5280
     assert info.authority_key_id is None and not info.is_ca and info.dns_names == ()
+
+
+@pytest.mark.parametrize("serial", [0x0A1B2C, 0xA1B2C3, 0x01, 0x7F00000000000001])
+def test_a_serial_reads_as_the_handshake_and_openssl_give_it(serial: int) -> None:
+    """status.tls.certificates[] (this) and status.tls.served[] (a handshake's DER, der_serial) name
+    one certificate the same way, leading zero octet digit included (``0a1b2c``, not ``a1b2c``)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "serial")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(NOW)
+        .not_valid_after(NOW + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    der = certificate.public_bytes(serialization.Encoding.DER)
+    assert certificate_info(certificate).serial == der_serial(der).lower()
+    assert len(certificate_info(certificate).serial) % 2 == 0
