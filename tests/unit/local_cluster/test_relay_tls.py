@@ -81,7 +81,8 @@ def test_by_default_the_simulators_serve_https_and_the_brokers_trust_their_ca(pk
         container = _container(pod)
         assert "--tls-dir=/etc/simulator-tls" in container["args"]
         # The backend also mounts the brokers' CA (BROKER_TLS; below); the serving Secret is the same.
-        assert container["volumeMounts"][0] == {"name": "tls", "mountPath": "/etc/simulator-tls", "readOnly": True}
+        serving_mount = {"name": "tls", "mountPath": "/etc/simulator-tls", "readOnly": True}
+        assert container["volumeMounts"][0] == serving_mount
         assert pod["spec"]["volumes"][0] == {"name": "tls", "secret": {"secretName": f"{name}-simulator-tls"}}
         assert container["readinessProbe"] == {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
     backend = _container(_by_kind(objects, "Pod")["backend"])
