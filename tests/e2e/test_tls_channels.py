@@ -275,15 +275,36 @@ def serial_of(relay: Relay, secret_name: str) -> str:
     return certificate_info(secret_bytes(relay.cluster, relay.namespace, secret_name, "tls.crt")).serial
 
 
+def same_serial(a: str, b: str) -> bool:
+    """Serials compared as numbers: the broker's metric labels them as OpenSSL prints them
+    (upper-case, two digits an octet), ``certificate_info`` in lower case without padding."""
+    return int(a, 16) == int(b, 16)
+
+
 def serves(relay: Relay, broker: str, serial: str) -> bool:
+    """Both listeners of ``broker`` serve ``serial`` to new connections (its own gauge)."""
     try:
         samples = metric_samples(relay, broker, "broker_tls_serving_certificate")
     except OSError:
         return False
-    return all(
-        samples.get(f'broker_tls_serving_certificate{{listener="{listener}",serial="{serial}"}}') == 1
-        for listener in ("main", "admin")
-    )
+    served = {}
+    for name, value in samples.items():
+        labels = dict(part.split("=", 1) for part in name[name.index("{") + 1 : -1].split(","))
+        if value == 1:
+            served[labels["listener"].strip('"')] = labels["serial"].strip('"')
+    return all(same_serial(served.get(listener, "-1"), serial) for listener in ("main", "admin"))
+
+
+def served_serials(relay: Relay) -> bool:
+    """Print what each broker serves (for a failure's output); always False, to keep waiting."""
+    for broker in BROKERS:
+        try:
+            print(
+                broker, metric_samples(relay, broker, "broker_tls_serving_certificate", "broker_tls_reload")
+            )
+        except OSError as error:
+            print(broker, repr(error))
+    return False
 
 
 def backend_failures(relay: Relay) -> dict[str, Any]:
@@ -304,7 +325,14 @@ def test_a_leaf_renewed_under_load_is_served_with_no_failed_request_failover_or_
         active, epoch, failovers = status["active"], status["epoch"], status.get("failovers", 0)
         failures = backend_failures(relay)
         original = serial_of(relay, f"{CLUSTER_NAME}-tls")
-        assert all(serves(relay, broker, original) for broker in BROKERS)
+        # The Secret's files reach a running broker through the kubelet's sync and the broker's
+        # reload (10 s each here): a Secret written after a pod started is served a little later.
+        wait_for(
+            f"every broker serving the Secret's serial {original}",
+            lambda: all(serves(relay, broker, original) for broker in BROKERS) or served_serials(relay),
+            timeout=60,
+        )
+        assert all(serves(relay, broker, original) for broker in BROKERS), served_serials(relay)
 
         # A server certificate as the operator would have issued it 36 hours ago, from the
         # cluster's own CA: 12 hours left, inside renewBeforeDays. The brokers may serve it a
