@@ -267,9 +267,14 @@ def start_simulators(kubectl: Kubectl, messages: int, tls: RelayTls) -> Relay:
     objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages, tls)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
     note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")
+    # With the backend -> broker leg over TLS, the backend pod mounts ca.crt of orders-tls, which
+    # the operator writes once the BrokerCluster exists: that pod is waited for after it (story).
+    first = ("cloud",) if tls.broker else ("cloud", "backend")
     wait_for(
-        "both simulator pods ready", lambda: kubectl.pod_ready("cloud") and kubectl.pod_ready("backend"), 120
+        f"simulator pods {' and '.join(first)} ready", lambda: all(kubectl.pod_ready(n) for n in first), 120
     )
+    if tls.broker:
+        note(f"(the backend pod starts once the operator has written {CLUSTER}-tls, whose ca.crt it mounts)")
     relay = Relay(
         kubectl.cluster,
         NAMESPACE,
@@ -338,6 +343,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls
             180,
         )
         active = str(first["active"])
+        wait_for("the backend simulator pod ready", lambda: kubectl.pod_ready("backend"), 120)
         active_ip = kubectl.pod_ip(active)
         wait_for(
             f"Service {CLUSTER}-active to route to {active} ({active_ip})",
