@@ -4,7 +4,7 @@ Setup (``local_cluster.relay``): the sealed cluster with three nodes (a kubelet,
 kube-proxy each), the chart's operator and the simulators on ``node-1``, three brokers spread by
 the operator's default anti-affinity, their journals on the ``shared-path`` class (one directory
 every node reaches, as network storage would be, so an evicted broker starts again on another
-node), failback Manual; the backend sends to ``http://orders-active.<ns>.svc:8080``, fed 200 msg/s
+node), failback Manual; the backend sends to ``https://orders-active.<ns>.svc:8080``, fed 200 msg/s
 (4 streams x 1 message per 20 ms), with connects given up after 30 ms and fast failures
 retried every 20 ms (``FAST_RETRYING_CLIENT``, as in bench-failover-k8s).
 
@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_contracts.message_log import Event, MessageLogError, decode, parse_ts
+from local_cluster.broker_pod_calls import pod_context
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.local_path_storage import SHARED_CLASS
 from local_cluster.node_faults import QUIET_NODE, drain
@@ -183,10 +184,11 @@ def run_drain(
     node = _node_of(relay, old)
     stop = threading.Event()
     for name in BROKERS:  # the pods' addresses change as they are evicted and re-created
-        ip = relay.pod(name)["status"]["podIP"]
+        pod = relay.pod(name)
+        ip, context = pod["status"]["podIP"], pod_context(cluster, pod)
         threading.Thread(
             target=cluster.call_in_network,
-            args=(functools.partial(poll_broker, obs, name, ip, stop), 3600),
+            args=(functools.partial(poll_broker, obs, name, ip, stop, context), 3600),
             daemon=True,
         ).start()
     time.sleep(0.5)  # a few samples before the drain

@@ -8,7 +8,7 @@ failover put the active; the heartbeat settings from the options, by default sub
 backend's request timeout 0.25 s by default: a request hung on a partitioned pod waits that long;
 its connects given up after 30 ms and fast failures retried every 20 ms, ``FAST_RETRYING_CLIENT``,
 so that the client's own backoff is not counted as the failover's).
-The backend sends to ``http://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
+The backend sends to ``https://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
 200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``). The brokers call both
 simulators over TLS, verified against the run's CA (``deploy_relay``'s default; ``--plain-http``
 opts out, for a comparison in the same setup).
@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from local_cluster.broker_pod_calls import pod_context
 from local_cluster.cluster import REPO_ROOT, LocalClusterSettings, built_tools_dir
 from local_cluster.kubelet_log import pod_starts
 from local_cluster.relay import CLUSTER_NAME, FAST_RETRYING_CLIENT, Feeder, Relay, deploy_relay, wait_until
@@ -283,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         watch_cluster(obs, cluster.api_client(), namespace)
         for name, ip in brokers.items():
-            start_in_cluster(cluster, f"poll-{name}", functools.partial(poll_broker, obs, name, ip))
+            context = pod_context(cluster, relay.pod(name))  # TLS by default, verified as the operator does
+            start_in_cluster(
+                cluster, f"poll-{name}", functools.partial(poll_broker, obs, name, ip, context=context)
+            )
         start_in_cluster(cluster, "poll-kube-proxy", functools.partial(poll_kube_proxy, obs))
         Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()  # stops with the pollers
         relay.backend("/sim/start", {})
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = ["crash"] * options.crash_rounds + ["partition"] * options.partition_rounds
         print(
             f"{len(plan)} rounds under {STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
-            f"http://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
+            f"https://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
             f"timeout {options.timeout:g} s, {options.threshold} misses, lease {options.lease:g} s; "
             f"backend request timeout {options.backend_timeout:g} s, connect timeout "
             f"{FAST_RETRYING_CLIENT.connect_timeout_seconds:g} s, fast failures retried every "

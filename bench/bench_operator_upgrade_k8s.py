@@ -5,7 +5,7 @@ Issue 40's real-node figure. Setup (``local_cluster.relay``): the sealed cluster
 containerd, kube-proxy in nftables mode, CoreDNS), the chart installed with its defaults (nothing
 set but the namespace to watch: its replicas, peering and update strategy are what a user gets),
 the example BrokerCluster as it is (heartbeat every 1 s, a 10 s lease), and the backend and cloud
-simulators as pods; the backend sends to ``http://orders-active.<ns>.svc:8080`` by DNS, fed
+simulators as pods; the backend sends to ``https://orders-active.<ns>.svc:8080`` by DNS, fed
 200 msg/s as one message per stream every 20 ms (4 streams; a bundle about every 20 ms, as in
 bench-drain), connects given up after 30 ms and fast failures retried every 20 ms
 (``FAST_RETRYING_CLIENT``), so a client's backoff is not counted as the upgrade's.
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{', '.join(f'{n} {kind}' for kind, n in wanted.items())} rounds under "
             f"{STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
-            f"http://orders-active.{namespace}.svc:8080, the chart's defaults and the example's heartbeat "
+            f"https://orders-active.{namespace}.svc:8080, the chart's defaults and the example's heartbeat "
             f"({options.steady:g} s steady before each, {options.settle:g} s settle after)",
             flush=True,
         )

@@ -6,6 +6,7 @@ accepted counter, kube-proxy's last sync). Every figure carries that observation
 from __future__ import annotations
 
 import re
+import ssl
 import threading
 import time
 import urllib.request
@@ -102,9 +103,9 @@ def watch_cluster(obs: Observations, api: client.ApiClient, namespace: str) -> N
         threading.Thread(target=resilient(target), daemon=True, name=target.__name__).start()
 
 
-def metric(url: str, name: str) -> float | None:
+def metric(url: str, name: str, context: ssl.SSLContext | None = None) -> float | None:
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as reply:
+        with urllib.request.urlopen(url, timeout=0.5, context=context) as reply:
             text = reply.read().decode()
     except OSError:
         return None
@@ -113,12 +114,20 @@ def metric(url: str, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def poll_broker(obs: Observations, name: str, ip: str, stop: threading.Event | None = None) -> None:
+def poll_broker(
+    obs: Observations,
+    name: str,
+    ip: str,
+    stop: threading.Event | None = None,
+    context: ssl.SSLContext | None = None,
+) -> None:
     """One broker's accepted counter every 25 ms, until ``obs.stop`` (or ``stop``, for a pod whose
     address changes) is set. A thread per broker: a poll of a partitioned broker hangs until its
-    timeout, and must not delay what the other broker's series shows."""
+    timeout, and must not delay what the other broker's series shows. ``context``: the pod serves
+    TLS (``local_cluster.broker_pod_calls.pod_context``, verified under the pod's DNS name)."""
+    url = f"{'https' if context is not None else 'http'}://{ip}:8080/metrics"
     while not (obs.stop.is_set() or (stop is not None and stop.is_set())):
-        value = metric(f"http://{ip}:8080/metrics", "broker_messages_accepted_total")
+        value = metric(url, "broker_messages_accepted_total", context)
         if value is not None:
             obs.add(obs.accepted.setdefault(name, []), (now_ms(), value))
         time.sleep(0.025)

@@ -19,9 +19,11 @@ whose EndpointSlice the operator points at the new active on failover.
 TLS, as ``relay.deploy_relay`` sets it up (``local_cluster.relay_tls``): the simulators serve HTTPS
 with certificates from a CA made for the run, the brokers call them at ``https://`` URLs verified
 against it (the BrokerCluster's ``spec.tls.upstreamCASecretRef``), and the demo's own calls to them
-verify it too. ``--plain-http`` opts out. ``--broker-tls`` also sends from the backend to
-``https://orders-active.demo.svc:8080`` (``relay.BROKER_TLS``, off until the operator's brokers
-serve TLS by default).
+verify it too. ``--plain-http`` opts out. The backend sends to
+``https://orders-active.demo.svc:8080`` (``relay.BROKER_TLS``), verified against the cluster's CA
+(the ``ca.crt`` the operator writes, the one ``kubectl broker ca`` exports for the SAP admin), as
+the operator's brokers serve TLS by default; ``--no-broker-tls`` runs the brokers (the chart's
+``operator.brokerTls=false``) and that leg on plain HTTP.
 
 What is still not real, and says so: one node, no NetworkPolicy enforcement (no policy plugin on
 the bridge); simulators stand in for SAP and the cloud.
@@ -210,7 +212,7 @@ def simulators(messages: int, tls: RelayTls) -> list[dict[str, Any]]:
 # ---- the story ----------------------------------------------------------------------------
 
 
-def install_chart(kubectl: Kubectl) -> None:
+def install_chart(kubectl: Kubectl, tls: RelayTls) -> None:
     say(3, "helm install: the operator, the CRD, least-privilege RBAC and the validator's CronJob")
     kubectl.run("create", "namespace", NAMESPACE)
     wait_for("the namespace's default ServiceAccount", lambda: kubectl.get("serviceaccount", "default"), 30)
@@ -225,8 +227,12 @@ def install_chart(kubectl: Kubectl) -> None:
             "--set", f"operator.watchNamespaces={{{NAMESPACE}}}",
             "--set", "validator.enabled=true", "--set", "validator.suspend=true",
             "--set", f"validator.store.claimName={STORE_CLAIM}", "--set", "validator.driverMemory=1g",
+            # The brokers serve TLS by default (operator.brokerTls); --no-broker-tls opts out.
+            *(() if tls.broker else ("--set", "operator.brokerTls=false")),
             "--wait", "--timeout=180s",
     )  # fmt: skip
+    if not tls.broker:
+        note("(--set operator.brokerTls=false: the brokers serve plain HTTP, the opt-out)")
     print("           " + installed.split("NOTES:")[0].strip().replace("\n", "\n           "))
 
 
@@ -261,9 +267,14 @@ def start_simulators(kubectl: Kubectl, messages: int, tls: RelayTls) -> Relay:
     objects = {"apiVersion": "v1", "kind": "List", "items": simulators(messages, tls)}
     kubectl.run("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(objects), echo=False)
     note("$ kubectl apply -f -   # pods and Services backend and cloud (the simulators)")
+    # With the backend -> broker leg over TLS, the backend pod mounts ca.crt of orders-tls, which
+    # the operator writes once the BrokerCluster exists: that pod is waited for after it (story).
+    first = ("cloud",) if tls.broker else ("cloud", "backend")
     wait_for(
-        "both simulator pods ready", lambda: kubectl.pod_ready("cloud") and kubectl.pod_ready("backend"), 120
+        f"simulator pods {' and '.join(first)} ready", lambda: all(kubectl.pod_ready(n) for n in first), 120
     )
+    if tls.broker:
+        note(f"(the backend pod starts once the operator has written {CLUSTER}-tls, whose ca.crt it mounts)")
     relay = Relay(
         kubectl.cluster,
         NAMESPACE,
@@ -287,6 +298,25 @@ def start_simulators(kubectl: Kubectl, messages: int, tls: RelayTls) -> Relay:
     return relay
 
 
+def export_ca(kubectl: Kubectl, report_out: Path) -> None:
+    """``kubectl broker ca``, the plugin as a user runs it (its module, with the cluster's
+    kubeconfig): the CA the SAP admin imports (STRUST, or PI/PO's TrustedCAs) to trust the brokers
+    behind the -active Service, written beside the report."""
+    ca_file = report_out / f"{CLUSTER}-ca.pem"
+    report_out.mkdir(parents=True, exist_ok=True)
+    args = ["ca", CLUSTER, "-n", NAMESPACE, "--file", str(ca_file)]
+    note(f"$ kubectl broker {' '.join(args)}   # the CA for the SAP admin (STRUST / NWA TrustedCAs)")
+    exported = subprocess.run(
+        [sys.executable, "-m", "broker_operator.kubectl_plugin.cli", "--kubeconfig",
+         str(kubectl.cluster.kubeconfig), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if exported.returncode != 0:
+        raise DemoError(f"kubectl broker ca failed ({exported.returncode}): {exported.stderr.strip()}")
+    for line in exported.stderr.strip().splitlines():
+        note(f"  {line}")
+
+
 def apply_brokercluster(kubectl: Kubectl, tls: RelayTls) -> None:
     """The example, with the ``spec.tls`` the relay's TLS needs (``relay.relay_brokercluster``)."""
     manifest = relay_brokercluster(tls)
@@ -300,7 +330,7 @@ def apply_brokercluster(kubectl: Kubectl, tls: RelayTls) -> None:
 
 def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls) -> bool:
     kubectl = Kubectl(cluster)
-    install_chart(kubectl)
+    install_chart(kubectl, tls)
     store = cluster.claim_volume_path(NAMESPACE, STORE_CLAIM)  # the bound PV's path
     relay = start_simulators(kubectl, messages, tls)
 
@@ -313,6 +343,7 @@ def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls
             180,
         )
         active = str(first["active"])
+        wait_for("the backend simulator pod ready", lambda: kubectl.pod_ready("backend"), 120)
         active_ip = kubectl.pod_ip(active)
         wait_for(
             f"Service {CLUSTER}-active to route to {active} ({active_ip})",
@@ -323,6 +354,12 @@ def story(cluster: SealedCluster, report_out: Path, messages: int, tls: RelayTls
             f"Service {CLUSTER}-active ({kubectl.cluster_ip(f'{CLUSTER}-active')}): "
             f"EndpointSlice -> {active_ip} ({active})"
         )
+        if tls.broker:
+            note(
+                f"the brokers serve TLS with certificates from {CLUSTER}'s own CA, which the operator "
+                f"keeps in Secret {CLUSTER}-ca and rotates with no restart; the heartbeats are mutual TLS"
+            )
+            export_ca(kubectl, report_out)
 
         say(6, f"traffic both ways, then kill -9 of the active broker {active} mid-stream")
         relay.backend("/sim/start", {})
@@ -399,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=BROKER_TLS,
         help="the backend sends to https://orders-active.demo.svc:8080, verified against ca.crt of Secret "
-        f"orders-tls (needs brokers that serve TLS; default: {BROKER_TLS})",
+        f"orders-tls, as the brokers serve TLS by default; --no-broker-tls: the brokers and that leg "
+        f"on plain HTTP (default: {BROKER_TLS})",
     )
     args = parser.parse_args(argv)
     tls = RelayTls(upstream=not args.plain_http, broker=args.broker_tls)

@@ -12,8 +12,9 @@ TLS (ARCHITECTURE.md "Channels and trust"; :mod:`local_cluster.relay_tls` makes 
 by default both simulators serve HTTPS with certificates from a CA made for the run, the brokers
 call them at ``https://`` URLs verified against that CA (``spec.tls.upstreamCASecretRef``), and
 the harness verifies them too. ``upstream_tls=False`` is the plain-HTTP opt-out. The backend →
-broker leg goes TLS with ``broker_tls`` (:data:`BROKER_TLS`, off until the operator's brokers serve
-TLS). :class:`RelayTls` holds the switches.
+broker leg is TLS too (``broker_tls``, default :data:`BROKER_TLS`), as the operator's brokers serve
+it by default; ``broker_tls=False`` installs the chart with ``operator.brokerTls=false`` so that
+the brokers serve plain HTTP to match. :class:`RelayTls` holds the switches.
 
 The simulators' control API (``/sim/...``) is reached from this process through
 ``SealedCluster.call_in_network``.
@@ -80,10 +81,10 @@ CLOUD_IMAGE = f"localhost/broker-failover/cloud-simulator:{IMAGE_TAG}"
 BACKEND_IMAGE = f"localhost/broker-failover/backend-simulator:{IMAGE_TAG}"
 
 
-# The backend → broker leg over TLS: the one line to flip once the operator's brokers serve TLS by
-# default (ControllerSettings.broker_tls). Until then the brokers' main port speaks plain HTTP, and
-# a backend calling https:// would be refused. deploy_relay's and the demo's default.
-BROKER_TLS = False
+# The backend → broker leg over TLS, as the operator's brokers serve it by default
+# (ControllerSettings.broker_tls, the chart's operator.brokerTls). deploy_relay's and the demo's
+# default; False installs the operator with operator.brokerTls=false, so both ends speak plain HTTP.
+BROKER_TLS = True
 
 
 @dataclass(frozen=True)
@@ -490,11 +491,13 @@ def deploy_relay(
       a credential), so the brokers verify both targets. The returned :class:`Relay` calls the
       simulators' ``/sim`` API verified against the same CA. False: plain HTTP on those legs, and
       everything else as it was before TLS.
-    * ``broker_tls`` (default :data:`BROKER_TLS`, False until the operator's brokers serve TLS by
-      default; flip that constant to flip it everywhere): the backend sends to
+    * ``broker_tls`` (default :data:`BROKER_TLS`, True, as the operator's brokers serve TLS by
+      default): the backend sends to
       ``https://orders-active.<ns>.svc:8080``, verified with ``--broker-ca-file`` against the
       ``ca.crt`` of the operator-written Secret ``orders-tls`` (that key alone is mounted). The
-      backend pod waits in ContainerCreating until the operator has written it.
+      backend pod waits in ContainerCreating until the operator has written it. False: the chart
+      is installed with ``operator.brokerTls=false`` (unless ``helm_values`` says otherwise), so the
+      brokers serve plain HTTP and the backend calls ``http://``.
     * ``backend_client_certificate`` (needs ``broker_tls``): the backend also presents a client
       certificate (Secret ``backend-client-tls``, subject ``CN=sap-erp-local,OU=Basis,O=ACME``), and
       ``spec.tls.backendClients`` lists that subject with ``simulators-ca`` as its CA.
@@ -517,6 +520,9 @@ def deploy_relay(
     kubectl("apply", "-f", "-", input=json.dumps(message_log_claim()))
     release = f"bf-{namespace}"
     values = {"operator.watchNamespaces": f"{{{namespace}}}", **(helm_values or {})}
+    if not tls.broker:
+        # A backend calling http:// needs brokers that serve it: the operator's opt-out.
+        values.setdefault("operator.brokerTls", "false")
     settings = [argument for key, value in values.items() for argument in ("--set", f"{key}={value}")]
     cluster.helm(
         "install", release, str(CHART), "--namespace", namespace, *settings, "--wait", "--timeout=240s",

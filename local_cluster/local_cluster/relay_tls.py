@@ -18,7 +18,8 @@ openssl helpers of :mod:`local_cluster.broker_certificates` make a CA that stand
   with ``simulators-ca`` as the brokers' ``spec.tls.backendClients`` CA.
 
 The backend → broker leg needs the brokers to serve TLS, which the operator's
-``ControllerSettings.broker_tls`` switches on (off for now). Given ``broker_tls``, the backend pod
+``ControllerSettings.broker_tls`` does by default (the chart's ``operator.brokerTls``). Given
+``broker_tls``, the backend pod
 mounts ``ca.crt`` alone of the operator-written ``<cluster>-tls`` (``items``: never the key beside
 it) and calls ``https://<cluster>-active.<ns>.svc:8080`` verified against it.
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.request
 from collections.abc import Callable
 
+from local_cluster.broker_pod_calls import BrokerPodCallError, pod_call
 from local_cluster.node_faults import drain, unready_nodes
 from local_cluster.operator_upgrade import operator_heartbeats, operator_pods, upgrade_operator
 from local_cluster.relay import CLUSTER_NAME, Relay, RelayError, wait_until
@@ -191,17 +191,14 @@ TERM_METRICS = ("broker_active", "broker_epoch")
 def broker_metrics(relay: Relay, name: str, samples: tuple[str, ...] = TERM_METRICS) -> dict[str, float]:
     """Samples of the broker's own /metrics by their full name (labels included), by default
     whether it is Active and its stored epoch; {} when it cannot be reached."""
-    ip = ((relay.get("pod", name) or {}).get("status") or {}).get("podIP")
-    if not ip:
+    pod = relay.get("pod", name)
+    if not ((pod or {}).get("status") or {}).get("podIP"):
         return {}
-
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=2) as reply:
-            return str(reply.read().decode())
-
     try:
+        # Over TLS when the pod serves it, verified as the operator verifies it (broker_pod_calls).
+        scrape = pod_call(relay.cluster, pod, 8080, "/metrics", timeout=2)
         text = relay.cluster.call_in_network(scrape)
-    except OSError:
+    except (OSError, BrokerPodCallError):
         return {}
     found = (line.rsplit(" ", 1) for line in text.splitlines() if " " in line and line[0] != "#")
     return {sample: float(value) for sample, value in found if sample in samples}

@@ -186,6 +186,9 @@ def test_the_default_install_writes_only_in_the_release_namespace() -> None:
     # Endpoints mode reaches no host until the installer lists some (set, and empty).
     assert operator_env(docs)["OPERATOR_ENDPOINT_HOSTS"] == ""
     assert operator_env(docs)["OPERATOR_BROKER_POD_SECURITY"] == "restricted"
+    # Brokers serve TLS by default (ARCHITECTURE.md "Channels and trust"); false is the opt-out.
+    assert operator_env(docs)["OPERATOR_BROKER_TLS"] == "true"
+    assert operator_env(render("--set", "operator.brokerTls=false"))["OPERATOR_BROKER_TLS"] == "false"
     listed = render("--set", "operator.endpointHosts={*.erp.example.com,10.20.0.0/16}")
     assert operator_env(listed)["OPERATOR_ENDPOINT_HOSTS"] == "*.erp.example.com,10.20.0.0/16"
     # Given namespaces: a Role in each, none in the release namespace unless listed.

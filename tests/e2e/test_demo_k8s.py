@@ -40,6 +40,12 @@ def test_make_demo_installs_fails_over_and_gets_the_validators_passed_verdict(tm
     assert failover, output
     scheme = "https" if BROKER_TLS else "http"  # the backend -> broker leg follows relay.BROKER_TLS
     assert f"the backend sends to {scheme}://orders-active.demo.svc:8080" in output
+    if BROKER_TLS:
+        # The SAP admin's step: the real plugin exported the cluster's CA, and it is one.
+        assert "$ kubectl broker ca orders -n demo --file" in output, output
+        assert re.search(r"SHA-256:  ([0-9A-F]{2}:){31}[0-9A-F]{2}", output), output
+        exported = (tmp_path / "orders-ca.pem").read_text()
+        assert exported.startswith("-----BEGIN CERTIFICATE-----") and exported.count("BEGIN") == 1
     # The brokers called both simulators over TLS, as the simulators counted their calls.
     transports = re.search(r"the brokers' calls as the simulators took them, by transport: (.*)", output)
     assert transports and "TLSv1" in transports.group(1) and "plain" not in transports.group(1), output

@@ -53,6 +53,7 @@ from broker_operator.engine import (
     HeartbeatReply,
     HeartbeatSettings,
 )
+from local_cluster.broker_pod_calls import BrokerPodCallError, pod_call
 from local_cluster.cluster import REPO_ROOT, ClusterAccess
 from local_cluster.netns import NODE_ADDRESS
 from local_cluster.sealed_cluster import SealedCluster, SealedClusterError
@@ -602,13 +603,14 @@ def running_pod(cluster: SealedCluster, namespace: str, name: str) -> dict[str, 
 
 
 def broker_gauge(cluster: SealedCluster, namespace: str, name: str, metric: str) -> float | None:
-    """A gauge from the broker's own /metrics, at its pod IP (None while it does not answer)."""
-    ip = (pod(cluster, namespace, name) or {}).get("status", {}).get("podIP")
-    if not ip:
+    """A gauge from the broker's own /metrics, at its pod IP (None while it does not answer); over
+    TLS, verified, when the pod serves it (``local_cluster.broker_pod_calls``)."""
+    body = pod(cluster, namespace, name)
+    if not (body or {}).get("status", {}).get("podIP"):
         return None
     try:
-        text = http_in_network(cluster, f"http://{ip}:8080/metrics", timeout=2)
-    except OSError:
+        text = cluster.call_in_network(pod_call(cluster, body, 8080, "/metrics", timeout=2), timeout=22)
+    except (OSError, BrokerPodCallError):
         return None
     for line in text.splitlines():
         if line.startswith(f"{metric} "):
@@ -1209,22 +1211,21 @@ def test_a_networkpolicy_is_created_accepted_and_the_brokers_are_heartbeated_on_
     (container,) = body["spec"]["containers"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"soap": 8080, "admin": 8081}
     # The main port refuses the operator's call, naming the admin port; so Healthy came through 8081.
-    ip = body["status"]["podIP"]
     token = sealed_cluster.kubectl(
         "-n", namespace, "get", "secret", "guarded-broker-token", "-o", "jsonpath={.data.token}"
     ).stdout
     heartbeat = HEARTBEAT_CHECK.encode()
-    request = urllib.request.Request(
-        f"http://{ip}:8080/soap",
-        data=heartbeat,
+    # Over TLS (the pods serve it by default), with the operator's own client certificate: the
+    # refusal is the main port's, not the handshake's.
+    call = pod_call(
+        sealed_cluster, body, 8080, "/soap", data=heartbeat, client=True, timeout=10,
         headers={
             "Content-Type": "text/xml; charset=utf-8",
             "Authorization": f"Bearer {base64.b64decode(token).decode().strip()}",
         },
-        method="POST",
-    )
+    )  # fmt: skip
     with pytest.raises(urllib.error.HTTPError) as fault:
-        http_in_network(sealed_cluster, request)
+        sealed_cluster.call_in_network(call, timeout=30)
     text = fault.value.read().decode()
     assert "WRONG_PORT" in text and "admin port 8081" in text, text
     brokers = sealed_cluster.get_json(namespace, "bc", "guarded")["status"]["brokers"]

@@ -2,7 +2,8 @@
 
 The chart's operator runs as a pod (in-cluster config through the ``kubernetes`` Service), the
 brokers are the example's pods, and the SAP backend and the cloud are simulator pods
-(``local_cluster.relay``): the backend sends to ``http://orders-active.<namespace>.svc:8080``
+(``local_cluster.relay``): the backend sends to ``https://orders-active.<namespace>.svc:8080``
+(the brokers serve TLS by default; the backend verifies them against ``ca.crt`` of ``orders-tls``)
 through CoreDNS and kube-proxy, and the brokers reach both simulators by their Service names.
 The active broker is killed with kill -9 mid-stream, or cut off by a real network partition
 (nftables drops on its interface, both directions); the operator points the Service's

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,13 @@ from typing import Any
 import pytest
 
 from broker_operator.controller.spec import SpecError, parse_spec
+from local_cluster.broker_pod_calls import serving_ca
+from local_cluster.relay_tls import service_context
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import LocalProcess, installed_crd, wait_for
 from tests.e2e.test_operator import (
     apply,
     broker_cluster,
-    http_in_network,
     new_namespace,
     start_operator,
     start_simulator,
@@ -304,8 +307,13 @@ def test_the_active_service_takes_the_templates_shape_keeps_others_keys_and_come
     wait_for_row(
         sealed_cluster, namespace, "shaped", "shaped-0 active", lambda r: r["ACTIVE"] == "shaped-0", 120
     )
-    url = f"http://{node_address(sealed_cluster)}:{node_port}/healthz"
-    answer = wait_for("the node port answers", lambda: _get(sealed_cluster, url))
+    # Over TLS (the brokers serve it by default), verified under the Service's DNS name against
+    # the cluster's CA, as a backend outside the cluster would dial the node.
+    url = f"https://{node_address(sealed_cluster)}:{node_port}/healthz"
+    context = service_context(
+        serving_ca(sealed_cluster, namespace, "shaped"), f"shaped-active.{namespace}.svc.cluster.local"
+    )
+    answer = wait_for("the node port answers", lambda: _get(sealed_cluster, url, context))
     assert answer
 
     # A cloud controller writes keys of its own; the operator never takes them away.
@@ -364,12 +372,16 @@ def test_the_active_service_takes_the_templates_shape_keeps_others_keys_and_come
     assert remade["spec"]["ports"][0]["nodePort"] == node_port
     assert remade["metadata"]["annotations"]["lb.example/idle-timeout"] == "60"
     assert "selector" not in remade["spec"]
-    wait_for("the node port answers again", lambda: _get(sealed_cluster, url))
+    wait_for("the node port answers again", lambda: _get(sealed_cluster, url, context))
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "shaped", "--wait=false")
 
 
-def _get(cluster: SealedCluster, url: str) -> str | None:
+def _get(cluster: SealedCluster, url: str, context: ssl.SSLContext) -> str | None:
+    def call() -> str:
+        with urllib.request.urlopen(url, timeout=3, context=context) as response:
+            return str(response.read().decode())
+
     try:
-        return http_in_network(cluster, url, timeout=3)
+        return cluster.call_in_network(call, timeout=23)
     except OSError:
         return None

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, SOAP_ENV_NAMESPACE
+from local_cluster.broker_pod_calls import BrokerPodCallError, pod_call
 from local_cluster.sealed_cluster import SealedCluster
 from tests.e2e.support import LocalProcess, installed_crd, wait_for
 from tests.e2e.test_operator import (
     apply,
     broker_cluster,
     event_reasons,
-    http_in_network,
     new_namespace,
     pod,
     start_operator,
@@ -75,22 +75,22 @@ def list_held_status(cluster: SealedCluster, namespace: str, broker: str, token:
     """``ListHeld`` (changes nothing) with ``token`` at the admin port: "ok", a fault code, or why not.
 
     Sent from the cluster's network, where the pod IP routes."""
-    ip = ((pod(cluster, namespace, broker) or {}).get("status") or {}).get("podIP")
-    request = urllib.request.Request(
-        f"http://{ip}:8081/soap",  # the admin port: the main port refuses ListHeld (WRONG_PORT)
-        data=LIST_HELD,
-        headers={"Content-Type": "text/xml; charset=utf-8", AUTH_HEADER: f"{AUTH_SCHEME} {token}"},
-        method="POST",
-    )
+    body = pod(cluster, namespace, broker) or {}
     try:
-        http_in_network(cluster, request, timeout=5)
+        # The admin port (the main port refuses ListHeld: WRONG_PORT), over TLS when the pod serves
+        # it, with the operator's client certificate: only the token is under test.
+        call = pod_call(
+            cluster, body, 8081, "/soap", data=LIST_HELD, client=True, timeout=5,
+            headers={"Content-Type": "text/xml; charset=utf-8", AUTH_HEADER: f"{AUTH_SCHEME} {token}"},
+        )  # fmt: skip
+        cluster.call_in_network(call, timeout=25)
         return "ok"  # urllib raises HTTPError for any other status
     except urllib.error.HTTPError as error:
         body = error.read().decode(errors="replace")
         return (
             body.split("<tns:code>", 1)[-1].split("<", 1)[0] if "<tns:code>" in body else f"HTTP {error.code}"
         )
-    except OSError as error:
+    except (OSError, BrokerPodCallError) as error:
         return f"unreachable: {error}"
 
 

@@ -23,9 +23,9 @@ whole (docs/crd.md), for platforms that assign their own user ids.
 
 TLS (``spec.tls``) comes from ``broker_tls.py``: the mounted certificates, ``BROKER_TLS_DIR``
 and HTTPS probes. Whether pods serve it is the caller's ``serve_tls`` as well as the spec's mode:
-the operator turns it on once it issues the certificates and calls the brokers over TLS itself
-(``ControllerSettings.broker_tls``); until then a broker serving TLS would refuse its plain-HTTP
-heartbeats. The upstream CA bundle (the brokers' trust as clients) does not wait for that.
+``ControllerSettings.broker_tls``, on by default, is the install-wide opt-out (with it off, a
+broker serving TLS would refuse the operator's plain-HTTP heartbeats, so none does). The upstream
+CA bundle (the brokers' trust as clients) does not depend on it.
 
 Every builder stamps the owner reference itself (``kopf.build_owner_reference``)
 so that deleting the BrokerCluster garbage-collects its children. Nothing here

@@ -74,11 +74,12 @@ class ControllerSettings:
     broker_pod_security: str = "restricted"
     broker_images: BrokerImages = field(default_factory=BrokerImages)
     # Whether broker pods serve TLS as spec.tls asks (the certificates mounted, BROKER_TLS_DIR, HTTPS
-    # probes; builders.serves_tls). Off, and no flag, until the operator issues the certificates
-    # (mode Operator: <name>-tls) and calls the brokers over TLS itself (issue 41, the parts after
-    # the CRD's shape): a broker serving TLS refuses plain-HTTP heartbeats, and would wait for a
-    # Secret nobody writes yet. The part that does both turns it on; the pods then roll once.
-    broker_tls: bool = False
+    # probes; builders.serves_tls), and so whether the operator heartbeats them over mutual TLS
+    # (heartbeat_tls.py). On by default (ARCHITECTURE.md "Channels and trust"); --no-broker-tls /
+    # OPERATOR_BROKER_TLS=false (the chart's operator.brokerTls) is the install-wide opt-out, which
+    # leaves every spec.tls accepted and its certificates reported but the pods on plain HTTP.
+    # Changing it rolls each cluster's pods once (the template hash), one at a time, standbys first.
+    broker_tls: bool = True
     # How often a cluster's certificate Secrets are read again while nothing is due (certificates.py):
     # a Secret deleted or replaced by hand, or renewed by cert-manager (mode Secrets), is seen within
     # it. A renewal, a warning or an expiry falling due is checked at its time whatever this says.
@@ -104,6 +105,20 @@ def parse_pod_labels(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"--pod-labels / OPERATOR_POD_LABELS: {item!r} is not key=value")
         pairs.append((key.strip(), value.strip()))
     return tuple(sorted(pairs))
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(text: str, name: str, parser: argparse.ArgumentParser) -> bool:
+    """A boolean environment variable (true/false, 1/0, yes/no, on/off); anything else is refused."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    parser.error(f"{name} ({text!r}) must be true or false")
 
 
 def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerSettings:
@@ -196,6 +211,13 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         "(env OPERATOR_BROKER_IMAGES)",
     )
     parser.add_argument(
+        "--broker-tls",
+        action=argparse.BooleanOptionalAction,
+        default=_flag(env("OPERATOR_BROKER_TLS", "true"), "OPERATOR_BROKER_TLS", parser),
+        help="broker pods serve TLS as their spec.tls asks and are heartbeated over mutual TLS; "
+        "--no-broker-tls: plain HTTP for every BrokerCluster (env OPERATOR_BROKER_TLS; default: true)",
+    )
+    parser.add_argument(
         "--certificates-recheck-seconds",
         type=float,
         default=float(env("OPERATOR_CERTIFICATES_RECHECK_SECONDS", "60")),
@@ -250,6 +272,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         endpoint_hosts=endpoint_hosts,
         broker_pod_security=args.broker_pod_security,
         broker_images=BrokerImages.parse(args.broker_images.split(",")),
+        broker_tls=args.broker_tls,
         certificates_recheck_seconds=args.certificates_recheck_seconds,
     )
 

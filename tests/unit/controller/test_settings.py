@@ -71,3 +71,22 @@ def test_a_pod_label_without_a_value_is_refused(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         parse_settings(["--pod-labels", "app"], {})
     assert "'app' is not key=value" in capsys.readouterr().err
+
+
+def test_brokers_serve_tls_by_default_and_the_flag_or_environment_turns_it_off() -> None:
+    # ARCHITECTURE.md "Channels and trust": TLS is the default path, plain HTTP the opt-out.
+    assert ControllerSettings().broker_tls is True
+    assert parse_settings([], {}).broker_tls is True
+    assert parse_settings(["--no-broker-tls"], {}).broker_tls is False
+    # The chart's operator.brokerTls, quoted into the environment as "true" / "false".
+    assert parse_settings([], {"OPERATOR_BROKER_TLS": "false"}).broker_tls is False
+    assert parse_settings([], {"OPERATOR_BROKER_TLS": " True "}).broker_tls is True
+    assert parse_settings(["--broker-tls"], {"OPERATOR_BROKER_TLS": "false"}).broker_tls is True  # flag wins
+
+
+def test_a_broker_tls_environment_value_that_is_not_a_boolean_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([], {"OPERATOR_BROKER_TLS": "sometimes"})
+    assert "OPERATOR_BROKER_TLS ('sometimes') must be true or false" in capsys.readouterr().err

@@ -99,7 +99,8 @@ async def test_brokers_mount_the_verifiers_of_the_generated_tokens_and_never_a_t
         for pod in objects_of(kmock, "v1/pods").values():
             assert pod["spec"]["automountServiceAccountToken"] is False
             mounted = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
-            assert mounted == {"orders-broker-verifiers"}
+            # The verifiers and the serving certificate (TLS is on by default), never a token's Secret.
+            assert mounted == {"orders-broker-verifiers", "orders-tls"}
         assert tokens_condition(kmock, "orders") is None  # shown only when a token is wrong
 
 

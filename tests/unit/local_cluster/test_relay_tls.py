@@ -75,18 +75,19 @@ def test_the_plain_http_opt_out_applies_what_the_relay_applied_before_tls() -> N
 
 def test_by_default_the_simulators_serve_https_and_the_brokers_trust_their_ca(pki: SimulatorsPki) -> None:
     tls = RelayTls()
-    assert (tls.upstream, tls.broker) == (True, False)
+    assert (tls.upstream, tls.broker) == (True, True)  # BROKER_TLS: the operator's brokers serve TLS
     objects = relay_simulators(NAMESPACE, tls, backend_args=BACKEND_ARGS, cloud_args=CLOUD_ARGS)
     for name, pod in _by_kind(objects, "Pod").items():
         container = _container(pod)
         assert "--tls-dir=/etc/simulator-tls" in container["args"]
-        assert container["volumeMounts"] == [
-            {"name": "tls", "mountPath": "/etc/simulator-tls", "readOnly": True}
-        ]
-        assert pod["spec"]["volumes"] == [{"name": "tls", "secret": {"secretName": f"{name}-simulator-tls"}}]
+        # The backend also mounts the brokers' CA (BROKER_TLS; below); the serving Secret is the same.
+        serving_mount = {"name": "tls", "mountPath": "/etc/simulator-tls", "readOnly": True}
+        assert container["volumeMounts"][0] == serving_mount
+        assert pod["spec"]["volumes"][0] == {"name": "tls", "secret": {"secretName": f"{name}-simulator-tls"}}
         assert container["readinessProbe"] == {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
     backend = _container(_by_kind(objects, "Pod")["backend"])
-    assert f"--broker-url=http://orders-active.{NAMESPACE}.svc:8080" in backend["args"]  # BROKER_TLS off
+    assert f"--broker-url=https://orders-active.{NAMESPACE}.svc:8080" in backend["args"]  # BROKER_TLS
+    assert "--broker-ca-file=/etc/broker-ca/ca.crt" in backend["args"]
 
     secrets = _by_kind(relay_secrets(NAMESPACE, tls, pki), "Secret")
     assert secrets["erp-endpoints"]["stringData"] == {
@@ -128,7 +129,7 @@ def test_broker_tls_verifies_the_active_service_against_the_operators_ca_alone()
         "allowedSubjects": ["CN=sap-erp-local,OU=Basis,O=ACME"],
     }
     with pytest.raises(ValueError, match="needs broker=True"):
-        RelayTls(backend_client_certificate=True)
+        RelayTls(broker=False, backend_client_certificate=True)
 
 
 @contextlib.contextmanager
