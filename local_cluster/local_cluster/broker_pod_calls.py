@@ -10,9 +10,9 @@ under the pod's DNS name ``<hostname>.<subdomain>.<namespace>.svc.<clusterDomain
 never in the certificate). Verification is never turned off.
 
 The admin port also wants a client certificate its ``ca.crt`` trusts: :func:`pod_call` with
-``client=True`` presents the operator's own (``client.crt``/``client.key`` of ``<name>-ca``, which
-only the operator reads in a real install: the harness stands in for it here, as the tests that
-call the admin port stand in for the operator).
+``client=True`` presents the operator's own (``tls.crt``/``tls.key`` of ``<name>-operator-client``,
+which the operator and the ``kubectl broker held`` users granted it read: the harness stands in
+for the operator here, as the tests that call the admin port do).
 
 Not here: anything the operator does with these calls (that is ``broker_operator``), and calls
 through the ``-active`` Service (``relay_tls``).
@@ -80,17 +80,17 @@ def pod_server_name(pod: dict[str, Any], cluster_domain: str = DEFAULT_CLUSTER_D
 
 @dataclass(frozen=True)
 class OperatorClientCertificate:
-    """The operator's client certificate and key, PEM, from ``<name>-ca``."""
+    """The operator's client certificate and key, PEM, from ``<name>-operator-client``."""
 
     cert: bytes
     key: bytes
 
     @classmethod
     def read(cls, access: ClusterAccess, namespace: str, cluster: str) -> OperatorClientCertificate:
-        name = f"{cluster}-ca"
+        name = f"{cluster}-operator-client"
         return cls(
-            secret_bytes(access, namespace, name, "client.crt"),
-            secret_bytes(access, namespace, name, "client.key"),
+            secret_bytes(access, namespace, name, "tls.crt"),
+            secret_bytes(access, namespace, name, "tls.key"),
         )
 
     @contextlib.contextmanager

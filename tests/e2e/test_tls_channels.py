@@ -187,11 +187,12 @@ def test_the_admin_port_refuses_a_client_without_a_certificate_and_takes_the_ope
         relay.cluster.call_in_network(bare)
     print(f"admin port without a client certificate: {refused.value!r}")
 
-    # The operator's own client certificate (read from <name>-ca, which only it reads in a real
-    # install): the handshake completes and the admin port answers HTTP.
+    # The operator's own client certificate (<name>-operator-client, which the operator and the
+    # kubectl broker held users read): the handshake completes and the admin port answers HTTP.
     cert, key = files / "operator.crt", files / "operator.key"
-    cert.write_bytes(secret_bytes(relay.cluster, relay.namespace, f"{CLUSTER_NAME}-ca", "client.crt"))
-    key.write_bytes(secret_bytes(relay.cluster, relay.namespace, f"{CLUSTER_NAME}-ca", "client.key"))
+    client_secret = f"{CLUSTER_NAME}-operator-client"
+    cert.write_bytes(secret_bytes(relay.cluster, relay.namespace, client_secret, "tls.crt"))
+    key.write_bytes(secret_bytes(relay.cluster, relay.namespace, client_secret, "tls.key"))
     key.chmod(0o600)
     code, output = s_client(
         relay.cluster, address, ADMIN_PORT, *verified, "-cert", str(cert), "-key", str(key), send=HEALTHZ
