@@ -110,6 +110,9 @@ def cluster_manifest(index: int, port: int) -> dict[str, Any]:
                 {"name": "b", "url": f"http://{address(2, index)}:{port}/soap", "priority": 1},
             ],
             "auth": {"tokenSecretRef": {"name": "standin-token"}},
+            # The stand-ins speak plain HTTP, and this measures heartbeats and their API writes:
+            # no certificates (in mode Operator, three Secrets and an RSA-3072 key per cluster).
+            "tls": {"mode": "Disabled"},
         },
     }
 
