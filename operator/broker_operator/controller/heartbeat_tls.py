@@ -50,6 +50,7 @@ class HeartbeatTls:
     read_at: float = field(default=float("-inf"))  # monotonic: when the material was last read
     problem: str | None = None  # why there is no material (the last read's reason)
     material: ClientTlsMaterial | None = field(default=None, repr=False)  # the last read's
+    _built: TlsClient | None = field(default=None, repr=False)  # client()'s, for its material
 
     async def read(self, spec: ClusterSpec) -> ClientTlsMaterial | None:
         self.read_at = time.monotonic()
@@ -61,11 +62,15 @@ class HeartbeatTls:
         return found.material
 
     def client(self) -> TlsClient | None:
-        """A ``TlsClient`` of the last material read (None without one, or if it does not load)."""
+        """A ``TlsClient`` of the last material read (None without one, or if it does not load);
+        built once per material version: the start check and the engine ask for the same one."""
         if self.material is None:
             return None
+        if self._built is not None and self._built.version == self.material.version:
+            return self._built
         try:
-            return TlsClient(self.material)
+            self._built = TlsClient(self.material)
+            return self._built
         except TlsMaterialError as error:
             self.problem = f"the client TLS material does not load: {error}"
             logger.warning("%s/%s: %s", self.namespace, self.cluster, self.problem)
