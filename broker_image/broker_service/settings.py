@@ -22,6 +22,7 @@ from pathlib import Path
 
 from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS, BROKER_MAX_LEASE_SECONDS
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings, LogSettingsError, parse_log_settings
 from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_contracts.token_verifier import VerifierError, parse_verifier
@@ -90,6 +91,8 @@ class BrokerSettings:
     tls: ListenerTlsSettings | None = None
     # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
     upstream_ca_file: Path | None = None
+    # Log format and level (broker_contracts.logs); in a pod, the operator's own.
+    log: LogSettings = DEFAULT_LOG_SETTINGS
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
     # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
@@ -178,6 +181,8 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     # One RFC 4514 subject per line in the variable; the flag may be given once per subject.
     ("--allowed-client-subjects", environment.BROKER_ALLOWED_CLIENT_SUBJECTS, ""),
     ("--upstream-ca-file", environment.BROKER_UPSTREAM_CA_FILE, ""),
+    ("--log-format", environment.BROKER_FAILOVER_LOG_FORMAT, "text"),
+    ("--log-level", environment.BROKER_FAILOVER_LOG_LEVEL, "INFO"),
 )
 _LIST_FLAGS = frozenset({"--allowed-client-subjects"})
 
@@ -293,6 +298,10 @@ def parse_settings(
         raise SettingsError(
             f"--on-poison / BROKER_ON_POISON = {raw['on_poison']!r}; use one of {choices}"
         ) from None
+    try:
+        log = parse_log_settings(raw["log_format"], raw["log_level"])
+    except LogSettingsError as error:
+        raise SettingsError(str(error)) from None
     return BrokerSettings(
         host=str(raw["host"]),
         port=port,
@@ -328,6 +337,7 @@ def parse_settings(
         on_poison=on_poison,
         tls=tls,
         upstream_ca_file=upstream_ca_file,
+        log=log,
         body_limit_bytes=args.body_limit_bytes,
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,

@@ -66,6 +66,13 @@ from aiohttp import web
 from lxml import etree
 
 from broker_contracts import environment, relay, soap
+from broker_contracts.logs import (
+    DEFAULT_LOG_SETTINGS,
+    LogSettings,
+    add_log_arguments,
+    configure_logging,
+    log_settings_from,
+)
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_simulators.calling_tls import (
     BrokerClientTls,
@@ -130,6 +137,7 @@ class BackendSettings:
     token: str = ""  # the backend's credential towards the brokers (SendMessages)
     tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
     broker_tls: BrokerClientTls = field(default_factory=BrokerClientTls)  # https:// brokers (calling_tls.py)
+    log: LogSettings = DEFAULT_LOG_SETTINGS  # --log-format / --log-level (broker_contracts.logs)
 
 
 @dataclass(slots=True)
@@ -634,11 +642,13 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     )
     add_tls_dir_argument(parser)
     add_broker_tls_arguments(parser)
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
     broker_tls = broker_client_tls(args, parser)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
     environ = os.environ if environ is None else environ
+    log = log_settings_from(parser, args, environ)
     token = read_backend_token(
         args.backend_token_file or environ.get(environment.BROKER_BACKEND_TOKEN_FILE), environ
     )
@@ -669,6 +679,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         token=token,
         tls_dir=args.tls_dir,
         broker_tls=broker_tls,
+        log=log,
     )
 
 
@@ -685,8 +696,8 @@ def read_backend_token(path: str | None, environ: Mapping[str, str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = parse_args(argv)
+    configure_logging(settings.log)
     use_fastest_event_loop()
     simulator = BackendSimulator(settings)
     web.run_app(

@@ -235,7 +235,12 @@ async def ensure_children(
                     message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
                 )
         pod = builders.build_pod(
-            owner, ordinal, spec, active=name == active, serve_tls=context.settings.broker_tls
+            owner,
+            ordinal,
+            spec,
+            active=name == active,
+            serve_tls=context.settings.broker_tls,
+            log=context.settings.log,
         )
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
