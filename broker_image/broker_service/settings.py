@@ -31,6 +31,7 @@ from broker_service.tls_settings import (
     ListenerTlsSettings,
     TlsSettingsError,
     parse_listener_tls,
+    parse_reload_seconds,
     parse_upstream_ca,
 )
 
@@ -90,6 +91,9 @@ class BrokerSettings:
     tls: ListenerTlsSettings | None = None
     # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
     upstream_ca_file: Path | None = None
+    # How often the TLS files are read again: the listeners' (also tls.reload_seconds) and the
+    # upstream bundle, which is followed with or without TLS on the listeners (upstream_tls.py).
+    tls_reload_seconds: float = 10.0
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
     # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
@@ -275,9 +279,10 @@ def parse_settings(
     lease_seconds = _number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1)
     max_lease_seconds = _max_lease(raw["max_lease_seconds"], lease_seconds)
     try:
+        tls_reload_seconds = parse_reload_seconds(str(raw["tls_reload_seconds"] or "10"))
         tls = parse_listener_tls(
             tls_dir=str(raw["tls_dir"] or ""),
-            reload_seconds=str(raw["tls_reload_seconds"] or "10"),
+            reload_seconds=tls_reload_seconds,
             client_ca_file=str(raw["client_ca_file"] or ""),
             allowed_client_subjects=str(raw["allowed_client_subjects"] or ""),
             handshake_timeout_seconds=args.tls_handshake_timeout_seconds,
@@ -328,6 +333,7 @@ def parse_settings(
         on_poison=on_poison,
         tls=tls,
         upstream_ca_file=upstream_ca_file,
+        tls_reload_seconds=tls_reload_seconds,
         body_limit_bytes=args.body_limit_bytes,
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,
