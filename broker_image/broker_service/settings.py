@@ -89,11 +89,11 @@ class BrokerSettings:
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
     # TLS on both listeners (tls_settings.py, docs/broker.md "TLS"); None: plain HTTP, as before.
     tls: ListenerTlsSettings | None = None
-    # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
-    upstream_ca_file: Path | None = None
     # How often the TLS files are read again: the listeners' (also tls.reload_seconds) and the
     # upstream bundle, which is followed with or without TLS on the listeners (upstream_tls.py).
     tls_reload_seconds: float = 10.0
+    # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
+    upstream_ca_file: Path | None = None
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
     # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
@@ -331,9 +331,9 @@ def parse_settings(
             _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
         on_poison=on_poison,
+        tls_reload_seconds=tls_reload_seconds,
         tls=tls,
         upstream_ca_file=upstream_ca_file,
-        tls_reload_seconds=tls_reload_seconds,
         body_limit_bytes=args.body_limit_bytes,
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,
