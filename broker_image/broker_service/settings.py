@@ -32,6 +32,7 @@ from broker_service.tls_settings import (
     ListenerTlsSettings,
     TlsSettingsError,
     parse_listener_tls,
+    parse_reload_seconds,
     parse_upstream_ca,
 )
 
@@ -89,6 +90,9 @@ class BrokerSettings:
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
     # TLS on both listeners (tls_settings.py, docs/broker.md "TLS"); None: plain HTTP, as before.
     tls: ListenerTlsSettings | None = None
+    # How often the TLS files are read again: the listeners' (also tls.reload_seconds) and the
+    # upstream bundle, which is followed with or without TLS on the listeners (upstream_tls.py).
+    tls_reload_seconds: float = 10.0
     # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
     upstream_ca_file: Path | None = None
     # Log format and level (broker_contracts.logs); in a pod, the operator's own.
@@ -280,9 +284,10 @@ def parse_settings(
     lease_seconds = _number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1)
     max_lease_seconds = _max_lease(raw["max_lease_seconds"], lease_seconds)
     try:
+        tls_reload_seconds = parse_reload_seconds(str(raw["tls_reload_seconds"] or "10"))
         tls = parse_listener_tls(
             tls_dir=str(raw["tls_dir"] or ""),
-            reload_seconds=str(raw["tls_reload_seconds"] or "10"),
+            reload_seconds=tls_reload_seconds,
             client_ca_file=str(raw["client_ca_file"] or ""),
             allowed_client_subjects=str(raw["allowed_client_subjects"] or ""),
             handshake_timeout_seconds=args.tls_handshake_timeout_seconds,
@@ -335,6 +340,7 @@ def parse_settings(
             _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
         on_poison=on_poison,
+        tls_reload_seconds=tls_reload_seconds,
         tls=tls,
         upstream_ca_file=upstream_ca_file,
         log=log,
