@@ -63,6 +63,14 @@ def series_of(namespace: str, cluster: str) -> dict[str, float]:
     return found
 
 
+def process_sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def reconciles() -> float:
+    return process_sample("broker_failover_reconciles_total", outcome="ok")
+
+
 def named(series: dict[str, float], prefix: str) -> dict[str, float]:
     return {key: value for key, value in series.items() if key.startswith(prefix)}
 
@@ -77,6 +85,7 @@ def in_namespace(namespace: str) -> dict[str, Any]:
 async def test_same_named_clusters_of_two_namespaces_keep_their_own_series(
     kmock: kmock.KubernetesEmulator, kube_api: KubeApi
 ) -> None:
+    driven, reconciled = process_sample("broker_failover_clusters_driven"), reconciles()
     async with running_operator(kmock, kube_api, namespaces=(NAMESPACE, OTHER_NAMESPACE)):
         for namespace in (NAMESPACE, OTHER_NAMESPACE):
             response = await kmock.post(clusters_url(namespace), json=in_namespace(namespace))
@@ -89,6 +98,9 @@ async def test_same_named_clusters_of_two_namespaces_keep_their_own_series(
             await eventually(
                 lambda ns=namespace: bool(named(series_of(ns, CLUSTER), "broker_failover_epoch"))
             )
+        # Per process: both clusters driven here, their reconciles counted.
+        assert process_sample("broker_failover_clusters_driven") == driven + 2
+        assert reconciles() > reconciled
         # Refused: failures counted by broker, each a broker of this cluster.
         failures = "broker_failover_heartbeat_failures_total"
         await eventually(lambda: named(series_of(NAMESPACE, CLUSTER), failures) != {})
@@ -123,6 +135,7 @@ async def test_same_named_clusters_of_two_namespaces_keep_their_own_series(
         assert response.status < 300, await response.text()
         await eventually(lambda: CLUSTER not in objects_of(kmock, CLUSTERS))
         await eventually(lambda: series_of(NAMESPACE, CLUSTER) == {})
+        assert process_sample("broker_failover_clusters_driven") == driven + 1
         # The same-named cluster of the other namespace lost none of its series.
         left = series_of(OTHER_NAMESPACE, CLUSTER)
         assert {key.split("[")[0] for key in left} >= {
