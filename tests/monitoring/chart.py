@@ -43,8 +43,14 @@ def render(*values: str, check: bool = True) -> subprocess.CompletedProcess[str]
     return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=120)
 
 
+@cache
+def _rendered(values: tuple[str, ...]) -> str:
+    return render(*values).stdout
+
+
 def documents(*values: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(render(*values).stdout) if doc]
+    """The rendered documents, parsed anew on each call (a test may change what it gets)."""
+    return [doc for doc in yaml.safe_load_all(_rendered(values)) if doc]
 
 
 def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
