@@ -180,12 +180,14 @@ class ClusterLoop:
         watch: bool = False,
         status_grace_seconds: float = 0.0,
         halted: Callable[[], bool] | None = None,
+        namespace: str = "",
     ) -> None:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone. ``status_grace_seconds``: how
         long the status and the events handed over by a cancellation may still take to land (see
         :meth:`run`). ``halted``: asked before every step; once true the loop ends without acting
-        (the operator process is exiting: no engine of it may act after the first saw that)."""
+        (the operator process is exiting: no engine of it may act after the first saw that).
+        ``namespace``: the BrokerCluster's, for its metric series (none in the local runner)."""
         self.cluster = cluster
         self._phase = cluster_phase(cluster)
         self._config = self._config_of(targets, settings, preferred_active)
@@ -227,7 +229,7 @@ class ClusterLoop:
         self._status_grace = status_grace_seconds
         self._halted = halted or (lambda: False)
         self._handover: asyncio.Future[bool] | None = None
-        self._series = metrics.ClusterSeries(cluster)
+        self._series = metrics.ClusterSeries(metrics.ClusterKey(namespace, cluster))
 
     @property
     def status(self) -> ClusterStatus:
@@ -327,7 +329,7 @@ class ClusterLoop:
             # it (tests and people act on the status); written beside the next steps.
             status = self._hand_over_status()
             if status.phase != last_phase:
-                metrics.set_phase(self.cluster, status.phase)
+                self._series.phase(status.phase)
                 last_phase = status.phase
             self._series.epoch(status.epoch)
             if observations:
@@ -421,7 +423,7 @@ class ClusterLoop:
                 if isinstance(outcome, HeartbeatFailed) and outcome.tls_error
                 else "failed"
             )
-        self._series.heartbeat(kind, time.perf_counter() - started)
+        self._series.heartbeat(kind, time.perf_counter() - started, action.broker)
         return outcome
 
     def _timed_out(
@@ -459,9 +461,7 @@ class ClusterLoop:
         log("%s: %s: %s", self.cluster, event.reason, event.message)
         if event.reason in _CHANGES_OF_ACTIVE:
             last = self._state.last_move
-            metrics.FAILOVERS.labels(self.cluster, event.reason).inc()
-            if last is not None:
-                metrics.FAILOVER_DURATION.observe(last.duration_ms / 1000)
+            self._series.failover(event.reason, last.duration_ms / 1000 if last is not None else None)
         self._events.submit(event.reason, event.message, event.warning)  # posted beside the steps
 
     def _hand_over_status(self) -> ClusterStatus:

@@ -682,6 +682,11 @@ def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: 
     assert [e["addresses"] for e in endpoints["endpoints"]], endpoints  # names the active broker
 
 
+def orders_in(namespace: str) -> str:
+    """The labels of BrokerCluster ``orders``'s series in the operator's /metrics."""
+    return f'brokercluster_namespace="{namespace}",brokercluster="orders"'
+
+
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
@@ -796,9 +801,9 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     # The engine's metrics are served by the operator process (on the cluster namespace's loopback).
     port = operator.metrics_port  # type: ignore[attr-defined]
     metrics = http_in_network(sealed_cluster, f"http://127.0.0.1:{port}/metrics")
-    assert f'broker_failover_epoch{{cluster="orders"}} {back["EPOCH"]}.0' in metrics
-    assert 'broker_failover_phase{cluster="orders",phase="Healthy"}' in metrics
-    assert 'broker_failover_failovers_total{cluster="orders",kind="Failover"}' in metrics
+    assert f"broker_failover_epoch{{{orders_in(namespace)}}} {back['EPOCH']}.0" in metrics
+    assert f'broker_failover_phase{{{orders_in(namespace)},phase="Healthy"}}' in metrics
+    assert f'broker_failover_failovers_total{{{orders_in(namespace)},kind="Failover"}}' in metrics
     assert "broker_failover_heartbeats_total" in metrics
 
     # Children deleted by hand come back (the operator runs with --reconcile-seconds 2).

@@ -18,10 +18,11 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   changed (``verifiers.sync_verifiers``), which is how the brokers learn it. Not a Secret watch:
   that would stream every Secret of the namespace through the operator, and RBAC cannot narrow
   list/watch to the opt-in label;
-- once the engine has stopped because the BrokerCluster was deleted, drops the
-  cluster's metric series (``metrics.forget_cluster``). Here rather than in the
-  delete handler: kopf runs that handler while the daemon is still stopping, and
-  a loop that steps once more would create the series again.
+- once the engine has stopped, drops the cluster's metric series
+  (``metrics.forget_cluster``): the BrokerCluster was deleted, or this process no longer drives
+  it (a peer took over), and a phase it went on exporting would contradict the process that
+  does. Here rather than in the delete handler: kopf runs that handler while the daemon is still
+  stopping, and a loop that steps once more would create the series again.
 
 On stop it cancels the engine, which leaves brokers as they are: a restarted
 operator picks up from ``status`` (``ClusterStatus.from_status``) and the
@@ -191,6 +192,7 @@ async def run_cluster_heartbeats(
     ``spec`` is kopf's live view of the BrokerCluster's spec; ``ref_of`` and
     ``claims`` are read again on every check for the same reason.
     """
+    metrics.CLUSTERS_DRIVEN.inc()
     try:
         # Not again once the process exits: an engine that ended because another saw the exit first.
         while not stopped and context.exit_seen_at is None:
@@ -215,9 +217,12 @@ async def run_cluster_heartbeats(
             )
             logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
     finally:
-        # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again.
-        if cluster_deleted(stopped):
-            metrics.forget_cluster(ref_of().name)
+        metrics.CLUSTERS_DRIVEN.dec()
+        # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again;
+        # a daemon kopf starts again (after an error, or when this process handles the cluster
+        # again) makes them anew, its counters from 0, which Prometheus reads as a reset.
+        ref = ref_of()
+        metrics.forget_cluster(metrics.ClusterKey(ref.namespace, ref.name))
 
 
 def _current_spec(name: str, spec: Mapping[str, Any], parsed: ClusterSpec) -> ClusterSpec:
@@ -226,12 +231,6 @@ def _current_spec(name: str, spec: Mapping[str, Any], parsed: ClusterSpec) -> Cl
         return parse_spec(name, spec)
     except SpecError:
         return parsed
-
-
-def cluster_deleted(stopped: Any) -> bool:
-    """Whether kopf stopped the daemon because its BrokerCluster was deleted (not an operator exit)."""
-    reason = getattr(stopped, "reason", None)
-    return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
 async def _hand_over_if_exiting(context: ControllerContext, loop: ClusterLoop, stopped: Any) -> None:
@@ -295,6 +294,7 @@ async def _run_engine(
         # Once one engine saw the operator exit, none acts again: with many clusters kopf stops
         # the daemons one by one, seconds apart on a busy loop (core/handover.py).
         halted=lambda: context.exit_seen_at is not None,
+        namespace=ref.namespace,
     )
 
     def retarget() -> None:

@@ -28,7 +28,7 @@ the engine's wake-up event belongs to the event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -148,6 +148,21 @@ def _drives_child_of(*, namespace: str | None, labels: kopf.Labels, memo: Any, *
     return context_from(memo).settings.drives(namespace or "", str(labels.get(names.LABEL_CLUSTER, "")))
 
 
+async def _reconcile_measured(body: kopf.Body, ref: ClusterRef, reconciling: Awaitable[object]) -> None:
+    """Run a reconcile, counted by outcome; and first turn what the validator and the certificates
+    pass wrote into status into gauges (metrics.record_status). At every reconcile (the timer's every
+    ``reconcile_seconds``), since kopf calls no handler for a change of status alone; not once the
+    cluster is being deleted, which would make series that nothing drops any more."""
+    if not body["metadata"].get("deletionTimestamp"):
+        metrics.record_status(metrics.ClusterKey(ref.namespace, ref.name), ref.status)
+    try:
+        await reconciling
+    except Exception:  # kopf logs it and retries; a cancellation is no outcome
+        metrics.RECONCILES.labels("error").inc()
+        raise
+    metrics.RECONCILES.labels("ok").inc()
+
+
 def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
     """Register every handler of the controller into ``registry``; children are re-checked every
     ``reconcile_seconds`` even without events (a pod a user deleted comes back within it)."""
@@ -174,13 +189,17 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
     ) -> None:
         context = context_from(memo)
         ref = _ref(body, status)
-        await reconcile_cluster(
-            context=context,
-            ref=ref,
-            spec=spec,
-            claims=_claims(pair_claims, ref.namespace, spec),
-            status_patch=patch.status,
-            logger=cast(logging.Logger, logger),
+        await _reconcile_measured(
+            body,
+            ref,
+            reconcile_cluster(
+                context=context,
+                ref=ref,
+                spec=spec,
+                claims=_claims(pair_claims, ref.namespace, spec),
+                status_patch=patch.status,
+                logger=cast(logging.Logger, logger),
+            ),
         )
 
     kopf.on.create(*RESOURCE, id="reconcile-on-create", when=_drives_cluster, registry=registry)(reconcile)
@@ -222,7 +241,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
         context.forget(meta["namespace"], meta["name"])
         # The heartbeat daemon drops the series again once its engine has stopped
         # (daemon.run_cluster_heartbeats); this covers a cluster whose daemon had ended.
-        metrics.forget_cluster(meta["name"])
+        metrics.forget_cluster(metrics.ClusterKey(meta["namespace"], meta["name"]))
 
     @kopf.daemon(
         *RESOURCE, id="heartbeats", when=_drives_cluster, registry=registry, cancellation_timeout=10.0

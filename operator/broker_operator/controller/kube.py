@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from broker_operator import metrics
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody, OwnerReference, PodBody
 from broker_operator.controller.peering import PeeringConflict
@@ -63,9 +64,10 @@ class KubeApi:
 
     async def _thread(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # run_in_executor(None, ...) is asyncio's default executor, the one asyncio.to_thread uses.
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, functools.partial(call, *args, **kwargs)
-        )
+        with metrics.kube_request(call, args):  # counted by verb and code (the dashboard's API requests)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, functools.partial(call, *args, **kwargs)
+            )
 
     async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
         body = await self._thread(

@@ -128,7 +128,7 @@ async def running_operator(
         kopf.operator(
             registry=registry,
             settings=settings,
-            namespaces=[NAMESPACE],
+            namespaces=list(context.settings.namespaces),  # NAMESPACE unless a test names more
             standalone=True,
             memo=kopf.Memo({MEMO_KEY: context}),
             stop_flag=stop,
