@@ -47,6 +47,7 @@ from typing import Any, Final, cast
 import kopf
 
 from broker_contracts import environment
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings
 from broker_operator.controller import broker_tls, names, placement
 from broker_operator.controller.bodies import OwnerReference
 from broker_operator.controller.names import cluster_labels
@@ -310,6 +311,19 @@ def template_hash(
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+def with_log_environment(container: Manifest, log: LogSettings) -> Manifest:
+    """``container`` with the operator's log format and level as the broker's (issue 42).
+
+    Added to the pod, not to ``broker_container``, so that the template hash never covers it: the
+    setting is install-wide, and a change of it, or the operator upgrade that first set it, must
+    not replace every broker pod of every cluster (a switchover each). A pod takes the operator's
+    current setting when it is next made (a rollout, a drain, a deleted pod); a container that
+    restarts in place keeps its pod's.
+    """
+    extra = [{"name": name, "value": value} for name, value in log.environment().items()]
+    return {**container, "env": [*container["env"], *extra]}
+
+
 def build_pod(
     owner: Mapping[str, Any],
     ordinal: int,
@@ -319,6 +333,7 @@ def build_pod(
     serve_tls: bool = False,
     defaults: PodDefaults = BUILT_IN_DEFAULTS,
     zones: str | None = None,
+    log: LogSettings = DEFAULT_LOG_SETTINGS,
 ) -> Manifest:
     """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says.
 
@@ -354,7 +369,11 @@ def build_pod(
             **pod_identity(spec, defaults),
             "securityContext": pod_security_context(spec),
             **placement.pod_scheduling(cluster, spec, zones),
-            "containers": [broker_container(cluster, spec, serve_tls=serve_tls, defaults=defaults)],
+            "containers": [
+                with_log_environment(
+                    broker_container(cluster, spec, serve_tls=serve_tls, defaults=defaults), log
+                )
+            ],
             "volumes": pod_volumes(cluster, ordinal, spec, serve_tls=serve_tls),
         },
     }

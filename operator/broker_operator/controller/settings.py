@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings, add_log_arguments, log_settings_from
 from broker_operator.controller.endpoint_hosts import EndpointHosts
 from broker_operator.controller.pod_fields import DEFAULT_BROKER_IMAGE, PodDefaults
 from broker_operator.controller.pod_security import POD_SECURITY_LEVELS, BrokerImages
@@ -94,6 +95,9 @@ class ControllerSettings:
     # a Secret deleted or replaced by hand, or renewed by cert-manager (mode Secrets), is seen within
     # it. A renewal, a warning or an expiry falling due is checked at its time whatever this says.
     certificates_recheck_seconds: float = 60.0
+    # Log format and level, for the operator's lines and kopf's (kopf_logging.py), and passed to
+    # the broker pods it makes (builders.with_log_environment).
+    log: LogSettings = DEFAULT_LOG_SETTINGS
 
     @property
     def pod_defaults(self) -> PodDefaults:
@@ -238,14 +242,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="comma-separated fnmatch patterns spec.image must match; empty: any "
         "(env OPERATOR_BROKER_IMAGES)",
     )
-    _add_pod_default_arguments(parser, environ)
-    parser.add_argument(
-        "--broker-tls",
-        action=argparse.BooleanOptionalAction,
-        default=_flag(env("OPERATOR_BROKER_TLS", "true"), "OPERATOR_BROKER_TLS", parser),
-        help="broker pods serve TLS as their spec.tls asks and are heartbeated over mutual TLS; "
-        "--no-broker-tls: plain HTTP for every BrokerCluster (env OPERATOR_BROKER_TLS; default: true)",
-    )
+    _add_broker_pod_arguments(parser, environ)
     parser.add_argument(
         "--certificates-recheck-seconds",
         type=float,
@@ -253,6 +250,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="how often each cluster's certificate Secrets are read again while nothing is due "
         "(env OPERATOR_CERTIFICATES_RECHECK_SECONDS)",
     )
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
     try:
         endpoint_hosts = (
@@ -304,11 +302,20 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         **_pod_defaults(args, parser),
         broker_tls=args.broker_tls,
         certificates_recheck_seconds=args.certificates_recheck_seconds,
+        log=log_settings_from(parser, args, environ),
     )
 
 
-def _add_pod_default_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """The flags of what every broker pod gets unless its spec says otherwise (``PodDefaults``)."""
+def _add_broker_pod_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """The flags of what the operator gives every broker pod: the image and pull secrets unless its
+    spec says otherwise (``PodDefaults``), and TLS as its spec asks, or not at all."""
+    parser.add_argument(
+        "--broker-tls",
+        action=argparse.BooleanOptionalAction,
+        default=_flag(environ.get("OPERATOR_BROKER_TLS", "true"), "OPERATOR_BROKER_TLS", parser),
+        help="broker pods serve TLS as their spec.tls asks and are heartbeated over mutual TLS; "
+        "--no-broker-tls: plain HTTP for every BrokerCluster (env OPERATOR_BROKER_TLS; default: true)",
+    )
     parser.add_argument(
         "--broker-image",
         default=environ.get("OPERATOR_BROKER_IMAGE", "").strip() or DEFAULT_BROKER_IMAGE,
