@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from broker_operator.controller.claim_sizes import ClassVerdict
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.placement import NodeZones
 from broker_operator.controller.settings import ControllerSettings
 from broker_operator.core.model import HANDOVER_SEND_SECONDS
 
@@ -64,6 +65,9 @@ class ControllerContext:
     # Nodes being drained (cordoned, or marked for deletion), from the node watch; every cluster's
     # observations hold this same set.
     draining_nodes: set[str] = field(default_factory=set)
+    # The zones of the schedulable nodes, from the same watch (and a listing at start): what decides
+    # whether a new broker pod is spread over zones (placement.py).
+    node_zones: NodeZones = field(default_factory=NodeZones)
     # Clusters whose engine runs now (daemon._run_engine): what the periodic token re-reads are
     # spread over (ControllerSettings.token_recheck_for).
     running_engines: int = 0

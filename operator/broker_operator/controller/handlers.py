@@ -12,6 +12,8 @@ Handlers:
 - update of ``spec``: also hand the running engine its new settings;
 - daemon: ``run_cluster_heartbeats``, one per BrokerCluster;
 - pod events: record the pod, wake the engine when the active's pod dies;
+- node events: the nodes being drained (the active moves off first), and the zones a new broker
+  pod is spread over (``placement.NodeZones``, listed once at start);
 - journal claim events: record the claim for the retention policy (``claims``);
 - deletions of Services and PVCs: forget that they were ensured, so the next
   periodic reconcile creates them again; a deletion of the ``-active`` Service's
@@ -42,6 +44,7 @@ from broker_operator.controller.context import context_from
 from broker_operator.controller.daemon import run_cluster_heartbeats
 from broker_operator.controller.observed import node_draining
 from broker_operator.controller.peering import join_peering, own_identity
+from broker_operator.controller.placement import ZONE_TOPOLOGY
 from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
 from broker_operator.controller.settings import ControllerSettings, peering_priority_from
 
@@ -136,6 +139,16 @@ def _register_startup(registry: kopf.OperatorRegistry) -> None:
             return
         # Below every replica already there: kopf's keep-alives carry this one from now on.
         settings.peering.priority = joined.priority
+
+    @kopf.on.startup(registry=registry)
+    async def list_node_zones(memo: Any, logger: kopf.Logger, **_: Any) -> None:
+        # Before any BrokerCluster handler runs (startup handlers come first): a pod made before the
+        # node watch's first listing was through would see too few zones and miss the zone spread.
+        context = context_from(memo)
+        try:
+            context.node_zones.seed(await context.api.list_nodes(ZONE_TOPOLOGY))
+        except ApiException as error:  # the node watch fills it in; until then, hosts only
+            logger.warning("cannot list nodes for the zone spread: %s %s", error.status, error.reason)
 
 
 def _drives_cluster(*, namespace: str | None, name: str, memo: Any, **_: Any) -> bool:
@@ -344,7 +357,9 @@ def _register_node_watch(registry: kopf.OperatorRegistry) -> None:
         # re-evaluates at once, so its active moves off by a planned switchover while the
         # PodDisruptionBudget holds the eviction back.
         context = context_from(memo)
-        draining = event.get("type") != "DELETED" and node_draining(body)
+        deleted = event.get("type") == "DELETED"
+        context.node_zones.observe(name, None if deleted else body)
+        draining = not deleted and node_draining(body)
         if draining == (name in context.draining_nodes):
             return
         if draining:

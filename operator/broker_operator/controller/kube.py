@@ -244,6 +244,11 @@ class KubeApi:
             if (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_CLUSTER) == cluster
         ]
 
+    async def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        """The nodes with these labels (the default zone spread lists the zoned ones at start)."""
+        result = await self._thread(_raw_json, self._core.list_node, label_selector=label_selector)
+        return list(result.get("items") or [])
+
     async def set_pod_role(self, namespace: str, pod: str, role: str) -> None:
         patch = {"metadata": {"labels": {names.LABEL_ROLE: role}}}
         try:

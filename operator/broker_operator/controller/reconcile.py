@@ -31,6 +31,7 @@ from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.deprecated_fields import warn_deprecated_fields
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
 from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
+from broker_operator.controller.placement import describe, zones_for_new_pod
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -237,16 +238,24 @@ async def ensure_children(
                     reason="Created",
                     message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
                 )
+        # Decided now, for this pod's life (placement.py): a node that joins later moves nothing.
+        zones = zones_for_new_pod(
+            context.node_zones, observations.claims.get(names.journal_claim_name(ref.name, ordinal))
+        )
         pod = builders.build_pod(
             owner,
             ordinal,
             spec,
             active=name == active,
             serve_tls=context.settings.broker_tls,
+            defaults=context.settings.pod_defaults,
+            zones=zones,
             log=context.settings.log,
         )
         if await context.api.create(pod):
-            kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+            kopf.info(
+                owner, reason="Created", message=f"created Pod/{name} (priority {ordinal}, {describe(zones)})"
+            )
     return None
 
 
@@ -458,7 +467,9 @@ async def roll_out(
     """Take at most one rollout step: replace a standby, or ask for a switchover off the active."""
     observations = context.observations_for(ref.namespace, ref.name)
     active = ref.status.get("active")
-    desired = builders.template_hash(ref.name, spec, serve_tls=context.settings.broker_tls)
+    desired = builders.template_hash(
+        ref.name, spec, serve_tls=context.settings.broker_tls, defaults=context.settings.pod_defaults
+    )
     step = next_rollout_step(spec.replicas, desired, pod_views(observations.pods), active)
     owner = ref.kopf_body
     if step is None:

@@ -154,7 +154,6 @@ REPLICAS: Final = IntegerField("replicas", 1, 9)
 DEFAULT_REPLICAS: Final = 2
 ENDPOINT_PRIORITY: Final = IntegerField("endpoints[].priority", 0, 1000)
 
-IMAGE: Final = TextField("image", "localhost/broker-failover/broker:0.1.0")
 IMAGE_PULL_POLICY: Final = ChoiceField("imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent")
 STORAGE_SIZE: Final = TextField("storage.size", "1Gi")
 # Retain first and default: a journal may hold acknowledged messages, held messages and the
@@ -214,6 +213,14 @@ CA_VALIDITY_DAYS: Final = IntegerField("tls.certificates.caValidityDays", 366, 3
 BACKEND_CLIENTS_CA_KEY: Final = TextField("tls.backendClients.caSecretRef.key", "ca.crt")
 UPSTREAM_CA_KEY: Final = TextField("tls.upstreamCASecretRef.key", "ca.crt")
 
+# spec.topologySpreadConstraints[] (issue 42): the bounds the CRD states of a core/v1 constraint's
+# required fields; the rest of each entry is core/v1's, which the API server checks on the pod.
+# 100: far above any skew that means something for at most 9 brokers.
+TOPOLOGY_MAX_SKEW: Final = IntegerField("topologySpreadConstraints[].maxSkew", 1, 100)
+WHEN_UNSATISFIABLE: Final = OptionalChoiceField(
+    "topologySpreadConstraints[].whenUnsatisfiable", ("DoNotSchedule", "ScheduleAnyway")
+)
+
 # The <name>-active Service's shape (the backend's address). externalTrafficPolicy and nodePort have
 # no default: a ClusterIP Service must carry neither, and absent on the other types means the API
 # server's (Cluster; a node port it picks).
@@ -241,7 +248,6 @@ FIELDS: Final[
 ] = (
     REPLICAS,
     ENDPOINT_PRIORITY,
-    IMAGE,
     IMAGE_PULL_POLICY,
     STORAGE_SIZE,
     WHEN_SCALED,
@@ -263,6 +269,8 @@ FIELDS: Final[
     MESSAGE_LOG_MOUNT,
     NETWORK_POLICY_ENABLED,
     DRAIN_WITHOUT_STANDBY,
+    TOPOLOGY_MAX_SKEW,
+    WHEN_UNSATISFIABLE,
     TLS_MODE,
     TLS_CLUSTER_DOMAIN,
     CERTIFICATE_VALIDITY_DAYS,
