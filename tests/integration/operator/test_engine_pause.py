@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.integration.operator.conftest import LEASE, SETTINGS, BrokerTrio, eventually
-from tests.integration.operator.test_engine_loop import sample_single_active
+from tests.integration.operator.test_engine_loop import ACME, sample_single_active
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def paused_gauge() -> float | None:
-    return REGISTRY.get_sample_value("broker_failover_reconciliation_paused", {"cluster": "acme-1000"})
+    return REGISTRY.get_sample_value("broker_failover_reconciliation_paused", ACME)
 
 
 async def test_paused_the_active_keeps_its_lease_and_a_kill_9_waits_for_the_resume(
