@@ -127,6 +127,12 @@ KUBE_REQUESTS: Final = Counter(
     " code (2xx: any success; error: no HTTP answer).",
     ["verb", "code"],
 )
+RECONCILIATION_PAUSED: Final = Gauge(
+    "broker_failover_reconciliation_paused",
+    "1 while the cluster's reconciliation is paused (annotation broker.failover.dev/pause-reconciliation):"
+    " heartbeats and lease renewals go on, failovers, switchovers and failbacks wait.",
+    CLUSTER_LABELS,
+)
 
 # The label values the engine and status use, so that nothing else can become a series.
 HEARTBEAT_OUTCOMES: Final = ("active", "inactive", "unavailable", "failed", "late", "tls")
@@ -169,6 +175,7 @@ class ClusterSeries:
         self._failures: dict[str, Counter] = {}
         self._failovers = {kind: _child(FAILOVERS, key, kind) for kind in CHANGES_OF_ACTIVE}
         self._epoch: float | None = None
+        self._paused: bool | None = None
 
     def heartbeat(self, outcome: str, seconds: float, broker: str) -> None:
         """One heartbeat's latency and outcome (one of ``HEARTBEAT_OUTCOMES``) to ``broker``."""
@@ -193,6 +200,12 @@ class ClusterSeries:
         """1 for ``phase``, 0 for the others (call it when the phase changed)."""
         for candidate in Phase:
             _child(PHASE, self._key, candidate.value).set(1.0 if candidate.value == phase else 0.0)
+
+    def paused(self, paused: bool) -> None:
+        """The cluster's pause gauge, written when it changed."""
+        if paused != self._paused:
+            _child(RECONCILIATION_PAUSED, self._key).set(1.0 if paused else 0.0)
+            self._paused = paused
 
     def failover(self, kind: str, seconds: float | None) -> None:
         """A completed change of the active (``kind`` one of ``CHANGES_OF_ACTIVE``)."""

@@ -220,7 +220,7 @@ def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster,
     assert created.returncode == 0, created.stderr
     table = sealed_cluster.kubectl("-n", namespace, "get", "bc", "columns").stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "AGE"]
+    assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "PAUSED", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["columns", "acme", "3000"]
     defaulted = sealed_cluster.get_json(namespace, "bc", "columns")["spec"]
     assert defaulted["heartbeat"] == {

@@ -6,7 +6,9 @@ Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
 it twice, or from two operator replicas, does no harm. The phase ``Conflict``
 is decided here, before anything is created: a cluster that loses its pair to
-an older one owns nothing and runs nothing.
+an older one owns nothing and runs nothing. A paused cluster (the annotation
+``broker.failover.dev/pause-reconciliation``, ``pause.py``) gets its conditions reported and no
+child written.
 
 What it does not do: heartbeat brokers or choose the active (the engine in
 the heartbeat daemon does), or write the engine's status fields.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
@@ -30,6 +33,7 @@ from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.deprecated_fields import warn_deprecated_fields
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
+from broker_operator.controller.pause import report_pause
 from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
 from broker_operator.controller.placement import describe, zones_for_new_pod
 from broker_operator.controller.readiness import CONDITION_READY, readiness
@@ -122,6 +126,27 @@ async def reconcile_cluster(
     refused = check_endpoints(context, ref, parsed, status_patch, logger)
     refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
     refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
+    # Paused (controller/pause.py): what is observed is still reported, and no child is written.
+    if not report_pause(ref, status_patch, observations, parsed, datetime.now(UTC)):
+        refused = await write_children(context, ref, parsed, status_patch, logger, refused=refused)
+    if not refused:
+        report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    await _keep_a_newer_phase(context, ref, status_patch)
+    return parsed
+
+
+async def write_children(
+    context: ControllerContext,
+    ref: ClusterRef,
+    parsed: ClusterSpec,
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    *,
+    refused: bool,
+) -> bool:
+    """Certificates, the children, the NetworkPolicy, the budget, one rollout step, the claims'
+    retention; no pod while a credential or a security check is ``refused``, or once the
+    certificates refuse too (returned: whether they did)."""
     # Before any child: a broker pod in mode Operator mounts <name>-tls, which must exist first.
     refused = await ensure_certificates(context, ref, parsed, status_patch, logger) or refused
     token_problem = await ensure_children(context, ref, parsed, make_pods=not refused)
@@ -144,10 +169,7 @@ async def reconcile_cluster(
         if not refused:
             await roll_out(context, ref, parsed, logger)
         await maintain_journal_claims(context, ref, parsed, status_patch, logger)
-    if not refused:
-        report_readiness(ref, status_patch, observations.pods, observations.first_report)
-    await _keep_a_newer_phase(context, ref, status_patch)
-    return parsed
+    return refused
 
 
 async def _keep_a_newer_phase(
