@@ -40,6 +40,7 @@ from typing import TextIO
 import yaml
 
 from broker_contracts import environment
+from broker_contracts.logs import add_log_arguments, configure_logging, log_settings_from
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import (
     BrokerTarget,
@@ -291,8 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-file", type=Path, help="epoch and status file (default: <manifest>.state.json)"
     )
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_settings_from(parser, args, os.environ))
     token = _token(args)
     if not token:
         parser.error(

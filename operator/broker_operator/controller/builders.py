@@ -44,6 +44,7 @@ from typing import Any, Final, cast
 import kopf
 
 from broker_contracts import environment
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings
 from broker_operator.controller import broker_tls, names
 from broker_operator.controller.bodies import OwnerReference
 from broker_operator.controller.spec import ClusterSpec, Connection
@@ -326,8 +327,27 @@ def template_hash(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+def with_log_environment(container: Manifest, log: LogSettings) -> Manifest:
+    """``container`` with the operator's log format and level as the broker's (issue 42).
+
+    Added to the pod, not to ``broker_container``, so that the template hash never covers it: the
+    setting is install-wide, and a change of it, or the operator upgrade that first set it, must
+    not replace every broker pod of every cluster (a switchover each). A pod takes the operator's
+    current setting when it is next made (a rollout, a drain, a deleted pod); a container that
+    restarts in place keeps its pod's.
+    """
+    extra = [{"name": name, "value": value} for name, value in log.environment().items()]
+    return {**container, "env": [*container["env"], *extra]}
+
+
 def build_pod(
-    owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, active: bool, serve_tls: bool = False
+    owner: Mapping[str, Any],
+    ordinal: int,
+    spec: ClusterSpec,
+    *,
+    active: bool,
+    serve_tls: bool = False,
+    log: LogSettings = DEFAULT_LOG_SETTINGS,
 ) -> Manifest:
     """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says."""
     cluster = owner["metadata"]["name"]
@@ -358,7 +378,7 @@ def build_pod(
             "automountServiceAccountToken": False,
             "securityContext": pod_security_context(spec),
             **pod_scheduling(cluster, spec),
-            "containers": [broker_container(cluster, spec, serve_tls=serve_tls)],
+            "containers": [with_log_environment(broker_container(cluster, spec, serve_tls=serve_tls), log)],
             "volumes": pod_volumes(cluster, ordinal, spec, serve_tls=serve_tls),
         },
     }

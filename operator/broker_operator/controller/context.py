@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from broker_operator.controller.claim_sizes import ClassVerdict
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.settings import ControllerSettings
@@ -44,6 +45,15 @@ class CertificateCheck:
 
 
 @dataclass
+class StorageClassCheck:
+    """One StorageClass's answer to "may claims grow?" (claim_growth.py), shared by every cluster
+    that uses the class, and when to ask again."""
+
+    verdict: ClassVerdict
+    due: float  # monotonic
+
+
+@dataclass
 class ControllerContext:
     settings: ControllerSettings
     api: KubeApi  # the reconciles' calls
@@ -67,6 +77,9 @@ class ControllerContext:
     # One certificate check at a time per cluster: kopf may run the create handler and the timer at
     # once, and two passes making keys in parallel would race each other to the Secrets.
     certificate_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # StorageClass name -> its last read (claim_growth.py): read again only when due, so a class
+    # that does not allow expansion costs one read per few minutes, not one per reconcile.
+    storage_classes: dict[str, StorageClassCheck] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine_api is None:

@@ -212,8 +212,11 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
 
     @kopf.on.delete(*RESOURCE, id="forget-cluster", optional=True, when=_drives_cluster, registry=registry)
     async def forget_cluster(*, body: kopf.Body, memo: Any, **_: Any) -> None:
-        # optional=True: no finalizer. Children go by garbage collection (owner references);
-        # this only drops what the operator remembers about the cluster, best effort.
+        # optional=True: this handler asks for no finalizer of its own, but the BrokerCluster has
+        # kopf's all the same (the heartbeat daemon and the periodic timer require one), so a
+        # deletion waits until kopf has stopped the daemon and run this, then kopf removes it
+        # (docs/operator.md, "Deleting a BrokerCluster"). Children go by garbage collection (owner
+        # references); this only drops what the operator remembers about the cluster, best effort.
         context = context_from(memo)
         meta = body["metadata"]
         context.forget(meta["namespace"], meta["name"])

@@ -54,6 +54,7 @@ class KubeApi:
         self._networking = kubernetes.client.NetworkingV1Api(api_client)
         self._discovery = kubernetes.client.DiscoveryV1Api(api_client)
         self._policy = kubernetes.client.PolicyV1Api(api_client)
+        self._storage = kubernetes.client.StorageV1Api(api_client)
 
     def lane(self, threads: int, name: str) -> KubeApi:
         """The same client with ``threads`` threads of its own, so that its calls never queue behind
@@ -301,6 +302,35 @@ class KubeApi:
                 return False
             raise
         return True
+
+    async def resize_claim(self, namespace: str, claim: str, size: str, resource_version: str | None) -> bool:
+        """Ask for ``size`` on the claim (``spec.resources.requests.storage``), conditional on
+        ``resource_version``; False on a conflict or a claim gone (the watch brings the newer body)."""
+        patch: dict[str, Any] = {"spec": {"resources": {"requests": {"storage": size}}}}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await self._thread(
+                self._core.patch_namespaced_persistent_volume_claim,
+                claim,
+                namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
+                return False
+            raise
+        return True
+
+    async def read_storage_class(self, name: str) -> dict[str, Any] | None:
+        """StorageClass ``name`` (cluster-scoped), or None when there is none of that name."""
+        try:
+            return await self._thread(_raw_json, self._storage.read_storage_class, name)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
 
     async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -1,5 +1,6 @@
 """Bring one BrokerCluster's children in line with its spec: Secret, certificates (``certificates.py``),
-Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy (``claims.py``).
+Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy and size
+(``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
@@ -23,10 +24,11 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
 from broker_operator.controller.certificates import ensure_certificates
-from broker_operator.controller.claims import apply_claim_retention
+from broker_operator.controller.claims import maintain_journal_claims
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.deprecated_fields import warn_deprecated_fields
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
 from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
 from broker_operator.controller.readiness import CONDITION_READY, readiness
@@ -111,6 +113,7 @@ async def reconcile_cluster(
         return None
     observations.reported.pop("InvalidSpec", None)
     _set_condition(ref, status_patch, CONDITION_SPEC_VALID, ok=True, reason="Valid", message="spec accepted")
+    warn_deprecated_fields(ref, observations)
     generation = ref.body["metadata"].get("generation")
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
@@ -139,7 +142,7 @@ async def reconcile_cluster(
         await ensure_disruption_budget(context, ref, parsed, status_patch)
         if not refused:
             await roll_out(context, ref, parsed, logger)
-        await apply_claim_retention(context, ref, parsed, logger)
+        await maintain_journal_claims(context, ref, parsed, status_patch, logger)
     if not refused:
         report_readiness(ref, status_patch, observations.pods, observations.first_report)
     await _keep_a_newer_phase(context, ref, status_patch)
@@ -235,7 +238,12 @@ async def ensure_children(
                     message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
                 )
         pod = builders.build_pod(
-            owner, ordinal, spec, active=name == active, serve_tls=context.settings.broker_tls
+            owner,
+            ordinal,
+            spec,
+            active=name == active,
+            serve_tls=context.settings.broker_tls,
+            log=context.settings.log,
         )
         if await context.api.create(pod):
             kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings, add_log_arguments, log_settings_from
 from broker_operator.controller.endpoint_hosts import EndpointHosts
 from broker_operator.controller.pod_security import POD_SECURITY_LEVELS, BrokerImages
 from broker_operator.controller.sharding import Shard
@@ -84,6 +85,9 @@ class ControllerSettings:
     # a Secret deleted or replaced by hand, or renewed by cert-manager (mode Secrets), is seen within
     # it. A renewal, a warning or an expiry falling due is checked at its time whatever this says.
     certificates_recheck_seconds: float = 60.0
+    # Log format and level, for the operator's lines and kopf's (kopf_logging.py), and passed to
+    # the broker pods it makes (builders.with_log_environment).
+    log: LogSettings = DEFAULT_LOG_SETTINGS
 
     def token_recheck_for(self, running: int) -> float:
         """Seconds between a cluster's periodic token re-reads while ``running`` clusters run."""
@@ -224,6 +228,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="how often each cluster's certificate Secrets are read again while nothing is due "
         "(env OPERATOR_CERTIFICATES_RECHECK_SECONDS)",
     )
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
     try:
         endpoint_hosts = (
@@ -274,6 +279,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         broker_images=BrokerImages.parse(args.broker_images.split(",")),
         broker_tls=args.broker_tls,
         certificates_recheck_seconds=args.certificates_recheck_seconds,
+        log=log_settings_from(parser, args, environ),
     )
 
 

@@ -231,9 +231,10 @@ EXTERNAL_TRAFFIC_POLICY: Final = OptionalChoiceField(
 # outside its own when the operator writes the Service (the event names it).
 NODE_PORT: Final = IntegerField("activeService.nodePort", 30000, 32767)
 
-# In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
-# cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
-MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
+# In the design's spec, but deprecated and ignored (issue 42): the chart runs one validator
+# CronJob for every cluster, on its own value (validator.schedule). No default since then, so it is
+# not a constrained field; controller/deprecated_fields.py reads it only to say so.
+MESSAGE_LOG_SCHEDULE_PATH: Final = "messageLog.schedule"
 
 FIELDS: Final[
     tuple[IntegerField | NumberField | ChoiceField | OptionalChoiceField | TextField | BooleanField, ...]
@@ -260,7 +261,6 @@ FIELDS: Final[
     MAX_DELIVERIES,
     ON_POISON,
     MESSAGE_LOG_MOUNT,
-    MESSAGE_LOG_SCHEDULE,
     NETWORK_POLICY_ENABLED,
     DRAIN_WITHOUT_STANDBY,
     TLS_MODE,
@@ -276,5 +276,6 @@ FIELDS: Final[
 )
 """Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
 
-NOT_READ_BY_THE_OPERATOR: Final = (MESSAGE_LOG_SCHEDULE.path,)
-"""CRD fields that ``parse_spec`` does not read; every other field of the CRD's spec it reads."""
+NOT_READ_BY_THE_OPERATOR: Final = (MESSAGE_LOG_SCHEDULE_PATH,)
+"""CRD fields that ``parse_spec`` does not read (deprecated ones, only looked at for their warning);
+every other field of the CRD's spec it reads."""

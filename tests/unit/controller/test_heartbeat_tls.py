@@ -1,7 +1,7 @@
 """``heartbeat_tls.HeartbeatTls``: the engine's client material follows the certificates controller.
 
 The controller's real passes (``ensure_certificates``) write real certificates into the in-memory
-Secret store of ``test_certificates_shell``; the heartbeat client is the real one (no connection is
+Secret store of ``certificate_passes``; the heartbeat client is the real one (no connection is
 opened: only its TLS source is looked at)."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_requ
 from broker_operator.controller.settings import ControllerSettings
 from broker_operator.controller.spec import parse_spec
 from broker_operator.heartbeat_client import HeartbeatClient
-from tests.unit.controller.test_certificates_shell import SecretStore, body, events, expire_cache, reconcile
-
-__all__ = ["events"]  # the fixture, used by name below
+from tests.unit.controller.certificate_passes import SecretStore, body, expire_cache, reconcile
 
 SPEC = parse_spec("orders", body()["spec"])
 
