@@ -6,9 +6,10 @@ images`` built are imported into the node's containerd under those names (``ctr 
 the cluster has no route out, so a pod that named any other image, or that the kubelet tried to
 pull, would never start. The operator's pod must run ``registry.example.test/bf/operator:0.1.0``
 with the pull Secret, its PriorityClass, pod labels and annotations, and its ServiceAccount must
-carry the IRSA-style annotation; the API server admits all of it. The operator it runs then brings
-a BrokerCluster whose brokers run from the same registry (``spec.image``, admitted by
-``operator.brokerImages`` limited to that registry) to Healthy.
+carry the IRSA-style annotation; the API server admits all of it. ``logging.format: json`` must
+turn the operator's log, and through the operator the brokers', into JSON lines. The operator it
+runs then brings a BrokerCluster whose brokers run from the same registry (``spec.image``, admitted
+by ``operator.brokerImages`` limited to that registry) to Healthy.
 
 Not here yet: a BrokerCluster without ``spec.image`` running the chart's default broker image with
 the pull Secret (``OPERATOR_BROKER_IMAGE``, ``OPERATOR_BROKER_IMAGE_PULL_SECRETS``) needs the
@@ -102,6 +103,13 @@ def started_from(cluster: SealedCluster, namespace: str, pod: dict[str, Any], im
     assert all(f'image "{image}" already present on machine' in m for m in messages), messages
 
 
+def json_log_levels(cluster: SealedCluster, namespace: str, pod: str) -> set[str]:
+    """The levels of a pod's log lines, each of which must be one JSON object (logging.format json)."""
+    lines = [line for line in cluster.kubectl("-n", namespace, "logs", pod).stdout.splitlines() if line]
+    assert lines, f"{pod} logged nothing"
+    return {str(json.loads(line)["level"]) for line in lines}
+
+
 def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret(
     sealed_cluster: SealedCluster, namespace: str, priority_class: str, crd: None
 ) -> None:
@@ -122,6 +130,7 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
         "--set", "operator.podLabels.tier=control",
         "--set", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/bf",
         "--set", f"operator.brokerImages={{{REGISTRY}/*}}",
+        "--set", "logging.format=json",
         "--set", "logging.level=DEBUG",
         "--wait", "--timeout=120s",
         timeout=180,
@@ -141,7 +150,8 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
     assert operator["metadata"]["labels"]["tier"] == "control"
     assert operator["metadata"]["annotations"]["example.test/owner"] == "brokers-team"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["BROKER_FAILOVER_LOG_LEVEL"] == "DEBUG"
+    assert (env["BROKER_FAILOVER_LOG_FORMAT"], env["BROKER_FAILOVER_LOG_LEVEL"]) == ("json", "DEBUG")
+    assert "DEBUG" in json_log_levels(sealed_cluster, namespace, operator["metadata"]["name"])
     account = sealed_cluster.get_json(namespace, "serviceaccount", "bf-broker-failover")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:aws:iam::1:role/bf"
 
@@ -171,4 +181,6 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
     assert sorted(pod["metadata"]["name"] for pod in brokers) == ["private-0", "private-1"]
     for pod in brokers:
         started_from(sealed_cluster, namespace, pod, f"{REGISTRY}/broker:{TAG}")
+        # The chart's logging values reach the brokers through the operator.
+        assert json_log_levels(sealed_cluster, namespace, pod["metadata"]["name"]), pod["metadata"]["name"]
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "private", "--wait=true", "--timeout=60s")
