@@ -38,8 +38,14 @@ ENGINE_API_THREADS = 4
 
 
 def load_api_client() -> kubernetes.client.ApiClient:
-    """The in-cluster service account when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
-    kubernetes.config.load_config()
+    """The kubeconfig (``KUBECONFIG``, else ``~/.kube/config``) when there is one, else the in-cluster
+    service account: the order of ``kubernetes.config.load_config``, which, in a pod, also prints a
+    line of its own to stdout, outside the log format (a non-JSON line in a JSON log)."""
+    kubeconfig = os.path.expanduser(kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION)
+    if os.path.exists(kubeconfig):
+        kubernetes.config.load_kube_config(config_file=kubeconfig)
+    else:
+        kubernetes.config.load_incluster_config()
     configuration = kubernetes.client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = API_CONNECTIONS
     return kubernetes.client.ApiClient(configuration)

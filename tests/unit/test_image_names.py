@@ -42,8 +42,14 @@ def defaults() -> dict[str, str]:
         "the relay's backend simulator": relay.BACKEND_IMAGE,
     }
     values = yaml.safe_load((ROOT / "charts/broker-failover/values.yaml").read_text())
-    for part in ("operator", "validator"):
-        found[f"the chart's {part}.image.repository"] = f"{values[part]['image']['repository']}:{TAG}"
+    # The chart's repositories sit under image.registry (charts/README.md, "Images").
+    registry = values["image"]["registry"]
+    for where, image in (
+        ("operator.image", values["operator"]["image"]),
+        ("operator.defaultBrokerImage", values["operator"]["defaultBrokerImage"]),
+        ("validator.image", values["validator"]["image"]),
+    ):
+        found[f"the chart's {where}"] = f"{registry}/{image['repository']}:{TAG}"
     for artifact in yaml.safe_load((ROOT / "skaffold.yaml").read_text())["build"]["artifacts"]:
         found[f"skaffold's artifact {artifact['image']}"] = f"{artifact['image']}:{TAG}"
     for path in [
