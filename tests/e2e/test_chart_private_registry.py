@@ -8,13 +8,10 @@ pull, would never start. The operator's pod must run ``registry.example.test/bf/
 with the pull Secret, its PriorityClass, pod labels and annotations, and its ServiceAccount must
 carry the IRSA-style annotation; the API server admits all of it. ``logging.format: json`` must
 turn the operator's log, and through the operator the brokers', into JSON lines. The operator it
-runs then brings a BrokerCluster whose brokers run from the same registry (``spec.image``, admitted
-by ``operator.brokerImages`` limited to that registry) to Healthy.
-
-Not here yet: a BrokerCluster without ``spec.image`` running the chart's default broker image with
-the pull Secret (``OPERATOR_BROKER_IMAGE``, ``OPERATOR_BROKER_IMAGE_PULL_SECRETS``) needs the
-operator settings of the pod knobs work; the chart's side of it is checked by
-``test_chart_pod_knobs.py``.
+runs then brings a BrokerCluster with no ``spec.image`` to Healthy: its brokers run the chart's
+broker image from the same registry (the operator's ``OPERATOR_BROKER_IMAGE``, admitted by
+``operator.brokerImages`` limited to that registry) with the pull Secret
+(``OPERATOR_BROKER_IMAGE_PULL_SECRETS``).
 """
 
 from __future__ import annotations
@@ -155,7 +152,8 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
     account = sealed_cluster.get_json(namespace, "serviceaccount", "bf-broker-failover")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:aws:iam::1:role/bf"
 
-    # The operator it runs makes broker pods of the same registry, admitted by operator.brokerImages.
+    # The operator it runs makes broker pods of the same registry, admitted by operator.brokerImages:
+    # a BrokerCluster that names no image runs the chart's, with the chart's pull Secret.
     manifest = {
         "apiVersion": "broker.failover.dev/v1alpha1",
         "kind": "BrokerCluster",
@@ -164,7 +162,6 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
             "account": "acme",
             "company": "7000",
             "replicas": 2,
-            "image": f"{REGISTRY}/broker:{TAG}",
             "backend": {"url": simulators["backend"]},
             "cloud": {"url": simulators["cloud"]},
         },
@@ -181,6 +178,7 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
     assert sorted(pod["metadata"]["name"] for pod in brokers) == ["private-0", "private-1"]
     for pod in brokers:
         started_from(sealed_cluster, namespace, pod, f"{REGISTRY}/broker:{TAG}")
+        assert pod["spec"]["imagePullSecrets"][0] == {"name": PULL_SECRET}, pod["spec"]["imagePullSecrets"]
         # The chart's logging values reach the brokers through the operator.
         assert json_log_levels(sealed_cluster, namespace, pod["metadata"]["name"]), pod["metadata"]["name"]
     sealed_cluster.kubectl("-n", namespace, "delete", "bc", "private", "--wait=true", "--timeout=60s")
