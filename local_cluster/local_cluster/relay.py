@@ -474,6 +474,7 @@ def deploy_relay(
     upstream_tls: bool = True,
     broker_tls: bool = BROKER_TLS,
     backend_client_certificate: bool = False,
+    backend_extra_args: Sequence[str] = (),
 ) -> Relay:
     """Install everything in ``namespace`` (which must exist); return once the cluster is Healthy.
 
@@ -501,6 +502,9 @@ def deploy_relay(
     * ``backend_client_certificate`` (needs ``broker_tls``): the backend also presents a client
       certificate (Secret ``backend-client-tls``, subject ``CN=sap-erp-local,OU=Basis,O=ACME``), and
       ``spec.tls.backendClients`` lists that subject with ``simulators-ca`` as its CA.
+
+    ``backend_extra_args``: more arguments of the backend simulator, such as ``--poison
+    orders-0000:120:always`` (a message the cloud always refuses: a poisoned stream).
     """
     tls = RelayTls(
         upstream=upstream_tls, broker=broker_tls, backend_client_certificate=backend_client_certificate
@@ -537,6 +541,7 @@ def deploy_relay(
         f"--messages-per-stream={messages_per_stream}",
         f"--bundle-size={bundle_size}",
         f"--lanes={lanes}",
+        *backend_extra_args,
     ]
     if request_timeout_seconds is not None:
         backend_args.append(f"--request-timeout-seconds={request_timeout_seconds}")
