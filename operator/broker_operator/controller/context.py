@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from broker_operator.controller.crd_check import InstalledCrd
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.settings import ControllerSettings
@@ -67,6 +68,9 @@ class ControllerContext:
     # One certificate check at a time per cluster: kopf may run the create handler and the timer at
     # once, and two passes making keys in parallel would race each other to the Secrets.
     certificate_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # The installed CRD's revision against the one this operator needs (crd_check.py): one read
+    # per reconcile period for every cluster.
+    crd: InstalledCrd = field(default_factory=InstalledCrd)
 
     def __post_init__(self) -> None:
         if self.engine_api is None:
