@@ -48,10 +48,11 @@ fmt: venv ## Format and auto-fix with ruff.
 
 # The groups of TEST_PREREQS that `make test` builds behind the tests, each GROUP=TARGET,TARGET
 # (hack/test-behind-prerequisites.sh): the Go tools at once (they need no venv, and most tests
-# that need anything need them), the images that need no tool beside them once the venv is there,
+# that need anything need them), with promtool (Debian's prometheus: the chart's rule tests need it
+# and helm, tests/monitoring), the images that need no tool beside them once the venv is there,
 # then one after another the rest; skaffold's compile last, behind the e2e tests. A test names its
 # group with a `needs` marker or by its folder (tests/conftest.py).
-TEST_PREREQ_GROUPS := tools=tools base-images=host-packages,images-without-tools cluster=images \
+TEST_PREREQ_GROUPS := tools=tools,monitoring-packages base-images=host-packages,images-without-tools cluster=images \
   bench=bench-packages,perf-test-jar skaffold=skaffold,registry-package
 
 # On a fresh machine the prerequisites take about 20 minutes of two cores, so they build behind the

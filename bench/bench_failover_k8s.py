@@ -10,8 +10,9 @@ its connects given up after 30 ms and fast failures retried every 20 ms, ``FAST_
 so that the client's own backoff is not counted as the failover's).
 The backend sends to ``https://orders-active.<ns>.svc:8080`` by DNS; this benchmark feeds it
 200 msg/s (4 streams x 5 messages per 100 ms through ``/sim/produce``). The brokers call both
-simulators over TLS, verified against the run's CA (``deploy_relay``'s default; ``--plain-http``
-opts out, for a comparison in the same setup).
+simulators over TLS, verified against the run's CA (``deploy_relay``'s default); ``--plain-http``
+runs every leg over plain HTTP (the chart's ``operator.brokerTls=false``, the backend calling
+``http://``), for a comparison in the same setup.
 
 Each round breaks the active broker, either with ``kill -9`` of its container (SIGKILL to the
 container's PID 1 from this process, so that the fault's time is the kill's) or with a real
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plain-http",
         action="store_true",
-        help="the brokers call the simulators over plain HTTP (default: https://, verified)",
+        help="plain HTTP on every leg: the backend to the brokers and the brokers to the simulators "
+        "(default: https://, verified, as by default)",
     )
     options = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped.
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             client=FAST_RETRYING_CLIENT,
             spec={"heartbeat": heartbeat, "failback": "Manual"},
             upstream_tls=not options.plain_http,
+            broker_tls=not options.plain_http,
         )
         brokers = {
             name: relay.pod(name)["status"]["podIP"] for name in (f"{CLUSTER_NAME}-0", f"{CLUSTER_NAME}-1")
@@ -292,10 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         Feeder(relay, PER_STREAM_PER_TICK, TICK, stop=obs.stop).start()  # stops with the pollers
         relay.backend("/sim/start", {})
         wait_until("traffic flowing", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, 60)
+        scheme = "http" if options.plain_http else "https"
         plan = ["crash"] * options.crash_rounds + ["partition"] * options.partition_rounds
         print(
             f"{len(plan)} rounds under {STREAMS * PER_STREAM_PER_TICK / TICK:.0f} msg/s through "
-            f"https://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
+            f"{scheme}://{CLUSTER_NAME}-active.{namespace}.svc:8080 (heartbeat {options.interval:g} s, "
             f"timeout {options.timeout:g} s, {options.threshold} misses, lease {options.lease:g} s; "
             f"backend request timeout {options.backend_timeout:g} s, connect timeout "
             f"{FAST_RETRYING_CLIENT.connect_timeout_seconds:g} s, fast failures retried every "

@@ -43,7 +43,9 @@ SCENARIOS = ("upgrade", "restart", "kill")
 GRACE_SECONDS = 30.0  # a pod's default terminationGracePeriodSeconds
 HEALTHY_TIMEOUT_SECONDS = 120.0  # the chart's startup probe allows 90 s
 ACTIVE_HEARTBEATS = re.compile(
-    r'^broker_failover_heartbeats_total\{cluster="([^"]+)",outcome="active"\}', re.M
+    r'^broker_failover_heartbeats_total\{brokercluster_namespace="[^"]*",brokercluster="([^"]+)",'
+    r'outcome="active"\}',
+    re.M,
 )
 HISTOGRAM_EDGES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0)
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker_contracts.logs import configure_logging
 from broker_contracts.tls import TlsFilesError
 from broker_service import listener
 from broker_service.lifecycle import Broker
@@ -42,12 +43,12 @@ def use_fastest_event_loop() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = parse_settings(argv)
     except SettingsError as error:
         print(f"broker-service: {error}", file=sys.stderr)
         return 2
+    configure_logging(settings.log)
     tls = None
     if settings.tls is not None and settings.admin_port is not None:  # parse_settings checked both
         try:

@@ -41,7 +41,7 @@ from broker_service.journal import Journal, JournalError, confirmed_frame, recov
 from broker_service.message_log_writer import MessageLogWriter
 from broker_service.metrics import BrokerMetrics
 from broker_service.outbound import OutboundTable
-from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnreachableError, upstream_context
+from broker_service.relay_client import RelayClient, StaleEpochError, TargetUnreachableError
 from broker_service.send_messages import BundleIntake
 from broker_service.settings import BrokerSettings
 from broker_service.soap_codec import AcceptResult, HeartbeatRequest, SendMessagesRequest
@@ -59,6 +59,7 @@ from broker_service.term import (
     StoreEpoch,
     TermMachine,
 )
+from broker_service.upstream_tls import follow_upstream_trust, upstream_trust
 
 __all__ = ["Broker", "HeartbeatReply"]
 
@@ -90,6 +91,8 @@ class Broker:
             max_seconds=settings.segment_max_seconds,
         )
         # The targets' credentials are read (and checked) here; parse_settings checked them already.
+        # So is the upstream trust (TlsFilesError if the file no longer loads).
+        self.upstream_trust = upstream_trust(settings)
         self.relay = RelayClient(
             backend=relay_target(
                 "backend",
@@ -108,7 +111,7 @@ class Broker:
             broker_name=settings.name,
             timeout_seconds=settings.relay_timeout_seconds,
             reply_limit_bytes=settings.relay_reply_limit_bytes,
-            ssl_context=upstream_context(settings),
+            trust=self.upstream_trust,
         )
         self._lock = asyncio.Lock()
         self._background: list[asyncio.Task[None]] = []
@@ -226,6 +229,11 @@ class Broker:
         loop = asyncio.get_running_loop()
         self.term.watch_from(time.monotonic())  # recovery may have taken long; that was no stall
         self._background.append(loop.create_task(self._watch_lease(), name="lease-watch"))
+        if self.upstream_trust is not None and self.settings.upstream_ca_file is not None:
+            # Followed with or without TLS on the listeners: it is the trust of the broker's own calls.
+            seconds = self.settings.tls_reload_seconds
+            follow = follow_upstream_trust(self.upstream_trust, seconds, self.metrics)
+            self._background.append(loop.create_task(follow, name="upstream-tls-files"))
 
     async def stop(self) -> None:
         """SIGTERM: deactivate and drain, then close everything."""

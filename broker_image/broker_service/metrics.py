@@ -74,12 +74,18 @@ class BrokerMetrics:
             ["listener", "version"],
             registry=r,
         )
+        # Also listener="upstream": the bundle the broker's own calls verify the backend and the
+        # cloud against (--upstream-ca-file, upstream_tls.py), followed like the listeners' files.
         self.tls_reloads = Counter(
-            "broker_tls_reloads", "Rotated TLS files served to new connections", ["listener"], registry=r
+            "broker_tls_reloads",
+            "Rotated TLS files taken up by new connections (listener main, admin, or upstream: the "
+            "broker's calls to the backend and the cloud)",
+            ["listener"],
+            registry=r,
         )
         self.tls_reload_failures = Counter(
             "broker_tls_reload_failures",
-            "Changed TLS files that did not load (the listener kept its certificate)",
+            "Changed TLS files that did not load (the listener, or upstream, kept what it had)",
             ["listener"],
             registry=r,
         )

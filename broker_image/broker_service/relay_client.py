@@ -18,10 +18,12 @@ thousands of ~500-byte messages) and sent as bytes; the broker never builds
 JSON by hand here.
 
 ``https://`` targets are verified (chain and host name) against ``--upstream-ca-file``, or the
-system's trust store without it, with the TLS 1.2 floor of :func:`broker_contracts.tls.client_context`
-(:func:`upstream_context`); ``http://`` targets are called as before. A verification failure is a
+system's trust store without it, with the TLS 1.2 floor of :func:`broker_contracts.tls.client_context`;
+``http://`` targets are called as before. A verification failure is a
 :class:`TargetUnreachableError` like any other transport failure (its text names the target and
-OpenSSL's reason). The bundle is read once, at start.
+OpenSSL's reason). The bundle is followed, not read once (``upstream_tls.py`` checks it every
+``--tls-reload-seconds``): every call passes the newest context as aiohttp's per-request ``ssl=``,
+so new connections verify with the new trust while connections in use are not dropped.
 
 Two boundaries are kept here, because this is where a target's answer enters the broker:
 
@@ -48,8 +50,7 @@ import aiohttp
 
 from broker_contracts import relay
 from broker_contracts.redact import redact
-from broker_contracts.tls import client_context
-from broker_service.settings import BrokerSettings
+from broker_contracts.tls import ReloadingClientContext
 from broker_service.target_credentials import RelayTarget, TargetCredentialError
 
 _READ_CHUNK = 64 * 1024
@@ -78,15 +79,6 @@ class TargetUnreachableError(RelayError):
     pass
 
 
-def upstream_context(settings: BrokerSettings) -> ssl.SSLContext | None:
-    """The context ``https://`` targets are verified with; None when no target URL is ``https://``
-    (then building one, and reading the system's store, is work for nothing)."""
-    urls = (settings.backend_url, settings.cloud_url)
-    if not any(url.lower().startswith("https://") for url in urls):
-        return None
-    return client_context(ca_file=settings.upstream_ca_file)
-
-
 class RelayClient:
     def __init__(
         self,
@@ -96,7 +88,7 @@ class RelayClient:
         broker_name: str,
         timeout_seconds: float,
         reply_limit_bytes: int,
-        ssl_context: ssl.SSLContext | None = None,
+        trust: ReloadingClientContext | None = None,
     ) -> None:
         self.backend = backend
         self.cloud = cloud
@@ -104,12 +96,26 @@ class RelayClient:
         self.reply_limit_bytes = reply_limit_bytes
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
-        # None: aiohttp's default (the system's store); the broker passes upstream_context's.
-        self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
+        # None: aiohttp's default (the system's store); the broker passes upstream_tls.upstream_trust's.
+        self._trust = trust
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=32, force_close=False, ssl=self._ssl)
+        connector = aiohttp.TCPConnector(limit=32, force_close=False)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        """The ``ssl=`` of one call: the newest context, taken per call, never kept.
+
+        Why per call and not the connector's: aiohttp (3.14, ``connector.py``) pools idle
+        connections by ``ClientRequest.connection_key``, which holds the request's ``ssl`` (the
+        SSLContext object itself; ``_get`` reuses only a connection of the same key) and creates a
+        new connection with that context (``_get_ssl_context``). So after a swap new calls open new
+        connections with the new trust, a call in progress keeps its connection, and the idle
+        connections of the old context are never reused: ``_cleanup`` closes them after the
+        keep-alive timeout (15 s). ``limit`` counts connections in use only, so they do not hold
+        new ones back.
+        """
+        return True if self._trust is None else self._trust.current
 
     async def close(self) -> None:
         if self._session is not None:
@@ -175,7 +181,7 @@ class RelayClient:
         try:
             headers = self._headers(epoch, target)
             async with self._session.request(
-                method, target.call_url(path, query), data=data, headers=headers
+                method, target.call_url(path, query), data=data, headers=headers, ssl=self._ssl()
             ) as response:
                 text = await self._read_bounded(response, target, shown)
                 if response.status == relay.STALE_EPOCH_STATUS:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from broker_contracts import environment
 from broker_contracts.environment import BROKER_ADMIN_PORT, BROKER_LEASE_SECONDS, BROKER_MAX_LEASE_SECONDS
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings, LogSettingsError, parse_log_settings
 from broker_contracts.redact import redact
 from broker_contracts.soap import BUNDLE_MAX_BYTES, BUNDLE_MAX_MESSAGES, OPERATOR_REQUEST_MAX_BYTES
 from broker_contracts.token_verifier import VerifierError, parse_verifier
@@ -31,6 +32,7 @@ from broker_service.tls_settings import (
     ListenerTlsSettings,
     TlsSettingsError,
     parse_listener_tls,
+    parse_reload_seconds,
     parse_upstream_ca,
 )
 
@@ -88,8 +90,13 @@ class BrokerSettings:
     on_poison: PoisonPolicy = PoisonPolicy.BLOCK_STREAM
     # TLS on both listeners (tls_settings.py, docs/broker.md "TLS"); None: plain HTTP, as before.
     tls: ListenerTlsSettings | None = None
+    # How often the TLS files are read again: the listeners' (also tls.reload_seconds) and the
+    # upstream bundle, which is followed with or without TLS on the listeners (upstream_tls.py).
+    tls_reload_seconds: float = 10.0
     # The CA bundle https:// backend and cloud URLs are verified against; None: the system's store.
     upstream_ca_file: Path | None = None
+    # Log format and level (broker_contracts.logs); in a pod, the operator's own.
+    log: LogSettings = DEFAULT_LOG_SETTINGS
     # Tuning knobs below have no env var on purpose: the fixed CLI of the pod spec
     # does not name them; tests and benchmarks pass them as flags.
     # Request limits (docs/broker.md, "Request limits"): every request is parsed on the event loop
@@ -178,6 +185,8 @@ _ENV_FLAGS: tuple[tuple[str, str, str | None], ...] = (
     # One RFC 4514 subject per line in the variable; the flag may be given once per subject.
     ("--allowed-client-subjects", environment.BROKER_ALLOWED_CLIENT_SUBJECTS, ""),
     ("--upstream-ca-file", environment.BROKER_UPSTREAM_CA_FILE, ""),
+    ("--log-format", environment.BROKER_FAILOVER_LOG_FORMAT, "text"),
+    ("--log-level", environment.BROKER_FAILOVER_LOG_LEVEL, "INFO"),
 )
 _LIST_FLAGS = frozenset({"--allowed-client-subjects"})
 
@@ -275,9 +284,10 @@ def parse_settings(
     lease_seconds = _number(str(raw["lease_seconds"]), "--lease-seconds", BROKER_LEASE_SECONDS, float, 0.1)
     max_lease_seconds = _max_lease(raw["max_lease_seconds"], lease_seconds)
     try:
+        tls_reload_seconds = parse_reload_seconds(str(raw["tls_reload_seconds"] or "10"))
         tls = parse_listener_tls(
             tls_dir=str(raw["tls_dir"] or ""),
-            reload_seconds=str(raw["tls_reload_seconds"] or "10"),
+            reload_seconds=tls_reload_seconds,
             client_ca_file=str(raw["client_ca_file"] or ""),
             allowed_client_subjects=str(raw["allowed_client_subjects"] or ""),
             handshake_timeout_seconds=args.tls_handshake_timeout_seconds,
@@ -293,6 +303,10 @@ def parse_settings(
         raise SettingsError(
             f"--on-poison / BROKER_ON_POISON = {raw['on_poison']!r}; use one of {choices}"
         ) from None
+    try:
+        log = parse_log_settings(raw["log_format"], raw["log_level"])
+    except LogSettingsError as error:
+        raise SettingsError(str(error)) from None
     return BrokerSettings(
         host=str(raw["host"]),
         port=port,
@@ -326,8 +340,10 @@ def parse_settings(
             _number(str(raw["max_deliveries"]), "--max-deliveries", environment.BROKER_MAX_DELIVERIES, int, 1)
         ),
         on_poison=on_poison,
+        tls_reload_seconds=tls_reload_seconds,
         tls=tls,
         upstream_ca_file=upstream_ca_file,
+        log=log,
         body_limit_bytes=args.body_limit_bytes,
         operator_body_limit_bytes=args.operator_body_limit_bytes,
         bundle_max_messages=args.bundle_max_messages,

@@ -9,7 +9,8 @@ value and what to do, instead of failing every handshake later:
   HTTP as before. It needs ``--admin-port``: the operator's port requires a client certificate
   and the main port cannot (kubelet probes present none), so one port cannot be both.
 * ``--tls-reload-seconds`` (``BROKER_TLS_RELOAD_SECONDS``, 10): how often the files are read
-  for a rotation; between 0.1 and 300.
+  for a rotation, the listeners' and ``--upstream-ca-file``; between 0.1 and 300, checked even
+  without ``--tls-dir``.
 * ``--client-ca-file`` (``BROKER_CLIENT_CA_FILE``): the CA(s) of the backend's client
   certificates (the customer's PKI). Given, the main port asks for a client certificate and
   verifies one that is presented; none is still fine there (probes, ``/metrics``).
@@ -19,11 +20,12 @@ value and what to do, instead of failing every handshake later:
   subject is only worth checking on a certificate the broker verified.
 * ``--upstream-ca-file`` (``BROKER_UPSTREAM_CA_FILE``): the CA bundle that ``https://`` backend
   and cloud URLs are verified against; unset, the system's trust store. Independent of
-  ``--tls-dir``.
+  ``--tls-dir``; read again every ``--tls-reload-seconds`` (``upstream_tls.py``).
 * ``--tls-handshake-timeout-seconds`` (tuning, no variable; 10): how long a connection may take
   to finish its handshake; until then it is not counted by ``--max-connections``.
 
-Not here: serving (``listener_tls.py``), the subject check (``server.py``).
+Not here: serving (``listener_tls.py``), following the upstream bundle (``upstream_tls.py``), the
+subject check (``server.py``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,13 @@ def _seconds(text: str, flag: str, env: str, low: float, high: float) -> float:
     return value
 
 
+def parse_reload_seconds(text: str) -> float:
+    """``--tls-reload-seconds``: used by the listeners and by the upstream bundle alike."""
+    return _seconds(
+        text, "--tls-reload-seconds", environment.BROKER_TLS_RELOAD_SECONDS, *RELOAD_SECONDS_RANGE
+    )
+
+
 def _check_served(directory: Path) -> None:
     """The directory's files make the admin port's context, and the certificate's serial reads."""
     names = _names("--tls-dir", environment.BROKER_TLS_DIR, str(directory))
@@ -126,13 +135,14 @@ def parse_subjects(text: str) -> frozenset[Subject]:
 def parse_listener_tls(
     *,
     tls_dir: str,
-    reload_seconds: str,
+    reload_seconds: float,
     client_ca_file: str,
     allowed_client_subjects: str,
     handshake_timeout_seconds: float,
     admin_port: int | None,
 ) -> ListenerTlsSettings | None:
-    """The listeners' TLS from the raw values (empty is unset), or a :class:`TlsSettingsError`."""
+    """The listeners' TLS from the raw values (empty is unset; ``reload_seconds`` already checked by
+    :func:`parse_reload_seconds`), or a :class:`TlsSettingsError`."""
     subjects = parse_subjects(allowed_client_subjects)
     client_ca = Path(client_ca_file.strip()) if client_ca_file.strip() else None
     if not tls_dir.strip():
@@ -171,12 +181,7 @@ def parse_listener_tls(
         )
     return ListenerTlsSettings(
         directory=directory,
-        reload_seconds=_seconds(
-            reload_seconds,
-            "--tls-reload-seconds",
-            environment.BROKER_TLS_RELOAD_SECONDS,
-            *RELOAD_SECONDS_RANGE,
-        ),
+        reload_seconds=reload_seconds,
         client_ca_file=client_ca,
         allowed_client_subjects=subjects,
         handshake_timeout_seconds=handshake_timeout_seconds,

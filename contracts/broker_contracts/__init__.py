@@ -5,6 +5,8 @@ the broker's SOAP contract (``wsdl/broker.wsdl`` and the names in
 :mod:`broker_contracts.soap`) and the message-log record schema
 (:mod:`broker_contracts.message_log`). The broker, the operator, the
 simulators and the Spark validator import these; none of them copies them.
+So do their log lines: :mod:`broker_contracts.logs` is the one place that sets
+every process's log format and level.
 
 This package holds no behaviour beyond encoding and checking the contracts:
 no I/O besides reading the packaged WSDL and, in :mod:`broker_contracts.tls`, the

@@ -46,6 +46,10 @@ BROKER_TLS_RELOAD_SECONDS: Final = "BROKER_TLS_RELOAD_SECONDS"
 BROKER_CLIENT_CA_FILE: Final = "BROKER_CLIENT_CA_FILE"
 BROKER_ALLOWED_CLIENT_SUBJECTS: Final = "BROKER_ALLOWED_CLIENT_SUBJECTS"
 BROKER_UPSTREAM_CA_FILE: Final = "BROKER_UPSTREAM_CA_FILE"
+# The log format (text, json) and level (DEBUG, INFO, WARNING, ERROR): read by every component,
+# not the broker alone (broker_contracts.logs), and set in broker pods to the operator's own.
+BROKER_FAILOVER_LOG_FORMAT: Final = "BROKER_FAILOVER_LOG_FORMAT"
+BROKER_FAILOVER_LOG_LEVEL: Final = "BROKER_FAILOVER_LOG_LEVEL"
 
 # Read by the broker but never set by the operator in a pod, which mounts the verifiers as files
 # (the *_FILE names above) and leaves the grace period at its default.
@@ -85,5 +89,7 @@ POD_ENVIRONMENT: Final = (
     BROKER_CLIENT_CA_FILE,
     BROKER_ALLOWED_CLIENT_SUBJECTS,
     BROKER_UPSTREAM_CA_FILE,
+    BROKER_FAILOVER_LOG_FORMAT,
+    BROKER_FAILOVER_LOG_LEVEL,
 )
 """Every variable the operator may set in a broker pod."""

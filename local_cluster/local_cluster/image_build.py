@@ -87,6 +87,8 @@ IMAGES = (
     ImageSpec("broker-failover/pause", "local_cluster/pause-image/Dockerfile"),
     # The local cluster's DNS, a pod of its own (local_cluster/cluster_dns.yaml).
     ImageSpec("broker-failover/coredns", "local_cluster/coredns-image/Dockerfile", tool="coredns"),
+    # A real Prometheus for the monitoring tests (issue 43): Debian's package, as users run it beside us.
+    ImageSpec("broker-failover/prometheus", "local_cluster/prometheus-image/Dockerfile"),
     # The local cluster's volume provisioner and its helper pods (local_cluster/local_path_storage.yaml).
     ImageSpec(
         "broker-failover/local-path-provisioner",

@@ -1,7 +1,8 @@
 """``broker-operator``: the kopf operator that runs BrokerClusters, with Prometheus metrics over HTTP.
 
 Reads its settings once (flags, each with an environment variable; see
-``controller/settings.py``), builds the Kubernetes client from the in-cluster
+``controller/settings.py``), sets the log format and level for its own lines
+and kopf's (``kopf_logging.py``), builds the Kubernetes client from the in-cluster
 service account or the kubeconfig (``KUBECONFIG``), registers the controller's
 handlers into a registry of its own, serves the failover engine's metrics on
 ``/metrics`` and hands control to kopf until SIGINT/SIGTERM.
@@ -13,7 +14,6 @@ It does not decide anything itself: see ``controller/`` for Kubernetes and
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +27,7 @@ from broker_operator.controller.handlers import configure_kopf, register_handler
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.settings import ControllerSettings, parse_settings
 from broker_operator.garbage_collection import freeze_long_lived_objects, tune_collector
+from broker_operator.kopf_logging import configure_operator_logging
 
 # Connections kept to the API server. The client's default (5 per CPU: 10 here) is fewer than the
 # threads that may call it at once (asyncio's worker threads, kopf's executor), and each connection
@@ -37,8 +38,14 @@ ENGINE_API_THREADS = 4
 
 
 def load_api_client() -> kubernetes.client.ApiClient:
-    """The in-cluster service account when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
-    kubernetes.config.load_config()
+    """The kubeconfig (``KUBECONFIG``, else ``~/.kube/config``) when there is one, else the in-cluster
+    service account: the order of ``kubernetes.config.load_config``, which, in a pod, also prints a
+    line of its own to stdout, outside the log format (a non-JSON line in a JSON log)."""
+    kubeconfig = os.path.expanduser(kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION)
+    if os.path.exists(kubeconfig):
+        kubernetes.config.load_kube_config(config_file=kubeconfig)
+    else:
+        kubernetes.config.load_incluster_config()
     configuration = kubernetes.client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = API_CONNECTIONS
     return kubernetes.client.ApiClient(configuration)
@@ -91,8 +98,8 @@ def run_operator(settings: ControllerSettings, api_client: kubernetes.client.Api
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv, os.environ)
+    configure_operator_logging(settings.log)
     tune_collector()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(settings, load_api_client())
 
 

@@ -180,14 +180,19 @@ class ClusterLoop:
         watch: bool = False,
         status_grace_seconds: float = 0.0,
         halted: Callable[[], bool] | None = None,
+        namespace: str = "",
+        paused: bool = False,
     ) -> None:
         """``watch``: hold a watch connection to each broker (``broker_watch``), pods mode only:
         it hears of a crash at once and can prove a process gone. ``status_grace_seconds``: how
         long the status and the events handed over by a cancellation may still take to land (see
         :meth:`run`). ``halted``: asked before every step; once true the loop ends without acting
-        (the operator process is exiting: no engine of it may act after the first saw that)."""
+        (the operator process is exiting: no engine of it may act after the first saw that).
+        ``namespace``: the BrokerCluster's, for its metric series (none in the local runner).
+        ``paused``: reconciliation is paused (``core/pause.py``); :meth:`update` changes it."""
         self.cluster = cluster
         self._phase = cluster_phase(cluster)
+        self._paused = paused
         self._config = self._config_of(targets, settings, preferred_active)
         self._shell = shell
         self._heartbeats = heartbeats
@@ -227,7 +232,8 @@ class ClusterLoop:
         self._status_grace = status_grace_seconds
         self._halted = halted or (lambda: False)
         self._handover: asyncio.Future[bool] | None = None
-        self._series = metrics.ClusterSeries(cluster)
+        self._series = metrics.ClusterSeries(metrics.ClusterKey(namespace, cluster))
+        self._series.paused(paused)
 
     @property
     def status(self) -> ClusterStatus:
@@ -235,16 +241,23 @@ class ClusterLoop:
         return status_of(self._state, self._config)
 
     def update(
-        self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
-    ) -> None:
-        """The spec changed: take the new brokers, settings and preferred active at the next step."""
+        self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None,
+        *, paused: bool | None = None,
+    ) -> None:  # fmt: skip
+        """The spec changed: take the new brokers, settings and preferred active at the next step;
+        and the pause, unless ``paused`` is None (kept as it is)."""
+        if paused is not None:
+            self._paused = paused
+            self._series.paused(paused)
         self._config = self._config_of(targets, settings, preferred_active)
         self._wakeup.set()
 
     def _config_of(
         self, targets: Sequence[BrokerTarget], settings: HeartbeatSettings, preferred_active: str | None
     ) -> ClusterConfig:
-        return ClusterConfig.of(self.cluster, targets, settings, preferred_active, self._phase)
+        return ClusterConfig.of(
+            self.cluster, targets, settings, preferred_active, self._phase, paused=self._paused
+        )
 
     def wake(self) -> None:
         """A pod fact changed: re-evaluate now (a dead active fails over at once)."""
@@ -327,7 +340,7 @@ class ClusterLoop:
             # it (tests and people act on the status); written beside the next steps.
             status = self._hand_over_status()
             if status.phase != last_phase:
-                metrics.set_phase(self.cluster, status.phase)
+                self._series.phase(status.phase)
                 last_phase = status.phase
             self._series.epoch(status.epoch)
             if observations:
@@ -421,7 +434,7 @@ class ClusterLoop:
                 if isinstance(outcome, HeartbeatFailed) and outcome.tls_error
                 else "failed"
             )
-        self._series.heartbeat(kind, time.perf_counter() - started)
+        self._series.heartbeat(kind, time.perf_counter() - started, action.broker)
         return outcome
 
     def _timed_out(
@@ -459,9 +472,7 @@ class ClusterLoop:
         log("%s: %s: %s", self.cluster, event.reason, event.message)
         if event.reason in _CHANGES_OF_ACTIVE:
             last = self._state.last_move
-            metrics.FAILOVERS.labels(self.cluster, event.reason).inc()
-            if last is not None:
-                metrics.FAILOVER_DURATION.observe(last.duration_ms / 1000)
+            self._series.failover(event.reason, last.duration_ms / 1000 if last is not None else None)
         self._events.submit(event.reason, event.message, event.warning)  # posted beside the steps
 
     def _hand_over_status(self) -> ClusterStatus:
@@ -486,6 +497,7 @@ class ClusterLoop:
             move is not None
             and move.kind is MoveKind.STARTUP
             and move.rounds <= 1
+            and self._state.held_failover is None  # a pause holds the round: it never ends
             and self._status.recorded is not None
             and self._status.recorded.active is not None
         )

@@ -1,12 +1,9 @@
 """The operator's SOAP client for the broker's ``Heartbeat`` operation.
 
-Built once from the shared WSDL (``broker_contracts.wsdl_path()``) with zeep and
-reused for every broker of every cluster: zeep builds each request envelope and
-parses each reply (including SOAP faults and the WSDL's types), while the bytes
-travel over one shared aiohttp session. That split is deliberate: zeep's own
-AsyncClient over httpx collapsed beyond ~200 brokers in our measurements, while
-zeep's messages over one aiohttp session kept 1,000 brokers at 1 Hz. Envelopes
-depend only on (active, epoch, renew, lease), so the serialized bytes are cached.
+zeep builds each request envelope and parses each reply (including SOAP faults and the WSDL's
+types; ``heartbeat_soap``, both cached), while the bytes travel over one shared aiohttp session.
+That split is deliberate: zeep's own AsyncClient over httpx collapsed beyond ~200 brokers in our
+measurements, while zeep's messages over one aiohttp session kept 1,000 brokers at 1 Hz.
 
 Every failure becomes a :class:`HeartbeatError` whose ``reached`` says whether the
 request may have been received: only a failed connect proves it was not, and the
@@ -56,29 +53,22 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
-import zeep
-import zeep.exceptions
-from lxml import etree
 from yarl import URL
-from zeep.transports import Transport
 
-import broker_contracts
 from broker_contracts.redact import redact, redact_url
-from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, BrokerState, FaultCode
+from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, FaultCode
 from broker_contracts.tls.bundle import TRUST_BUNDLE_HEADER, is_version
 from broker_operator import tls_refusal
 from broker_operator.core.model import BrokerTarget, HeartbeatReply
+from broker_operator.heartbeat_soap import MAX_REPLY_BYTES, HeartbeatSoap, ReplyError
 from broker_operator.tls_client import TlsClient
 
 __all__ = ["HeartbeatClient", "HeartbeatError", "HeartbeatReply"]
 
 _SOAP_ACTION = f"{NAMESPACE}/Heartbeat"
-_MAX_REPLY_BYTES = 64 * 1024  # a Heartbeat reply is a few hundred bytes; refuse anything huge
-_REPLY_CACHE_SIZE = 8192  # distinct replies kept; cleared when full (replies are ~400 bytes)
+_REPLY_CACHE_SIZE = 8192  # brokers (URLs, names) remembered; cleared when full
 _REFRESH_MIN_SECONDS = 1.0  # a broker refusing every token re-reads the Secret at most this often
 _PEER_CLOSED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
 logger = logging.getLogger(__name__)
@@ -116,16 +106,6 @@ class HeartbeatError(Exception):
         self.tls_error = tls_error
 
 
-@dataclass
-class _ReplyShim:
-    """The few attributes of a requests.Response that zeep's process_reply reads."""
-
-    status_code: int
-    content: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    encoding: str | None = None
-
-
 @functools.lru_cache(maxsize=_REPLY_CACHE_SIZE)  # pods come and go with new addresses
 def _parsed_url(url: str) -> URL:
     # Parsed once per broker: aiohttp parses a str URL on every request, and at 2,000
@@ -139,14 +119,6 @@ def _parsed_url(url: str) -> URL:
 def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
     # The engine passes its timeout with every heartbeat; one object per value, not per call.
     return aiohttp.ClientTimeout(total=seconds)
-
-
-@functools.cache
-def _zeep_client() -> zeep.Client:
-    # strict + forbid_* : a hostile or broken broker cannot make us resolve
-    # entities or fetch DTDs while we parse its reply.
-    settings = zeep.Settings(strict=True, forbid_dtd=True, forbid_entities=True, forbid_external=True)
-    return zeep.Client(str(broker_contracts.wsdl_path()), settings=settings, transport=Transport())
 
 
 class HeartbeatClient:
@@ -175,11 +147,8 @@ class HeartbeatClient:
         self._refreshed_at = -_REFRESH_MIN_SECONDS
         self._operator_id = operator_id
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._client = _zeep_client()
-        self._binding = self._client.service._binding
-        self._operation = self._binding.get("Heartbeat")
+        self._soap = HeartbeatSoap(operator_id)
         self._session: aiohttp.ClientSession | None = None
-        self._replies: dict[tuple[bytes, str], HeartbeatReply] = {}
         self._tls = tls
         self._server_names: dict[str, str] = {}  # broker name -> the TLS name it was last dialled as
         self._tls_problems: dict[str, str] = {}  # broker name -> its TLS problem (logged once each)
@@ -287,23 +256,8 @@ class HeartbeatClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 - the client lives as long as the process
     def _envelope(self, active: bool, epoch: int, renew: bool, lease_seconds: float | None = None) -> bytes:
-        # renewLease is sent only when false: absent means true, and a renewal stays
-        # the message every broker built against the first WSDL understands. So is
-        # leaseSeconds only when given (a handover renewal): absent = the broker's own lease.
-        extra: dict[str, object] = {} if renew else {"renewLease": False}
-        if lease_seconds is not None:
-            extra["leaseSeconds"] = lease_seconds
-        message = self._client.create_message(
-            self._client.service,
-            "Heartbeat",
-            active=active,
-            epoch=epoch,
-            operatorId=self._operator_id,
-            **extra,
-        )
-        return bytes(etree.tostring(message, xml_declaration=True, encoding="utf-8"))
+        return self._soap.envelope(active, epoch, renew, lease_seconds)
 
     async def heartbeat(
         self,
@@ -359,7 +313,7 @@ class HeartbeatClient:
             async with self._session_now().post(
                 url, data=body, headers=self._headers(token), timeout=limit
             ) as response:
-                content = await response.content.read(_MAX_REPLY_BYTES + 1)
+                content = await response.content.read(MAX_REPLY_BYTES + 1)
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
         except aiohttp.ClientConnectorError as error:
@@ -400,7 +354,7 @@ class HeartbeatClient:
                 ssl=True if context is None else context,
                 server_hostname=target.tls_server_name,
             ) as response:
-                content = await response.content.read(_MAX_REPLY_BYTES + 1)
+                content = await response.content.read(MAX_REPLY_BYTES + 1)
                 status = response.status
                 content_type = response.headers.get("Content-Type", "text/xml")
                 self._record_bundle(target.name, response.headers.get(TRUST_BUNDLE_HEADER))
@@ -481,53 +435,10 @@ class HeartbeatClient:
         return HeartbeatError(target, shown, reached=reached, tls_error=True)
 
     def _reply(self, target: BrokerTarget, status: int, content: bytes, content_type: str) -> HeartbeatReply:
-        if len(content) > _MAX_REPLY_BYTES:
-            raise HeartbeatError(target, f"reply larger than {_MAX_REPLY_BYTES} bytes", reached=True)
-        return self._parse(target, status, content, content_type)
-
-    def _parse(self, target: BrokerTarget, status: int, content: bytes, content_type: str) -> HeartbeatReply:
-        if status == 200:
-            # A broker answers the same bytes heartbeat after heartbeat (same state,
-            # same epoch): zeep parses each distinct reply once, which halves the
-            # CPU per heartbeat at 1,000 clusters. Faults and errors are never cached.
-            cached = self._replies.get((content, content_type))
-            if cached is not None:
-                return cached
-        reply = self._parse_with_zeep(target, status, content, content_type)
-        if len(self._replies) >= _REPLY_CACHE_SIZE:
-            self._replies.clear()
-        self._replies[(content, content_type)] = reply
-        return reply
-
-    def _parse_with_zeep(
-        self, target: BrokerTarget, status: int, content: bytes, content_type: str
-    ) -> HeartbeatReply:
-        shim = _ReplyShim(status, content, {"Content-Type": content_type})
         try:
-            result: Any = self._binding.process_reply(self._client, self._operation, shim)
-        except zeep.exceptions.Fault as fault:
-            code = _fault_code(fault)
-            raise HeartbeatError(
-                target, self._redact(f"SOAP fault {code}: {fault.message}"), reached=True, code=code
-            ) from None
-        except (zeep.exceptions.Error, etree.LxmlError, ValueError) as error:
-            reason = self._redact(f"unusable reply (HTTP {status}): {error}")
-            raise HeartbeatError(target, reason, reached=True) from None
-        try:
-            state = BrokerState(result.state)
-            epoch = int(result.epoch)
-        except (AttributeError, TypeError, ValueError) as error:
-            reason = self._redact(f"reply does not follow the WSDL: {error}")
-            raise HeartbeatError(target, reason, reached=True) from None
-        message = result.unavailabilityMessage
-        return HeartbeatReply(
-            state=state,
-            unavailability_code=self._redact(result.unavailabilityCode)
-            if result.unavailabilityCode
-            else None,
-            unavailability_message=self._redact(message) if message else None,
-            epoch=epoch,
-        )
+            return self._soap.reply(status, content, content_type, self._redact)
+        except ReplyError as error:
+            raise HeartbeatError(target, self._redact(error.reason), reached=True, code=error.code) from None
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -535,13 +446,3 @@ class HeartbeatClient:
             # Let the connector's transports finish closing (aiohttp's documented advice).
             await asyncio.sleep(0)
         self._session = None
-
-
-def _fault_code(fault: zeep.exceptions.Fault) -> str:
-    """The BrokerFault ``code`` from a fault's detail, or the SOAP faultcode."""
-    detail = fault.detail
-    if detail is not None:
-        code = detail.find(f".//{{{NAMESPACE}}}code")
-        if code is not None and code.text:
-            return code.text
-    return str(fault.code)

@@ -14,7 +14,9 @@ would refuse a stale resourceVersion. The last status is kept there too, so a
 restarted runner resumes with the same active broker instead of starting over.
 
 Edits to the manifest (``preferredActive``, heartbeat settings, endpoints) are
-picked up within a second. Not supported: ``replicas`` (pods need Kubernetes),
+picked up within a second; the annotation ``broker.failover.dev/pause-reconciliation: "true"``
+pauses the cluster as in the operator (``core/pause.py``), and the other edits wait until it
+is removed. Not supported: ``replicas`` (pods need Kubernetes),
 several clusters per process, or more than one runner per state file.
 """
 
@@ -40,6 +42,8 @@ from typing import TextIO
 import yaml
 
 from broker_contracts import environment
+from broker_contracts.logs import add_log_arguments, configure_logging, log_settings_from
+from broker_operator.core.pause import pause_requested
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import (
     BrokerTarget,
@@ -66,6 +70,7 @@ class EndpointsCluster:
     targets: tuple[BrokerTarget, ...]
     settings: HeartbeatSettings
     preferred_active: str | None
+    paused: bool = False  # the pause annotation (core/pause.py)
 
 
 def read_manifest(path: Path) -> EndpointsCluster:
@@ -114,7 +119,8 @@ def parse_manifest(document: object, source: str = "manifest") -> EndpointsClust
         settings = HeartbeatSettings.from_spec(spec)
     except SettingsError as error:
         raise ManifestError(f"{source}: {error}") from error
-    return EndpointsCluster(name, tuple(targets), settings, preferred)
+    paused = pause_requested((document.get("metadata") or {}).get("annotations"))
+    return EndpointsCluster(name, tuple(targets), settings, preferred, paused)
 
 
 class StateFile:
@@ -237,11 +243,18 @@ async def run_cluster(
     )
     shell = LocalShell(state, out)
     loop = ClusterLoop(
-        cluster.name, cluster.targets, cluster.settings, shell, heartbeats, initial, cluster.preferred_active
+        cluster.name,
+        cluster.targets,
+        cluster.settings,
+        shell,
+        heartbeats,
+        initial,
+        cluster.preferred_active,
+        paused=cluster.paused,
     )
     engine = asyncio.create_task(loop.run(), name=f"cluster {cluster.name}")
     try:
-        await _follow_manifest(manifest, loop, engine)
+        await _follow_manifest(manifest, loop, engine, cluster)
     finally:
         engine.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -249,8 +262,11 @@ async def run_cluster(
         await heartbeats.close()
 
 
-async def _follow_manifest(manifest: Path, loop: ClusterLoop, engine: asyncio.Task[None]) -> None:
-    """Re-read the manifest when it changes; a broken edit is reported and ignored."""
+async def _follow_manifest(
+    manifest: Path, loop: ClusterLoop, engine: asyncio.Task[None], applied: EndpointsCluster
+) -> None:
+    """Re-read the manifest when it changes; a broken edit is reported and ignored. While the
+    manifest asks for a pause, its other edits wait for the pause's end, as in the operator."""
     seen = _mtime(manifest)
     while not engine.done():
         await asyncio.wait({engine}, timeout=1.0)
@@ -263,7 +279,10 @@ async def _follow_manifest(manifest: Path, loop: ClusterLoop, engine: asyncio.Ta
         except ManifestError as error:
             logger.error("ignoring the edited manifest: %s", error)
             continue
-        loop.update(cluster.targets, cluster.settings, cluster.preferred_active)
+        if cluster.paused != applied.paused:
+            logger.warning("reconciliation %s", "paused" if cluster.paused else "resumed")
+        applied = dataclasses.replace(applied, paused=True) if cluster.paused else cluster
+        loop.update(applied.targets, applied.settings, applied.preferred_active, paused=applied.paused)
     engine.result()  # the engine never ends by itself: surface its exception
 
 
@@ -291,8 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-file", type=Path, help="epoch and status file (default: <manifest>.state.json)"
     )
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_settings_from(parser, args, os.environ))
     token = _token(args)
     if not token:
         parser.error(

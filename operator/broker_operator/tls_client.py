@@ -25,6 +25,16 @@ one: it opens a new connection, with a full handshake, and the idle old ones clo
 connector's keep-alive timeout passes. One handshake per broker per period is the price: at 5
 minutes and 1 Hz heartbeats, 1 in 300 requests.
 
+Why sooner while a broker serves an old certificate: the controller tells the client which serial
+the brokers' Secret holds now (:meth:`TlsClient.expect_serving`). A broker picks a new leaf up for
+new connections only, so over a kept-alive connection the operator would see it (``served``) only
+at the next fresh handshake, up to 5 minutes later, and a CA key replacement waits on exactly that
+before it drops the old CA (an e2e run waited 308 s in phase Reissuing). While a broker handshaken
+within the last two periods served another serial, a context is rebuilt every
+``CATCH_UP_SECONDS`` (10 s) instead: one handshake per broker per 10 s for as long as the kubelet
+and the broker take to serve the new Secret, then back to every 5 minutes. A broker that is gone
+ages out of the comparison after two periods.
+
 How the key reaches OpenSSL: ``load_cert_chain`` takes paths only. The certificate and key are
 written to an anonymous in-memory file (``memfd_create``, read through ``/proc/self/fd``) where
 the platform has one, so the key never touches a disk; elsewhere to a private directory
@@ -61,7 +71,13 @@ from broker_contracts.tls import MINIMUM_VERSION, CertificateSerialError
 from broker_contracts.tls.serial import der_serial
 from broker_operator.tls_material import ClientTlsMaterial
 
-__all__ = ["DEFAULT_FRESH_HANDSHAKE_SECONDS", "TlsClient", "TlsMaterialError", "client_ssl_context"]
+__all__ = [
+    "CATCH_UP_SECONDS",
+    "DEFAULT_FRESH_HANDSHAKE_SECONDS",
+    "TlsClient",
+    "TlsMaterialError",
+    "client_ssl_context",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +86,7 @@ logger = logging.getLogger(__name__)
 # minutes, rarely enough that handshakes stay a rounding error (module docstring).
 DEFAULT_FRESH_HANDSHAKE_SECONDS: Final = 300.0
 _SERVED_NAMES_MAX: Final = 4096  # a bound on the served-serial record (one entry per broker)
+CATCH_UP_SECONDS: Final = 10.0  # how often a context is rebuilt while a broker serves an old serial
 MIN_FRESH_HANDSHAKE_SECONDS: Final = 1.0  # a bound against a setting that would handshake every call
 
 
@@ -209,6 +226,8 @@ class TlsClient:
         self._sslobject_class = _reporting_class(self._handshake_done)
         self._context.sslobject_class = self._sslobject_class
         self._served: dict[str, str] = {}  # server name -> the serial its last handshake served
+        self._served_at: dict[str, float] = {}  # server name -> when (clock) that handshake was
+        self._expected: int | None = None  # the serial the brokers' Secret holds (expect_serving)
         self.contexts_built = 1  # for tests and metrics: each one starts new connections
         self.handshakes = 0  # completed handshakes with any broker, for tests and metrics
 
@@ -255,19 +274,42 @@ class TlsClient:
         latest handshake with it; None before any."""
         return self._served.get(server_name)
 
+    def expect_serving(self, serial: str | None) -> None:
+        """The serial (hex) of the serving certificate the brokers' Secret holds now, as the
+        certificates controller last read it; None: not known. See the module docstring."""
+        try:
+            self._expected = None if serial is None else int(serial, 16)
+        except ValueError:
+            self._expected = None
+
+    def _behind(self, now: float) -> bool:
+        """A broker handshaken within the last two periods served another serial than expected."""
+        if self._expected is None:
+            return False
+        recent = now - 2 * self._fresh_handshake_seconds
+        return any(
+            int(serial, 16) != self._expected
+            for name, serial in self._served.items()
+            if self._served_at.get(name, recent) > recent
+        )
+
     def _handshake_done(self, server_name: str, serial: str | None) -> None:
         self.handshakes += 1
         if serial is None:
             return
-        if self._served.get(server_name) != serial:
-            if len(self._served) >= _SERVED_NAMES_MAX and server_name not in self._served:
-                self._served.clear()  # names come and go with clusters; the next handshakes refill it
-            self._served[server_name] = serial
+        if server_name not in self._served and len(self._served) >= _SERVED_NAMES_MAX:
+            self._served.clear()  # names come and go with clusters; the next handshakes refill it
+            self._served_at.clear()
+        self._served[server_name] = serial
+        self._served_at[server_name] = self._clock()
 
     def context(self) -> ssl.SSLContext:
         """The context for the next request: the current one, or a fresh one from the same material
-        once ``fresh_handshake_seconds`` have passed since it was built (see the module docstring)."""
-        if self._clock() - self._built_at >= self._fresh_handshake_seconds:
+        once ``fresh_handshake_seconds`` have passed since it was built, or ``CATCH_UP_SECONDS`` while
+        a broker serves an old certificate (see the module docstring)."""
+        now = self._clock()
+        age = now - self._built_at
+        if age >= self._fresh_handshake_seconds or (age >= CATCH_UP_SECONDS and self._behind(now)):
             try:
                 self._install(self._material, client_ssl_context(self._material))
             except TlsMaterialError as error:  # it loaded before; nothing changed but the machine

@@ -18,7 +18,9 @@ route it to the new active). Every bundle carries the backend's credential,
 required when ``--broker-url`` is given: a broker refuses SendMessages without it.
 ``https://`` broker URLs are verified against ``--broker-ca-file``, and
 ``--client-cert-file`` / ``--client-key-file`` present a client certificate, for a broker with
-``--allowed-client-subjects`` (``calling_tls.py``); the token is sent as well.
+``--allowed-client-subjects`` (``calling_tls.py``); the token is sent as well. Those files are
+read again every ``--tls-reload-seconds`` while the simulator sends, and new connections use what
+changed (a CA imported beside the old one during a CA key replacement), with no restart.
 
 Retries: a request that timed out is retried at once, on a new connection:
 the timeout has already waited, and the old connection may be pinned (by
@@ -66,6 +68,13 @@ from aiohttp import web
 from lxml import etree
 
 from broker_contracts import environment, relay, soap
+from broker_contracts.logs import (
+    DEFAULT_LOG_SETTINGS,
+    LogSettings,
+    add_log_arguments,
+    configure_logging,
+    log_settings_from,
+)
 from broker_contracts.soap import AcceptStatus, FaultCode
 from broker_simulators.calling_tls import (
     BrokerClientTls,
@@ -74,6 +83,7 @@ from broker_simulators.calling_tls import (
     broker_client_tls,
     calling_context,
     describe_send_failure,
+    follow_broker_trust,
 )
 from broker_simulators.serving_tls import RelayTransports, add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
@@ -130,6 +140,7 @@ class BackendSettings:
     token: str = ""  # the backend's credential towards the brokers (SendMessages)
     tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
     broker_tls: BrokerClientTls = field(default_factory=BrokerClientTls)  # https:// brokers (calling_tls.py)
+    log: LogSettings = DEFAULT_LOG_SETTINGS  # --log-format / --log-level (broker_contracts.logs)
 
 
 @dataclass(slots=True)
@@ -203,6 +214,7 @@ class BackendSimulator:
         self._poison = {(s, q): n for s, q, n in settings.poison}
         self._broker_index = 0
         self._lanes: list[asyncio.Task[None]] = []
+        self._trust_follower: asyncio.Task[None] | None = None
         self._started_at: float | None = None
         self._all_confirmed_at: float | None = None
         self.latencies: list[float] = []
@@ -218,8 +230,9 @@ class BackendSimulator:
         self.backoff_seconds = 0.0
         self.backoff_max_seconds = 0.0
         self._wake = asyncio.Event()
-        # One context for every lane: built (and its files read) once; http:// URLs ignore it.
-        self._broker_ssl = calling_context(settings.broker_tls)
+        # One context for every lane, its newest taken per bundle (calling_tls.py); http:// URLs
+        # ignore it. Built now: files that no longer load stop the start (TlsFilesError).
+        self._broker_tls = calling_context(settings.broker_tls)
         self._failures = FailureLog(logger)
         self._send_headers = {
             "Content-Type": "text/xml; charset=utf-8",
@@ -295,7 +308,8 @@ class BackendSimulator:
     def _lane_session(self) -> aiohttp.ClientSession:
         """A lane's own session: one connection, since a lane has one bundle in flight."""
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1, ssl=self._broker_ssl),
+            # No ssl= here: each request passes the newest context (see _lane).
+            connector=aiohttp.TCPConnector(limit=1),
             timeout=aiohttp.ClientTimeout(
                 total=self.settings.request_timeout_seconds,
                 sock_connect=self.settings.connect_timeout_seconds,
@@ -330,7 +344,9 @@ class BackendSimulator:
                 url = self._broker_url()
                 sent = time.perf_counter()
                 try:
-                    async with session.post(url, data=body, headers=self._send_headers) as response:
+                    # Per request: after a swap the next connection uses the new trust (calling_tls.py).
+                    tls = self._broker_tls.current
+                    async with session.post(url, data=body, headers=self._send_headers, ssl=tls) as response:
                         reply = await response.read()
                 except TimeoutError as error:
                     # The timeout already waited: retry at once, and on a new connection, since
@@ -452,6 +468,19 @@ class BackendSimulator:
             loop.create_task(self._lane(self.sources[i::lanes]), name=f"backend-lane-{i}")
             for i in range(lanes)
         ]
+        broker_tls = self.settings.broker_tls
+        if broker_tls.has_files:
+            follow = follow_broker_trust(self._broker_tls, broker_tls.reload_seconds)
+            self._trust_follower = loop.create_task(follow, name="backend-broker-trust")
+
+    async def stop_sending(self) -> None:
+        """Cancel the lanes and the trust follower, and wait for them to end."""
+        tasks = [*self._lanes, *([self._trust_follower] if self._trust_follower else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     # ---- HTTP --------------------------------------------------------------------------------
 
@@ -546,6 +575,9 @@ class BackendSimulator:
             "inboundRejected": self.inbound.rejected,
             "cursors": {s.name: s.first_unconfirmed for s in self.sources},
             "relayTransports": dict(self.transports.counts),
+            # Changed --broker-ca-file / --client-*-file taken up, and changed ones that did not load.
+            "brokerTrustReloads": self._broker_tls.reloads,
+            "brokerTrustReloadFailures": self._broker_tls.failures,
         }
 
     async def sim_status(self, request: web.Request) -> web.Response:
@@ -573,11 +605,7 @@ class BackendSimulator:
                 self.start_sending()
 
         async def on_cleanup(app: web.Application) -> None:
-            for lane in self._lanes:
-                lane.cancel()
-            for lane in self._lanes:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lane
+            await self.stop_sending()
             self.inbound.close()
 
         app.on_startup.append(on_startup)
@@ -634,11 +662,13 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
     )
     add_tls_dir_argument(parser)
     add_broker_tls_arguments(parser)
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
     broker_tls = broker_client_tls(args, parser)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
     environ = os.environ if environ is None else environ
+    log = log_settings_from(parser, args, environ)
     token = read_backend_token(
         args.backend_token_file or environ.get(environment.BROKER_BACKEND_TOKEN_FILE), environ
     )
@@ -669,6 +699,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str] | None = N
         token=token,
         tls_dir=args.tls_dir,
         broker_tls=broker_tls,
+        log=log,
     )
 
 
@@ -685,8 +716,8 @@ def read_backend_token(path: str | None, environ: Mapping[str, str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = parse_args(argv)
+    configure_logging(settings.log)
     use_fastest_event_loop()
     simulator = BackendSimulator(settings)
     web.run_app(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,13 @@ from pathlib import Path
 from aiohttp import web
 
 from broker_contracts import relay
+from broker_contracts.logs import (
+    DEFAULT_LOG_SETTINGS,
+    LogSettings,
+    add_log_arguments,
+    configure_logging,
+    log_settings_from,
+)
 from broker_simulators.backend import parse_poison
 from broker_simulators.serving_tls import RelayTransports, add_tls_dir_argument, serving_context
 from broker_simulators.target_rules import (
@@ -59,6 +67,7 @@ class CloudSettings:
     record_dir: Path | None = None
     poison: list[tuple[str, int, int | None]] = field(default_factory=list)
     tls_dir: Path | None = None  # serve HTTPS (serving_tls.py)
+    log: LogSettings = DEFAULT_LOG_SETTINGS  # --log-format / --log-level (broker_contracts.logs)
 
 
 @dataclass(slots=True)
@@ -215,7 +224,9 @@ def parse_args(argv: Sequence[str] | None) -> CloudSettings:
     parser.add_argument("--record-dir", type=Path, default=None)
     parser.add_argument("--poison", type=parse_poison, action="append", default=[], help="stream:seq:times")
     add_tls_dir_argument(parser)
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
+    log = log_settings_from(parser, args, os.environ)
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
     return CloudSettings(
@@ -228,12 +239,13 @@ def parse_args(argv: Sequence[str] | None) -> CloudSettings:
         record_dir=args.record_dir,
         poison=args.poison,
         tls_dir=args.tls_dir,
+        log=log,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = parse_args(argv)
+    configure_logging(settings.log)
     use_fastest_event_loop()
     web.run_app(
         CloudSimulator(settings).app(),

@@ -23,7 +23,7 @@ import pytest
 
 from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings, built_tools_dir
 from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane
-from local_cluster.relay import Relay, deploy_relay
+from local_cluster.relay import Feeder, Relay, deploy_relay
 from local_cluster.sealed_cluster import SealedCluster
 
 # Images for test pods, from `make images` (the sealed cluster's kubelet runs them): Python with
@@ -238,9 +238,43 @@ def control_plane_only(workdir: Path, crds: Iterable[str] = ()) -> Iterator[Plan
     plane = start_control_plane(ControlPlaneSettings(tools_dir=tools, workdir=workdir / "plane"))
     try:
         access = PlaneAccess(LocalClusterSettings(tools_dir=tools, workdir=workdir), plane)
-        applied = [access.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd)) for crd in crds]
-        if applied:  # with none, `kubectl wait --all` fails: "no matching resources found"
+        crds = list(crds)
+        for crd in crds:
+            access.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
+        if crds:
             access.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         yield access
     finally:
         plane.stop()
+
+
+def backend_failures(relay: Relay) -> dict[str, Any]:
+    """The backend simulator's counts of requests that failed (a fault, a timeout retried, a backoff)."""
+    status = relay.backend("/sim/status")
+    return {key: status[key] for key in ("faults", "timeoutRetries", "backoffs")}
+
+
+@contextlib.contextmanager
+def traffic_undisturbed(relay: Relay, what: str) -> Iterator[None]:
+    """Relay traffic (the backend sending, a :class:`Feeder` adding 200 msg/s) while the block runs
+    ``what``; after it, once everything is confirmed: nothing lost, taken twice or reordered, no
+    request failed, no failover, no new epoch, the cluster Healthy. A block that raises is not
+    checked (its own error says more)."""
+    relay.backend("/sim/start", {})
+    feeder = Feeder(relay).start()
+    try:
+        wait_for("traffic confirmed", lambda: int(relay.backend("/sim/status")["confirmed"]) > 0, timeout=120)
+        status = relay.status()
+        before = (status["active"], status["epoch"], status.get("failovers", 0))
+        failures = backend_failures(relay)
+        yield
+        moving = int(relay.backend("/sim/status")["confirmed"])
+        wait_for("traffic still moving", lambda: int(relay.backend("/sim/status")["confirmed"]) > moving, 60)
+    finally:
+        feeder.stop.set()
+    relay.wait_all_confirmed()
+    assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+    assert backend_failures(relay) == failures, f"a request failed during {what}"
+    status = relay.status()
+    assert (status["active"], status["epoch"], status.get("failovers", 0)) == before, (what, status)
+    assert status.get("phase") == "Healthy", (what, status)

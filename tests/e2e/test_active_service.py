@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from broker_operator.controller import builders, names
+from broker_operator.controller import active_service, names
 from broker_operator.controller.active_service import KnownSlice, point_active_service, slice_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.engine import ServiceFenced
@@ -63,8 +63,8 @@ def test_the_slice_is_written_only_upwards_in_epoch(
 ) -> None:
     namespace = owner["metadata"]["namespace"]
     api = KubeApi(sealed_cluster.api_client())
-    b0 = builders.ActiveEndpoint(pod="orders-0", address="10.244.0.10")
-    b1 = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.11")
+    b0 = active_service.ActiveEndpoint(pod="orders-0", address="10.244.0.10")
+    b1 = active_service.ActiveEndpoint(pod="orders-1", address="10.244.0.11")
 
     async def story() -> None:
         assert await point_active_service(api, owner, b0, 5) is True  # created
@@ -106,8 +106,8 @@ def test_a_write_after_the_engines_own_skips_the_read_and_a_stale_memory_still_f
 ) -> None:
     namespace = owner["metadata"]["namespace"]
     api = CountingReads(sealed_cluster.api_client())
-    b0 = builders.ActiveEndpoint(pod="orders-0", address="10.244.0.10")
-    b1 = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.11")
+    b0 = active_service.ActiveEndpoint(pod="orders-0", address="10.244.0.10")
+    b1 = active_service.ActiveEndpoint(pod="orders-1", address="10.244.0.11")
     known = KnownSlice()
 
     async def story() -> None:

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_contracts import soap
 from broker_contracts.soap import BrokerState
-from broker_operator.controller import network_policy
+from broker_operator.controller import network_policy, pod_spec
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
@@ -177,7 +177,7 @@ OPERATOR_POD_NAMESPACE = "broker-system"
 OPERATOR_POD_LABELS = "app.kubernetes.io/component=operator,app.kubernetes.io/name=broker-failover"
 
 
-def start_operator(cluster: SealedCluster, namespace: str, log: Path) -> LocalProcess:
+def start_operator(cluster: SealedCluster, namespace: str, log: Path, *extra: str) -> LocalProcess:
     """``broker-operator`` as its own process, watching ``namespace`` only; returns once it serves.
 
     It runs inside the cluster's namespaces, where the brokers' pod IPs route, with the admin
@@ -189,7 +189,7 @@ def start_operator(cluster: SealedCluster, namespace: str, log: Path) -> LocalPr
     argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--reconcile-seconds", "2"]
     # Who the operator's pods would be, for NetworkPolicies (the chart sets these from the Deployment;
     # this operator runs outside any pod, and the local cluster enforces no policy).
-    argv += ["--pod-namespace", OPERATOR_POD_NAMESPACE, "--pod-labels", OPERATOR_POD_LABELS]
+    argv += ["--pod-namespace", OPERATOR_POD_NAMESPACE, "--pod-labels", OPERATOR_POD_LABELS, *extra]
     process = LocalProcess(cluster.node_command(argv), log, env=node_env(cluster))
     wait_for(
         "operator metrics endpoint",
@@ -220,7 +220,7 @@ def test_kubectl_knows_the_short_name_and_columns(sealed_cluster: SealedCluster,
     assert created.returncode == 0, created.stderr
     table = sealed_cluster.kubectl("-n", namespace, "get", "bc", "columns").stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "AGE"]
+    assert header == ["NAME", "ACCOUNT", "COMPANY", "PHASE", "ACTIVE", "EPOCH", "ORDERING", "PAUSED", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["columns", "acme", "3000"]
     defaulted = sealed_cluster.get_json(namespace, "bc", "columns")["spec"]
     assert defaulted["heartbeat"] == {
@@ -284,6 +284,18 @@ INVALID = [
         {"backend": {"url": "http://a", "urlSecretRef": {"name": "s"}}},
         "spec.backend.url and spec.backend.urlSecretRef",
     ),
+    # Issue 42's pod knobs: the operator's own keys, and the bounds.
+    ({"podMetadata": {"labels": {"role": "x"}}}, pod_spec.LABELS_RESERVED_MESSAGE),
+    (
+        {"podMetadata": {"annotations": {"broker.failover.dev/template-hash": "0"}}},
+        pod_spec.ANNOTATIONS_RESERVED_MESSAGE,
+    ),
+    ({"imagePullSecrets": [{"name": f"s{i}"} for i in range(17)]}, "spec.imagePullSecrets: Too many"),
+    (
+        {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}]},
+        "spec.topologySpreadConstraints[0].whenUnsatisfiable: Required value",
+    ),
+    ({"serviceAccountName": "Broker_SA"}, "spec.serviceAccountName"),
 ]
 
 
@@ -682,6 +694,11 @@ def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: 
     assert [e["addresses"] for e in endpoints["endpoints"]], endpoints  # names the active broker
 
 
+def orders_in(namespace: str) -> str:
+    """The labels of BrokerCluster ``orders``'s series in the operator's /metrics."""
+    return f'brokercluster_namespace="{namespace}",brokercluster="orders"'
+
+
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     sealed_cluster: SealedCluster, namespace: str, simulators: dict[str, str], operator: LocalProcess
 ) -> None:
@@ -796,9 +813,9 @@ def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
     # The engine's metrics are served by the operator process (on the cluster namespace's loopback).
     port = operator.metrics_port  # type: ignore[attr-defined]
     metrics = http_in_network(sealed_cluster, f"http://127.0.0.1:{port}/metrics")
-    assert f'broker_failover_epoch{{cluster="orders"}} {back["EPOCH"]}.0' in metrics
-    assert 'broker_failover_phase{cluster="orders",phase="Healthy"}' in metrics
-    assert 'broker_failover_failovers_total{cluster="orders",kind="Failover"}' in metrics
+    assert f"broker_failover_epoch{{{orders_in(namespace)}}} {back['EPOCH']}.0" in metrics
+    assert f'broker_failover_phase{{{orders_in(namespace)},phase="Healthy"}}' in metrics
+    assert f'broker_failover_failovers_total{{{orders_in(namespace)},kind="Failover"}}' in metrics
     assert "broker_failover_heartbeats_total" in metrics
 
     # Children deleted by hand come back (the operator runs with --reconcile-seconds 2).
@@ -959,7 +976,12 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
     """Pod Security admission of the real API server, in a namespace that enforces "restricted":
     a pod without the operator's security contexts (non-root, no escalation, no capabilities,
     RuntimeDefault seccomp) would be refused and the cluster would never get a broker. The real
-    kubelet and runc enforce those contexts, and the brokers start under them."""
+    kubelet and runc enforce those contexts, and the brokers start under them.
+
+    With issue 42's pod knobs set, as a managed cluster's install would: a ServiceAccount of the
+    namespace (its token still not mounted), a PriorityClass (the API server resolves its value),
+    pull secrets (the operator's first, then the cluster's; the image is on the node, so the kubelet
+    pulls nothing), labels and annotations, and the default requests (Burstable, not BestEffort)."""
     namespace = new_namespace(sealed_cluster, "restricted")
     sealed_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     # The namespace really refuses what the standard forbids (a dry run: nothing starts).
@@ -974,10 +996,31 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
     )
     assert refused.returncode != 0
     assert 'violates PodSecurity "restricted:' in refused.stderr, refused.stderr
-    operator = start_operator(sealed_cluster, namespace, tmp_path / "operator.log")
+    priority_class = f"broker-e2e-{uuid.uuid4().hex[:6]}"
+    sealed_cluster.kubectl("create", "priorityclass", priority_class, "--value=1000")
+    sealed_cluster.kubectl("-n", namespace, "create", "serviceaccount", "broker-identity")
+    for secret in ("operator-regcred", "regcred"):
+        sealed_cluster.kubectl(
+            "-n", namespace, "create", "secret", "docker-registry", secret,
+            "--docker-server=registry.invalid", "--docker-username=u", "--docker-password=p",
+        )  # fmt: skip
+    operator = start_operator(
+        sealed_cluster,
+        namespace,
+        tmp_path / "operator.log",
+        "--broker-image-pull-secrets",
+        "operator-regcred",
+    )
     try:
         manifest = broker_cluster(
-            "locked", replicas=2, backend={"url": simulators["backend"]}, cloud={"url": simulators["cloud"]}
+            "locked",
+            replicas=2,
+            backend={"url": simulators["backend"]},
+            cloud={"url": simulators["cloud"]},
+            serviceAccountName="broker-identity",
+            priorityClassName=priority_class,
+            imagePullSecrets=[{"name": "regcred"}],
+            podMetadata={"labels": {"team": "erp"}, "annotations": {"example.com/owner": "basis"}},
         )
         created = apply(sealed_cluster, namespace, manifest)
         assert created.returncode == 0, created.stderr
@@ -993,10 +1036,24 @@ def test_broker_pods_pass_the_restricted_pod_security_standard_and_start(
         assert body is not None
         assert body["spec"]["securityContext"]["runAsUser"] == 10001
         assert body["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+        # The pod knobs (issue 42), as the API server stored the pod.
+        spec = body["spec"]
+        assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == (
+            "broker-identity",
+            False,
+        )
+        assert not [v for v in spec["volumes"] if v["name"].startswith("kube-api-access")], spec["volumes"]
+        assert (spec["priorityClassName"], spec["priority"]) == (priority_class, 1000)
+        assert spec["imagePullSecrets"] == [{"name": "operator-regcred"}, {"name": "regcred"}]
+        assert body["metadata"]["labels"]["team"] == "erp"
+        assert body["metadata"]["annotations"]["example.com/owner"] == "basis"
+        assert spec["containers"][0]["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
+        assert body["status"]["qosClass"] == "Burstable"
     finally:
         operator.stop()
         print(operator.tail())  # shown by pytest on failure
         sealed_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        sealed_cluster.kubectl("delete", "priorityclass", priority_class, "--wait=false", check=False)
 
 
 def claim_names(cluster: SealedCluster, namespace: str, name: str) -> list[str]:

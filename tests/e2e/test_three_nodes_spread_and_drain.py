@@ -8,6 +8,12 @@ chart gives the operator's pods. With three brokers and three nodes, a drain, cr
 one node takes at most one broker, and one operator replica. Traffic then flows through the
 ``-active`` Service with nothing lost, duplicated or out of order.
 
+**Zones** (issue 42): with ``topology.kubernetes.io/zone`` labels on the nodes (node-1 and node-2 in
+one zone, node-3 in another) before the operator starts, it gives each new broker pod a zone
+spread that the scheduler must keep (``DoNotSchedule``); a BrokerCluster whose own affinity prefers
+the first zone still gets one broker in each zone, and traffic flows with nothing lost. The labels
+go when the test ends, so the other tests run on unzoned nodes.
+
 **Drain**, under traffic: the drain cordons the node, and its eviction of the active broker is
 refused (429) by the cluster's PodDisruptionBudget ``<name>-active``, so ``kubectl drain`` retries.
 Meanwhile the operator, woken by the cordon, makes a planned switchover to a standby on another
@@ -429,3 +435,60 @@ def test_the_soaks_node_faults_in_turn_are_recovered_with_nothing_lost(
     assert [cost.kind for cost in result.costs] == list(NODE_FAULTS), log
     assert result.records == {"lost": 0, "twice": 0, "out-of-order": 0}, log
     assert result.validator == {}, log
+
+
+ZONE = "topology.kubernetes.io/zone"
+ZONES = {"node-1": "zone-a", "node-2": "zone-a", "node-3": "zone-b"}
+
+
+def test_the_brokers_run_in_different_zones_even_where_the_spec_prefers_one(
+    sealed_cluster_three_nodes: SealedCluster,
+) -> None:
+    cluster = sealed_cluster_three_nodes
+    for name, zone in ZONES.items():
+        cluster.kubectl("label", "node", name, f"{ZONE}={zone}", "--overwrite")
+    # The user's own preference for zone-a, strong: without a zone spread the scheduler would put
+    # both brokers there (spec.affinity replaces the host spread, not the zone spread).
+    prefer_a = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [{"key": ZONE, "operator": "In", "values": ["zone-a"]}]
+                    },
+                }
+            ]
+        }
+    }
+    try:
+        with relay_in_new_namespace(
+            cluster,
+            "zones",
+            streams=STREAMS,
+            messages_per_stream=100,
+            spec={"replicas": 2, "affinity": prefer_a},
+        ) as relay:
+            relay.backend("/sim/start", {})
+            brokers = _nodes_of(relay, f"broker.failover.dev/cluster={CLUSTER_NAME}")
+            assert len(brokers) == 2, brokers
+            assert {ZONES[node] for node in brokers.values()} == {"zone-a", "zone-b"}, brokers
+            for name in brokers:
+                (constraint,) = relay.pod(name)["spec"]["topologySpreadConstraints"]
+                assert (constraint["topologyKey"], constraint["whenUnsatisfiable"]) == (ZONE, "DoNotSchedule")
+            created = [
+                event["message"]
+                for event in (
+                    relay.get("events", "--field-selector", f"involvedObject.name={CLUSTER_NAME}") or {}
+                ).get("items", [])
+                if event["reason"] == "Created" and "Pod/" in event["message"]
+            ]
+            assert created and all("spread over zones and hosts" in message for message in created), created
+            try:
+                relay.wait_all_confirmed()
+            except RelayError as error:
+                pytest.fail(f"{error}\nstatus: {relay.status()}\nbrokers: {brokers}")
+            assert relay.record_violations() == {"lost": 0, "twice": 0, "out-of-order": 0}
+    finally:
+        for name in ZONES:
+            cluster.kubectl("label", "node", name, f"{ZONE}-", check=False)

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from local_cluster.cluster import REPO_ROOT, ClusterAccess, LocalClusterSettings, built_tools_dir
-from local_cluster.control_plane import ControlPlane, ControlPlaneSettings, start_control_plane
-from tests.e2e.support import wait_for
+from local_cluster.cluster import REPO_ROOT
+from tests.e2e.support import PlaneAccess, control_plane_only, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,25 +32,9 @@ OURS = {"app.kubernetes.io/managed-by": "broker-failover-operator"}
 REFUSED_BY_POLICY = "the broker-failover operator writes only objects labelled"
 
 
-class PlaneAccess(ClusterAccess):
-    """kubectl and helm as the admin of a control plane this module started."""
-
-    def __init__(self, settings: LocalClusterSettings, plane: ControlPlane) -> None:
-        self.settings = settings
-        self.plane = plane
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.plane.admin_kubeconfig
-
-
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlaneAccess]:
-    tools = built_tools_dir()
-    workdir = tmp_path_factory.mktemp("writes-guard")
-    plane = start_control_plane(ControlPlaneSettings(tools_dir=tools, workdir=workdir / "plane"))
-    try:
-        access = PlaneAccess(LocalClusterSettings(tools_dir=tools, workdir=workdir), plane)
+    with control_plane_only(tmp_path_factory.mktemp("writes-guard")) as access:
         access.kubectl("create", "namespace", VICTIM)
         access.helm(
             "install", "bf", str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
@@ -78,8 +60,6 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlaneAccess]:
             timeout=60,
         )
         yield access
-    finally:
-        plane.stop()
 
 
 def as_operator(
@@ -209,37 +189,68 @@ def test_the_operator_creates_only_opaque_secrets(guarded: PlaneAccess) -> None:
     assert refused_unlabelled.returncode != 0 and REFUSED_BY_POLICY in refused_unlabelled.stderr
 
 
-def test_a_tls_secret_is_created_only_as_a_clusters_certificate_with_the_ownership_label(
-    guarded: PlaneAccess,
+REFUSED_TLS = "kubernetes.io/tls Secrets named <cluster>-tls or <cluster>-operator-client"
+OWNERSHIP = {"broker.failover.dev/cluster": "orders", "broker.failover.dev/certificates-owner": "uid-1"}
+
+
+def tls_secret(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": VICTIM, "labels": labels},
+        "stringData": {"tls.crt": "x", "tls.key": "y", "ca.crt": "z"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("admitted_name", "refused"),
+    [
+        pytest.param(
+            "orders-tls",
+            (
+                ("orders-tls", OURS),  # no ownership label
+                ("checkout-tls", {**OURS, **OWNERSHIP}),  # another name than the cluster's
+                ("orders-ca", {**OURS, **OWNERSHIP}),  # the CA's name: that one is Opaque
+            ),
+            id="serving",
+        ),
+        pytest.param(
+            "orders-operator-client",  # issue 41: its own Secret, so RBAC can grant it without the CA
+            (
+                ("checkout-operator-client", {**OURS, **OWNERSHIP}),  # another cluster's name
+                ("orders-operator-client", OURS),  # no ownership label
+                ("orders-operator", {**OURS, **OWNERSHIP}),  # not the whole suffix
+                ("orders-operator-client-x", {**OURS, **OWNERSHIP}),  # more than the name
+            ),
+            id="operator-client",
+        ),
+    ],
+)
+def test_a_tls_secret_is_created_only_under_its_clusters_name_with_the_ownership_label(
+    guarded: PlaneAccess, admitted_name: str, refused: tuple[tuple[str, dict[str, str]], ...]
 ) -> None:
-    """Mode Operator's <cluster>-tls is kubernetes.io/tls (cert-manager's shape): admitted under
-    that name with the ownership label, refused under any other name or without the label."""
-    ownership = {"broker.failover.dev/cluster": "orders", "broker.failover.dev/certificates-owner": "uid-1"}
-
-    def tls_secret(name: str, labels: dict[str, str]) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": name, "namespace": VICTIM, "labels": labels},
-            "stringData": {"tls.crt": "x", "tls.key": "y", "ca.crt": "z"},
-        }
-
-    for name, labels in (
-        ("orders-tls", OURS),  # no ownership label
-        ("checkout-tls", {**OURS, **ownership}),  # another name than the cluster's
-        ("orders-ca", {**OURS, **ownership}),  # the CA's name: that one is Opaque
-    ):
-        refused = as_operator(guarded, "create", "-f", "-", body=tls_secret(name, labels))
-        assert refused.returncode != 0, name
-        assert "kubernetes.io/tls Secrets named <cluster>-tls" in refused.stderr, refused.stderr
-    unlabelled = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", ownership))
+    """Mode Operator's ``<cluster>-tls`` and ``<cluster>-operator-client`` are ``kubernetes.io/tls``
+    (cert-manager's shape): admitted under those names with the ownership label, refused under any
+    other name or without the label, and renewable by merge patch while they stay the operator's."""
+    for name, labels in refused:
+        answer = as_operator(guarded, "create", "-f", "-", body=tls_secret(name, labels))
+        assert answer.returncode != 0, name
+        assert (
+            "kubernetes.io/tls Secrets named <cluster>-tls or <cluster>-operator-client" in answer.stderr
+        ), (
+            name,
+            answer.stderr,
+        )
+    unlabelled = as_operator(guarded, "create", "-f", "-", body=tls_secret(admitted_name, OWNERSHIP))
     assert unlabelled.returncode != 0 and REFUSED_BY_POLICY in unlabelled.stderr
-    admitted = as_operator(guarded, "create", "-f", "-", body=tls_secret("orders-tls", {**OURS, **ownership}))
+    admitted = as_operator(
+        guarded, "create", "-f", "-", body=tls_secret(admitted_name, {**OURS, **OWNERSHIP})
+    )
     assert admitted.returncode == 0, admitted.stderr
-    # Updated (a renewal is a conditional merge patch, which RBAC grants) while it stays the operator's.
+    # A renewal is a conditional merge patch, which RBAC grants.
     patched = as_operator(
-        guarded, "patch", "secret", "-n", VICTIM, "orders-tls", "--type=merge", "-p",
+        guarded, "patch", "secret", "-n", VICTIM, admitted_name, "--type=merge", "-p",
         json.dumps({"stringData": {"tls.crt": "renewed"}}),
     )  # fmt: skip
     assert patched.returncode == 0, patched.stderr

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from broker_operator.core import spec_fields
+from broker_operator.controller.settings import parse_settings
+from broker_operator.controller.spec import FORMER_DEFAULT_IMAGE
 from local_cluster import containerd_sandbox, relay
 from local_cluster.image_build import IMAGES, TAG
 
@@ -31,24 +32,24 @@ def registry_of(reference: str) -> str | None:
     return None  # no registry: Docker Hub
 
 
-def crd_default_image() -> str:
-    crd = yaml.safe_load((ROOT / "crds/broker.failover.dev_brokerclusters.yaml").read_text())
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return str(schema["properties"]["spec"]["properties"]["image"]["default"])
-
-
 def defaults() -> dict[str, str]:
     """Where a default image reference of ours is written, and the reference."""
     found = {
-        "the CRD's spec.image default": crd_default_image(),
-        "the operator's spec.image default": str(spec_fields.IMAGE.default),
+        "the operator's --broker-image default": parse_settings([], {}).broker_image,
+        "spec.image's former CRD default, read as unset": FORMER_DEFAULT_IMAGE,
         "the pod sandbox image": containerd_sandbox.SANDBOX_IMAGE,
         "the relay's cloud simulator": relay.CLOUD_IMAGE,
         "the relay's backend simulator": relay.BACKEND_IMAGE,
     }
     values = yaml.safe_load((ROOT / "charts/broker-failover/values.yaml").read_text())
-    for part in ("operator", "validator"):
-        found[f"the chart's {part}.image.repository"] = f"{values[part]['image']['repository']}:{TAG}"
+    # The chart's repositories sit under image.registry (charts/README.md, "Images").
+    registry = values["image"]["registry"]
+    for where, image in (
+        ("operator.image", values["operator"]["image"]),
+        ("operator.defaultBrokerImage", values["operator"]["defaultBrokerImage"]),
+        ("validator.image", values["validator"]["image"]),
+    ):
+        found[f"the chart's {where}"] = f"{registry}/{image['repository']}:{TAG}"
     for artifact in yaml.safe_load((ROOT / "skaffold.yaml").read_text())["build"]["artifacts"]:
         found[f"skaffold's artifact {artifact['image']}"] = f"{artifact['image']}:{TAG}"
     for path in [

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker_contracts.logs import add_log_arguments, configure_logging, log_settings_from
 from broker_contracts.redact import redact, redact_url
 from broker_validator.limits import DEFAULT_LIMITS, ReadLimits
 from broker_validator.report_schema import EXIT_COULD_NOT_VALIDATE, EXIT_PASSED, EXIT_VIOLATIONS, Report
@@ -71,7 +73,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a line longer than this is malformed and not parsed "
         f"(default {DEFAULT_LIMITS.max_record_bytes})",
     )
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
+    args.log = log_settings_from(parser, args, os.environ)
     if args.settle_seconds < 0:
         parser.error(f"--settle-seconds ({args.settle_seconds}) must not be negative")
     for flag in ("max_segment_bytes", "max_record_bytes"):
@@ -87,7 +91,8 @@ class CouldNotValidateError(RuntimeError):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    # The driver's Python logging only: Spark's JVM logs through its own log4j configuration.
+    configure_logging(args.log)
     try:
         report = validate(args)
         print(summary(report, args.report_dir))

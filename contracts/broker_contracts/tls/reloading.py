@@ -36,6 +36,10 @@ handshakes use (:mod:`broker_contracts.tls.bundle`), computed from the very byte
 built from and swapped with it: what the operator waits on before it issues certificates of a new
 CA or drops an old one.
 
+The reading, hashing, loading, swapping and warning are :class:`ReloadingFiles`, which the
+client side shares (:mod:`broker_contracts.tls.reloading_client`: a client has no handshake
+callback to swap in, so its callers take the newest context per request instead).
+
 Not here: which files, which trust, which verification (the caller's ``build``).
 """
 
@@ -46,7 +50,7 @@ import logging
 import ssl
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Generic, NamedTuple, TypeVar
 
 from broker_contracts.tls.bundle import BundleVersionError, bundle_version
 from broker_contracts.tls.serial import CertificateSerialError, certificate_serial
@@ -87,7 +91,110 @@ def _check_pem(contents: dict[Path, bytes]) -> None:
             raise TlsFilesError(f"{path} does not hold whole PEM blocks (half-written, or not PEM)")
 
 
-class ReloadingServerContext:
+Loaded = TypeVar("Loaded")
+
+
+class ReloadingFiles(Generic[Loaded]):
+    """The part every context that follows its files shares, server or client: read, hash, load,
+    hash again, swap or keep, count, and warn once per problem (the module's docstring).
+
+    A subclass says what it makes of the files (:meth:`_make`, called with their contents after
+    their PEM was checked; it may raise ``ssl.SSLError``, ``OSError`` or :class:`TlsFilesError`),
+    what it logs when it swaps (:meth:`_swapped`) and what it keeps when it does not
+    (:meth:`_keeping`). What it made is :attr:`_loaded`, replaced whole and never changed.
+    """
+
+    _logger = logger  # a subclass in another module logs under that module's name
+
+    def __init__(self, name: str, files: Sequence[Path]) -> None:
+        """Make the first one from ``files`` or raise :class:`TlsFilesError`: at start, files that do
+        not load are an error, not a warning. ``files``: a certificate and its key first, if any
+        (an OpenSSL "key values mismatch" names those two)."""
+        self.name = name  # who uses them, in log lines ("main port 8080", "upstream")
+        self._files = tuple(files)
+        fingerprint, contents = _read_files(self._files)
+        self._loaded: Loaded = self._load(contents)
+        self._seen = fingerprint
+        self._problem: tuple[bytes | None, str] | None = None
+        self.reloads = 0
+        self.failures = 0
+
+    def _make(self, contents: dict[Path, bytes]) -> Loaded:
+        raise NotImplementedError
+
+    def _swapped(self, previous: Loaded) -> None:
+        """Log what new connections use now, after :attr:`_loaded` replaced ``previous``."""
+        raise NotImplementedError
+
+    def _keeping(self) -> str:
+        """What stays in use when changed files do not load, for the warning."""
+        raise NotImplementedError
+
+    def _load(self, contents: dict[Path, bytes]) -> Loaded:
+        """What the files make, or :class:`TlsFilesError` naming the file and why."""
+        try:
+            _check_pem(contents)
+            return self._make(contents)
+        except ssl.SSLError as error:
+            raise TlsFilesError(_describe_ssl(error, self._files)) from None
+        except OSError as error:
+            raise TlsFilesError(
+                f"{error.filename or 'a file'} cannot be read: {error.strerror or error}"
+            ) from None
+
+    def check(self) -> bool:
+        """Read the files once; if they changed and load, new connections use them. True if swapped."""
+        try:
+            fingerprint, contents = _read_files(self._files)
+        except TlsFilesError as error:
+            self._report(None, str(error))
+            return False
+        if fingerprint == self._seen:
+            return False
+        outcome: Loaded | TlsFilesError
+        try:
+            outcome = self._load(contents)
+        except TlsFilesError as error:
+            outcome = error
+        try:
+            after, _ = _read_files(self._files)
+        except TlsFilesError as error:
+            self._report(None, str(error))
+            return False
+        if after != fingerprint:
+            return False  # changed while it was loading: the next check reads it afresh
+        self._seen = fingerprint  # loaded, or never to be tried again until it changes
+        if isinstance(outcome, TlsFilesError):
+            self.failures += 1
+            self._report(fingerprint, str(outcome))
+            return False
+        previous, self._loaded = self._loaded, outcome
+        self._problem = None
+        self.reloads += 1
+        self._swapped(previous)
+        return True
+
+    def _report(self, fingerprint: bytes | None, problem: str) -> None:
+        """Warn once per problem: per content that does not load, per reason a file cannot be read."""
+        if (fingerprint, problem) == self._problem:
+            return
+        self._problem = (fingerprint, problem)
+        self._logger.warning(
+            "%s: the TLS files cannot be loaded (%s); %s. Fix or replace them (the whole Secret, as "
+            "the kubelet does); they are read again every check",
+            self.name,
+            problem,
+            self._keeping(),
+        )
+
+
+class _Served(NamedTuple):
+    context: ssl.SSLContext
+    serial: str  # of the certificate it serves
+    trust_bundle_version: str | None  # of the trust_file it was built with; None without one
+
+
+class ReloadingServerContext(ReloadingFiles[_Served]):
     """The TLS context of one listener: :attr:`context` for the server, the newest one per handshake."""
 
     def __init__(
@@ -100,105 +207,71 @@ class ReloadingServerContext:
     ) -> None:
         """Build the first context from ``files`` (``cert_file`` and ``trust_file`` among them) or
         raise :class:`TlsFilesError`: at start a listener that cannot serve is an error, not a warning."""
-        self.name = name  # which listener, in log lines ("main port 8080")
         self._build = build
-        self._files = tuple(files)
         self._cert_file = cert_file
-        if trust_file is not None and trust_file not in self._files:
+        if trust_file is not None and trust_file not in files:
             raise ValueError(f"trust_file {trust_file} must be one of the files the context is built from")
         self._trust_file = trust_file
-        fingerprint, contents = _read_files(self._files)
-        first, self.serial, self.trust_bundle_version = self._load(contents)
-        self.context: Final = first
-        self._current = first
-        self._seen = fingerprint
-        self._problem: tuple[bytes | None, str] | None = None
-        self.reloads = 0
-        self.failures = 0
-        first.sni_callback = self._serve_current
+        super().__init__(name, files)
+        self.context: Final = self._loaded.context
+        self.context.sni_callback = self._serve_current
+
+    @property
+    def serial(self) -> str:
+        """The serial of the certificate new connections are served."""
+        return self._loaded.serial
+
+    @property
+    def trust_bundle_version(self) -> str | None:
+        """The version of the ``trust_file`` bundle new handshakes verify clients by (None without one)."""
+        return self._loaded.trust_bundle_version
 
     def _serve_current(self, ssl_object: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
         """The handshake's ``sni_callback``: the connection takes the newest complete context."""
-        current = self._current
+        current = self._loaded.context
         if ssl_object.context is not current:
             ssl_object.context = current
 
-    def _load(self, contents: dict[Path, bytes]) -> tuple[ssl.SSLContext, str, str | None]:
-        """A context from the files, the serial it serves and the version of the bundle it trusts
-        (None without a ``trust_file``), or :class:`TlsFilesError`."""
+    def _make(self, contents: dict[Path, bytes]) -> _Served:
+        """A context from the files, the serial it serves and the version of the bundle it trusts."""
         try:
-            _check_pem(contents)
             serial = certificate_serial(contents[self._cert_file].decode("ascii", errors="replace"))
             trusted = None
             if self._trust_file is not None:
                 trusted = bundle_version(contents[self._trust_file])
-            return self._build(), serial, trusted
         except BundleVersionError as error:
             raise TlsFilesError(f"{self._trust_file}: {error}") from None
         except CertificateSerialError as error:
             raise TlsFilesError(
                 f"{self._cert_file}: the certificate's serial cannot be read: {error}"
             ) from None
-        except ssl.SSLError as error:
-            raise TlsFilesError(_describe_ssl(error, self._files)) from None
-        except OSError as error:
-            raise TlsFilesError(
-                f"{error.filename or 'a file'} cannot be read: {error.strerror or error}"
-            ) from None
+        return _Served(self._build(), serial, trusted)
 
-    def check(self) -> bool:
-        """Read the files once; if they changed and load, serve them to new connections. True if swapped."""
-        try:
-            fingerprint, contents = _read_files(self._files)
-        except TlsFilesError as error:
-            self._report(None, str(error))
-            return False
-        if fingerprint == self._seen:
-            return False
-        try:
-            fresh, serial, trusted = self._load(contents)
-            failure = None
-        except TlsFilesError as error:
-            failure = str(error)
-        try:
-            after, _ = _read_files(self._files)
-        except TlsFilesError as error:
-            self._report(None, str(error))
-            return False
-        if after != fingerprint:
-            return False  # changed while it was loading: the next check reads it afresh
-        self._seen = fingerprint  # loaded, or never to be tried again until it changes
-        if failure is not None:
-            self.failures += 1
-            self._report(fingerprint, failure)
-            return False
-        previous, previous_trust = self.serial, self.trust_bundle_version
-        self._current, self.serial, self.trust_bundle_version = fresh, serial, trusted
-        self._problem = None
-        self.reloads += 1
+    def _swapped(self, previous: _Served) -> None:
         logger.info(
-            "%s: serving certificate serial %s (was %s) to new connections", self.name, serial, previous
-        )
-        if trusted != previous_trust:
-            logger.info("%s: new connections trust CA bundle %s (was %s)", self.name, trusted, previous_trust)
-        return True
-
-    def _report(self, fingerprint: bytes | None, problem: str) -> None:
-        """Warn once per problem: per content that does not load, per reason a file cannot be read."""
-        if (fingerprint, problem) == self._problem:
-            return
-        self._problem = (fingerprint, problem)
-        logger.warning(
-            "%s: the TLS files cannot be loaded (%s); still serving certificate serial %s. Fix or "
-            "replace them (the whole Secret, as the kubelet does); they are read again every check",
+            "%s: serving certificate serial %s (was %s) to new connections",
             self.name,
-            problem,
             self.serial,
+            previous.serial,
         )
+        if self.trust_bundle_version != previous.trust_bundle_version:
+            logger.info(
+                "%s: new connections trust CA bundle %s (was %s)",
+                self.name,
+                self.trust_bundle_version,
+                previous.trust_bundle_version,
+            )
+
+    def _keeping(self) -> str:
+        return f"still serving certificate serial {self.serial}"
 
 
 def _describe_ssl(error: ssl.SSLError, files: Sequence[Path]) -> str:
     """OpenSSL's complaint as one line, in words where it is a common one."""
-    if error.reason == "KEY_VALUES_MISMATCH":
+    # Only OpenSSL's own errors have a reason: one raised in Python (contexts.py: "holds no CA
+    # certificate") has no such attribute at all, and its str() is the repr of its args.
+    reason = getattr(error, "reason", None)
+    if reason == "KEY_VALUES_MISMATCH":
         return f"the key is not the certificate's (of {', '.join(str(path) for path in files[:2])})"
-    return f"OpenSSL refused {', '.join(str(path) for path in files)}: {error.reason or error}"
+    detail = reason or (str(error.args[0]) if len(error.args) == 1 else str(error))
+    return f"OpenSSL refused {', '.join(str(path) for path in files)}: {detail}"

@@ -1,6 +1,6 @@
 """The ``<cluster>-active`` Service's endpoints, written by the operator and fenced by the epoch.
 
-The Service has no selector; its one EndpointSlice (``builders.build_active_endpoint_slice``)
+The Service has no selector; its one EndpointSlice (``build_active_endpoint_slice``, below)
 carries ``endpointslice.kubernetes.io/managed-by`` naming the operator, so kube-controller-manager
 never writes it. The engine points it in the step that takes the leadership: after the new active
 answered its activation, before the label, the status or the events. So traffic follows a failover
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from broker_operator.controller import builders, names
@@ -34,9 +35,75 @@ from broker_operator.engine import ServiceFenced
 
 logger = logging.getLogger(__name__)
 
+Manifest = dict[str, Any]
+
 # Concurrent writers (two operators during a leader change) can make a PUT conflict; each retry
 # re-reads and re-checks the fence, and the engine retries after an interval if all of them lose.
 WRITE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class ActiveEndpoint:
+    """The broker the ``-active`` Service points at: the address it was activated at, its port."""
+
+    pod: str
+    address: str
+    port: int = names.BROKER_PORT
+    uid: str | None = None
+    node: str | None = None
+
+
+def build_active_endpoint_slice(
+    owner: Mapping[str, Any], endpoint: ActiveEndpoint | None, epoch: int
+) -> Manifest:
+    """The ``-active`` Service's one EndpointSlice: the active broker, or no endpoint at all.
+
+    ``managed-by`` names the operator, so the EndpointSlice controller leaves it alone; the epoch
+    annotation is the fence a later write checks (``point_active_service``, below).
+    """
+    cluster = owner["metadata"]["name"]
+    service = names.active_service_name(cluster)
+    labels = {
+        **names.cluster_labels(cluster),
+        names.LABEL_SERVICE_NAME: service,
+        names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER,
+    }
+    metadata = builders.owned_meta(owner, service, labels)
+    metadata["annotations"] = {
+        names.ANNOTATION_EPOCH: str(epoch),
+        names.ANNOTATION_ACTIVE: endpoint.pod if endpoint is not None else "",
+    }
+    endpoints: list[Manifest] = []
+    if endpoint is not None:
+        entry: Manifest = {
+            "addresses": [endpoint.address],
+            "conditions": {"ready": True, "serving": True, "terminating": False},
+        }
+        if endpoint.uid is not None:
+            entry["targetRef"] = {
+                "kind": "Pod",
+                "namespace": owner["metadata"]["namespace"],
+                "name": endpoint.pod,
+                "uid": endpoint.uid,
+            }
+        if endpoint.node is not None:
+            entry["nodeName"] = endpoint.node
+        endpoints.append(entry)
+    ipv6 = endpoint is not None and ":" in endpoint.address
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": metadata,
+        "addressType": "IPv6" if ipv6 else "IPv4",
+        "ports": [
+            {
+                "name": names.BROKER_PORT_NAME,
+                "port": endpoint.port if endpoint is not None else names.BROKER_PORT,
+                "protocol": "TCP",
+            }
+        ],
+        "endpoints": endpoints,
+    }
 
 
 class ServiceWriteError(RuntimeError):
@@ -78,7 +145,7 @@ def _same_content(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool
 async def point_active_service(
     api: KubeApi,
     owner: Mapping[str, Any],
-    endpoint: builders.ActiveEndpoint | None,
+    endpoint: ActiveEndpoint | None,
     epoch: int,
     known: KnownSlice | None = None,
 ) -> bool:
@@ -91,7 +158,7 @@ async def point_active_service(
     """
     namespace = str(owner["metadata"]["namespace"])
     name = names.active_service_name(str(owner["metadata"]["name"]))
-    wanted = builders.build_active_endpoint_slice(owner, endpoint, epoch)
+    wanted = build_active_endpoint_slice(owner, endpoint, epoch)
     known = known if known is not None else KnownSlice()
     for _ in range(WRITE_ATTEMPTS):
         current, known.body = known.body, None

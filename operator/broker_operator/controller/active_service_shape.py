@@ -105,7 +105,7 @@ def service_metadata(template: ActiveServiceSpec, own_labels: Mapping[str, str])
 
 def build_active_service(owner: Mapping[str, Any], template: ActiveServiceSpec | None = None) -> Manifest:
     """``<cluster>-active``: the backend's address, in the shape of ``spec.activeService``. No
-    selector: the operator writes its EndpointSlice (``builders.build_active_endpoint_slice``) in
+    selector: the operator writes its EndpointSlice (``active_service.build_active_endpoint_slice``) in
     the step that activates a broker."""
     cluster = owner["metadata"]["name"]
     template = template or ActiveServiceSpec()

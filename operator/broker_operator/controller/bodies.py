@@ -115,7 +115,31 @@ class PodBody(TypedDict, total=False):
     status: PodStatus
 
 
+class ClaimResources(TypedDict, total=False):
+    requests: dict[str, str]
+
+
+class ClaimSpec(TypedDict, total=False):
+    resources: ClaimResources
+    storageClassName: str
+
+
+class ClaimCondition(TypedDict, total=False):
+    type: str  # Resizing, FileSystemResizePending, ControllerResizeError, NodeResizeError
+    status: str
+
+
+class ClaimStatus(TypedDict, total=False):
+    phase: str
+    capacity: dict[str, str]
+    conditions: list[ClaimCondition]
+    allocatedResourceStatuses: dict[str, str]  # e.g. storage: ControllerResizeInfeasible
+
+
 class ClaimBody(TypedDict, total=False):
-    """A journal PersistentVolumeClaim, down to what the retention policy reads (``claims.py``)."""
+    """A journal PersistentVolumeClaim, down to what the retention policy (``claims.py``) and the
+    volume growth (``claim_sizes.py``) read."""
 
     metadata: ObjectMeta
+    spec: ClaimSpec
+    status: ClaimStatus

@@ -1,7 +1,7 @@
-"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, the headless Service,
-the ``-active`` EndpointSlice and PodDisruptionBudget (the ``-active`` Service is
-``active_service_shape.py``'s, the NetworkPolicy ``network_policy.py``'s, the token and verifier
-Secrets ``verifiers.py``'s).
+"""Builders of the objects a BrokerCluster owns: broker pods, journal PVCs, the headless Service
+and the ``-active`` PodDisruptionBudget (the ``-active`` Service is ``active_service_shape.py``'s,
+its EndpointSlice ``active_service.py``'s, the NetworkPolicy ``network_policy.py``'s, the token and
+verifier Secrets ``verifiers.py``'s).
 
 Pure functions from (cluster name, ``ClusterSpec``) to the dicts the API server
 takes, so every field can be unit-tested without Kubernetes. Pods are built
@@ -27,6 +27,10 @@ and HTTPS probes. Whether pods serve it is the caller's ``serve_tls`` as well as
 broker serving TLS would refuse the operator's plain-HTTP heartbeats, so none does). The upstream
 CA bundle (the brokers' trust as clients) does not depend on it.
 
+Where pods run is ``placement.py``'s (the default spread over hosts and zones, the spec's scheduling
+fields); the pod's image, pull secrets, ServiceAccount, labels, annotations and default requests are
+``pod_fields.py``'s, from the spec and the operator's ``PodDefaults``.
+
 Every builder stamps the owner reference itself (``kopf.build_owner_reference``)
 so that deleting the BrokerCluster garbage-collects its children. Nothing here
 creates, patches or reads anything.
@@ -38,14 +42,25 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import kopf
 
 from broker_contracts import environment
-from broker_operator.controller import broker_tls, names
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings
+from broker_operator.controller import broker_tls, names, placement
 from broker_operator.controller.bodies import OwnerReference
+from broker_operator.controller.names import cluster_labels
+from broker_operator.controller.pod_fields import (
+    BUILT_IN_DEFAULTS,
+    PodDefaults,
+    broker_image,
+    container_resources,
+    given_pod_fields,
+    pod_annotations,
+    pod_identity,
+    pod_labels,
+)
 from broker_operator.controller.spec import ClusterSpec, Connection
 
 Manifest = dict[str, Any]
@@ -68,15 +83,6 @@ DEFAULT_CONTAINER_SECURITY_CONTEXT: Final[Mapping[str, Any]] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
 }
-
-
-def cluster_labels(cluster: str) -> dict[str, str]:
-    """Labels every managed pod carries; the headless Service selects on these."""
-    return {
-        names.LABEL_APP: names.APP_BROKER,
-        names.LABEL_MANAGED_BY: names.MANAGED_BY,
-        names.LABEL_CLUSTER: cluster,
-    }
 
 
 def owned_meta(owner: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> Manifest:
@@ -139,7 +145,9 @@ def serves_tls(spec: ClusterSpec, serve_tls: bool) -> bool:
     return serve_tls and spec.tls.enabled
 
 
-def broker_container(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -> Manifest:
+def broker_container(
+    cluster: str, spec: ClusterSpec, *, serve_tls: bool = False, defaults: PodDefaults = BUILT_IN_DEFAULTS
+) -> Manifest:
     """The broker container, configured through the broker CLI's environment variables."""
     serving = serves_tls(spec, serve_tls)
     env: list[Manifest] = [
@@ -186,7 +194,7 @@ def broker_container(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False
     scheme = broker_tls.probe_scheme(serving=serving)
     return {
         "name": names.BROKER_CONTAINER,
-        "image": spec.image,
+        "image": broker_image(spec, defaults),
         "imagePullPolicy": spec.image_pull_policy,
         "env": env,
         "ports": [
@@ -211,7 +219,7 @@ def broker_container(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        "resources": dict(spec.resources),
+        "resources": container_resources(spec),
         "securityContext": container_security_context(spec),
         "volumeMounts": [
             {"name": names.JOURNAL_VOLUME, "mountPath": names.DATA_MOUNT},
@@ -263,40 +271,9 @@ def pod_volumes(cluster: str, ordinal: int, spec: ClusterSpec, *, serve_tls: boo
     ]
 
 
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
-
-
-def default_affinity(cluster: str) -> Manifest:
-    """Brokers of one cluster on different nodes where the scheduler can, so that one node's drain
-    or crash takes at most one of them. Preferred, not required: a one-node cluster, or more
-    brokers than nodes, still runs them all (a required rule would leave the extra ones Pending).
-    """
-    term = {"topologyKey": HOSTNAME_TOPOLOGY, "labelSelector": {"matchLabels": cluster_labels(cluster)}}
-    return {
-        "podAntiAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
-        }
-    }
-
-
-def given_scheduling(spec: ClusterSpec) -> Manifest:
-    """The pod's scheduling fields the spec sets itself (affinity, nodeSelector, tolerations)."""
-    given: Manifest = {}
-    if spec.affinity is not None:
-        given["affinity"] = dict(spec.affinity)
-    if spec.node_selector is not None:
-        given["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations is not None:
-        given["tolerations"] = [dict(item) for item in spec.tolerations]
-    return given
-
-
-def pod_scheduling(cluster: str, spec: ClusterSpec) -> Manifest:
-    """The spec's scheduling fields, with the default spread when it gives no affinity."""
-    return {"affinity": default_affinity(cluster), **given_scheduling(spec)}
-
-
-def template_hash(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -> str:
+def template_hash(
+    cluster: str, spec: ClusterSpec, *, serve_tls: bool = False, defaults: PodDefaults = BUILT_IN_DEFAULTS
+) -> str:
     """A digest of everything in a pod that comes from the spec; a changed spec changes it.
 
     The ordinal and the role label are left out: they differ between pods of the
@@ -307,8 +284,13 @@ def template_hash(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -
     the handover lease's cap, for the same reason. TLS is in through the volumes, mounts,
     environment and probes it adds (so turning it on or off replaces the pods one at a time), but
     no certificate is: the pod names its Secrets only, and a rotation changes nothing here.
+    Issue 42: the image is in as the pod runs it (``spec.image`` or the operator's), so a changed
+    ``--broker-image`` rolls the clusters without an image of their own; the pod knobs the spec sets
+    are in when set (``pod_fields.given_pod_fields``); the default zone spread, the default requests
+    and the operator's pull secrets are not (``pod_fields.py`` says why).
     """
-    container = broker_container(cluster, spec, serve_tls=serve_tls)
+    container = broker_container(cluster, spec, serve_tls=serve_tls, defaults=defaults)
+    container["resources"] = dict(spec.resources)  # as written: the default requests are out (issue 42)
     # Out of the hash: the handover lease's cap (issue 40). An operator upgrade that added it must
     # not replace every broker pod (a switchover per cluster, the pause the handover exists to
     # avoid), and a pod without it, or with an older value, is safe: the operator never asks for
@@ -319,17 +301,44 @@ def template_hash(cluster: str, spec: ClusterSpec, *, serve_tls: bool = False) -
         "volumes": pod_volumes(cluster, 0, spec, serve_tls=serve_tls),
         "securityContext": pod_security_context(spec),
     }
-    scheduling = given_scheduling(spec)
+    scheduling = placement.given_scheduling(cluster, spec)
     if scheduling:
         template["scheduling"] = scheduling
+    pod = given_pod_fields(spec)
+    if pod:
+        template["pod"] = pod
     encoded = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+def with_log_environment(container: Manifest, log: LogSettings) -> Manifest:
+    """``container`` with the operator's log format and level as the broker's (issue 42).
+
+    Added to the pod, not to ``broker_container``, so that the template hash never covers it: the
+    setting is install-wide, and a change of it, or the operator upgrade that first set it, must
+    not replace every broker pod of every cluster (a switchover each). A pod takes the operator's
+    current setting when it is next made (a rollout, a drain, a deleted pod); a container that
+    restarts in place keeps its pod's.
+    """
+    extra = [{"name": name, "value": value} for name, value in log.environment().items()]
+    return {**container, "env": [*container["env"], *extra]}
+
+
 def build_pod(
-    owner: Mapping[str, Any], ordinal: int, spec: ClusterSpec, *, active: bool, serve_tls: bool = False
+    owner: Mapping[str, Any],
+    ordinal: int,
+    spec: ClusterSpec,
+    *,
+    active: bool,
+    serve_tls: bool = False,
+    defaults: PodDefaults = BUILT_IN_DEFAULTS,
+    zones: str | None = None,
+    log: LogSettings = DEFAULT_LOG_SETTINGS,
 ) -> Manifest:
-    """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says."""
+    """Broker pod ``<cluster>-<ordinal>``; it starts Inactive whatever its role label says.
+
+    ``zones``: how this pod is spread over zones, decided when it is made (``placement.zone_spread``;
+    None: over hosts only)."""
     cluster = owner["metadata"]["name"]
     name = names.pod_name(cluster, ordinal)
     labels = {
@@ -337,10 +346,11 @@ def build_pod(
         names.LABEL_ORDINAL: str(ordinal),
         names.LABEL_ROLE: names.ROLE_ACTIVE if active else names.ROLE_STANDBY,
     }
-    metadata = owned_meta(owner, name, labels)
-    metadata["annotations"] = {
-        names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec, serve_tls=serve_tls)
+    metadata = owned_meta(owner, name, pod_labels(spec, labels))
+    own = {
+        names.ANNOTATION_TEMPLATE_HASH: template_hash(cluster, spec, serve_tls=serve_tls, defaults=defaults)
     }
+    metadata["annotations"] = pod_annotations(spec, own)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -356,9 +366,14 @@ def build_pod(
             # The broker never calls the Kubernetes API: a mounted ServiceAccount token would only
             # be a credential for whoever took the pod over.
             "automountServiceAccountToken": False,
+            **pod_identity(spec, defaults),
             "securityContext": pod_security_context(spec),
-            **pod_scheduling(cluster, spec),
-            "containers": [broker_container(cluster, spec, serve_tls=serve_tls)],
+            **placement.pod_scheduling(cluster, spec, zones),
+            "containers": [
+                with_log_environment(
+                    broker_container(cluster, spec, serve_tls=serve_tls, defaults=defaults), log
+                )
+            ],
             "volumes": pod_volumes(cluster, ordinal, spec, serve_tls=serve_tls),
         },
     }
@@ -410,70 +425,6 @@ def build_headless_service(owner: Mapping[str, Any]) -> Manifest:
             "selector": cluster_labels(cluster),
             "ports": [_service_port()],
         },
-    }
-
-
-@dataclass(frozen=True)
-class ActiveEndpoint:
-    """The broker the ``-active`` Service points at: the address it was activated at, its port."""
-
-    pod: str
-    address: str
-    port: int = names.BROKER_PORT
-    uid: str | None = None
-    node: str | None = None
-
-
-def build_active_endpoint_slice(
-    owner: Mapping[str, Any], endpoint: ActiveEndpoint | None, epoch: int
-) -> Manifest:
-    """The ``-active`` Service's one EndpointSlice: the active broker, or no endpoint at all.
-
-    ``managed-by`` names the operator, so the EndpointSlice controller leaves it alone; the epoch
-    annotation is the fence a later write checks (``active_service.point_active_service``).
-    """
-    cluster = owner["metadata"]["name"]
-    service = names.active_service_name(cluster)
-    labels = {
-        **cluster_labels(cluster),
-        names.LABEL_SERVICE_NAME: service,
-        names.LABEL_SLICE_MANAGED_BY: names.SLICE_MANAGER,
-    }
-    metadata = owned_meta(owner, service, labels)
-    metadata["annotations"] = {
-        names.ANNOTATION_EPOCH: str(epoch),
-        names.ANNOTATION_ACTIVE: endpoint.pod if endpoint is not None else "",
-    }
-    endpoints: list[Manifest] = []
-    if endpoint is not None:
-        entry: Manifest = {
-            "addresses": [endpoint.address],
-            "conditions": {"ready": True, "serving": True, "terminating": False},
-        }
-        if endpoint.uid is not None:
-            entry["targetRef"] = {
-                "kind": "Pod",
-                "namespace": owner["metadata"]["namespace"],
-                "name": endpoint.pod,
-                "uid": endpoint.uid,
-            }
-        if endpoint.node is not None:
-            entry["nodeName"] = endpoint.node
-        endpoints.append(entry)
-    ipv6 = endpoint is not None and ":" in endpoint.address
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": metadata,
-        "addressType": "IPv6" if ipv6 else "IPv4",
-        "ports": [
-            {
-                "name": names.BROKER_PORT_NAME,
-                "port": endpoint.port if endpoint is not None else names.BROKER_PORT,
-                "protocol": "TCP",
-            }
-        ],
-        "endpoints": endpoints,
     }
 
 

@@ -20,21 +20,24 @@ the same name:
   claim created again by a scale-up in between is never the one deleted.
 
 The decisions are pure functions of what the watches saw; ``apply_claim_retention`` carries them
-out. This module does not create claims (``reconcile.ensure_children`` does), delete pods, or
-touch the message-log claim (``spec.messageLog.claimName`` is the user's).
+out. ``maintain_journal_claims``, the reconcile's one call here, also grows the claims to
+``spec.storage.size`` (``claim_growth.py``). This module does not create claims
+(``reconcile.ensure_children`` does), delete pods, or touch the message-log claim
+(``spec.messageLog.claimName`` is the user's).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
 from broker_operator.controller import builders, names
 from broker_operator.controller.bodies import ClaimBody, OwnerReference, PodBody
+from broker_operator.controller.claim_growth import grow_journal_claims
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.spec import ClusterSpec
 
@@ -97,6 +100,18 @@ def surplus_claims(
             continue  # its broker may still run, or may still hold the only copy of an active journal
         found.append(SurplusClaim(name, meta.get("uid"), pod))
     return found
+
+
+async def maintain_journal_claims(
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: ClusterSpec,
+    status_patch: MutableMapping[str, Any],
+    logger: Logger,
+) -> None:
+    """The journal claims' upkeep on each pass: the retention policy, then their size."""
+    await apply_claim_retention(context, ref, spec, logger)
+    await grow_journal_claims(context, ref, spec, status_patch, logger)
 
 
 async def apply_claim_retention(

@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from broker_operator.controller.claim_sizes import ClassVerdict
 from broker_operator.controller.crd_check import InstalledCrd
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.placement import NodeZones
 from broker_operator.controller.settings import ControllerSettings
 from broker_operator.core.model import HANDOVER_SEND_SECONDS
 
@@ -45,6 +47,15 @@ class CertificateCheck:
 
 
 @dataclass
+class StorageClassCheck:
+    """One StorageClass's answer to "may claims grow?" (claim_growth.py), shared by every cluster
+    that uses the class, and when to ask again."""
+
+    verdict: ClassVerdict
+    due: float  # monotonic
+
+
+@dataclass
 class ControllerContext:
     settings: ControllerSettings
     api: KubeApi  # the reconciles' calls
@@ -55,6 +66,9 @@ class ControllerContext:
     # Nodes being drained (cordoned, or marked for deletion), from the node watch; every cluster's
     # observations hold this same set.
     draining_nodes: set[str] = field(default_factory=set)
+    # The zones of the schedulable nodes, from the same watch (and a listing at start): what decides
+    # whether a new broker pod is spread over zones (placement.py).
+    node_zones: NodeZones = field(default_factory=NodeZones)
     # Clusters whose engine runs now (daemon._run_engine): what the periodic token re-reads are
     # spread over (ControllerSettings.token_recheck_for).
     running_engines: int = 0
@@ -68,6 +82,9 @@ class ControllerContext:
     # One certificate check at a time per cluster: kopf may run the create handler and the timer at
     # once, and two passes making keys in parallel would race each other to the Secrets.
     certificate_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # StorageClass name -> its last read (claim_growth.py): read again only when due, so a class
+    # that does not allow expansion costs one read per few minutes, not one per reconcile.
+    storage_classes: dict[str, StorageClassCheck] = field(default_factory=dict)
     # The installed CRD's revision against the one this operator needs (crd_check.py): one read
     # per reconcile period for every cluster.
     crd: InstalledCrd = field(default_factory=InstalledCrd)

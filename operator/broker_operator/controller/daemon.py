@@ -9,6 +9,8 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   or the spec changes (``retarget``), and wakes it at once when the active's
   pod dies (``wake``, called by the pod watch), so a kill -9 fails over
   without waiting for heartbeat failures;
+- hands the engine the pause annotation within a poll of its change (``pause.py``), and while
+  paused keeps the spec the engine runs with: a spec edited during a pause takes effect when it ends;
 - stops the engine if an older BrokerCluster takes the pair (``Conflict``);
 - reads the token Secret again every ``token_recheck_seconds`` (less often with many clusters:
   ``token_reads_per_second`` over all of them) and hands a new value to the
@@ -18,10 +20,11 @@ conflict, a valid spec, its token Secret readable), then runs the engine's
   changed (``verifiers.sync_verifiers``), which is how the brokers learn it. Not a Secret watch:
   that would stream every Secret of the namespace through the operator, and RBAC cannot narrow
   list/watch to the opt-in label;
-- once the engine has stopped because the BrokerCluster was deleted, drops the
-  cluster's metric series (``metrics.forget_cluster``). Here rather than in the
-  delete handler: kopf runs that handler while the daemon is still stopping, and
-  a loop that steps once more would create the series again.
+- once the engine has stopped, drops the cluster's metric series
+  (``metrics.forget_cluster``): the BrokerCluster was deleted, or this process no longer drives
+  it (a peer took over), and a phase it went on exporting would contradict the process that
+  does. Here rather than in the delete handler: kopf runs that handler while the daemon is still
+  stopping, and a loop that steps once more would create the series again.
 
 On stop it cancels the engine, which leaves brokers as they are: a restarted
 operator picks up from ``status`` (``ClusterStatus.from_status``) and the
@@ -46,6 +49,7 @@ from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.endpoint_hosts import endpoint_refusals
 from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required
 from broker_operator.controller.observed import expected_brokers, pod_ready, targets_for
+from broker_operator.controller.pause import EngineSpec, cluster_paused
 from broker_operator.controller.reconcile import ClusterRef, conflict_owner
 from broker_operator.controller.shell import KubernetesClusterShell
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -191,6 +195,7 @@ async def run_cluster_heartbeats(
     ``spec`` is kopf's live view of the BrokerCluster's spec; ``ref_of`` and
     ``claims`` are read again on every check for the same reason.
     """
+    metrics.CLUSTERS_DRIVEN.inc()
     try:
         # Not again once the process exits: an engine that ended because another saw the exit first.
         while not stopped and context.exit_seen_at is None:
@@ -215,9 +220,12 @@ async def run_cluster_heartbeats(
             )
             logger.info("heartbeats for %s/%s stopped", ref.namespace, ref.name)
     finally:
-        # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again.
-        if cluster_deleted(stopped):
-            metrics.forget_cluster(ref_of().name)
+        metrics.CLUSTERS_DRIVEN.dec()
+        # The engine is stopped by now (_run_engine awaits it), so nothing sets the series again;
+        # a daemon kopf starts again (after an error, or when this process handles the cluster
+        # again) makes them anew, its counters from 0, which Prometheus reads as a reset.
+        ref = ref_of()
+        metrics.forget_cluster(metrics.ClusterKey(ref.namespace, ref.name))
 
 
 def _current_spec(name: str, spec: Mapping[str, Any], parsed: ClusterSpec) -> ClusterSpec:
@@ -226,12 +234,6 @@ def _current_spec(name: str, spec: Mapping[str, Any], parsed: ClusterSpec) -> Cl
         return parse_spec(name, spec)
     except SpecError:
         return parsed
-
-
-def cluster_deleted(stopped: Any) -> bool:
-    """Whether kopf stopped the daemon because its BrokerCluster was deleted (not an operator exit)."""
-    reason = getattr(stopped, "reason", None)
-    return reason is not None and bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
 
 
 async def _hand_over_if_exiting(context: ControllerContext, loop: ClusterLoop, stopped: Any) -> None:
@@ -266,6 +268,7 @@ async def _run_engine(
 ) -> None:
     ref = ref_of()
     observations = context.observations_for(ref.namespace, ref.name)
+    paused = cluster_paused(ref.body)
     shell = KubernetesClusterShell(
         context.engine_api,
         ref.body,
@@ -295,24 +298,18 @@ async def _run_engine(
         # Once one engine saw the operator exit, none acts again: with many clusters kopf stops
         # the daemons one by one, seconds apart on a busy loop (core/handover.py).
         halted=lambda: context.exit_seen_at is not None,
+        namespace=ref.namespace,
+        paused=paused,
     )
+    # The spec the engine runs with, and its pause: while paused, spec edits wait (pause.py).
+    taken = EngineSpec(parsed, settings, paused)
 
     def retarget() -> None:
-        """Pods or spec changed: hand the engine the current targets, settings and preference."""
+        """Pods, spec or pause changed: hand the engine the current targets, settings, preference
+        and pause."""
         current = ref_of()
-        try:
-            fresh = parse_spec(current.name, spec)
-            fresh_settings = HeartbeatSettings.from_spec(spec)
-        except (SpecError, SettingsError) as error:
-            logger.warning("keeping the previous heartbeat settings: %s", error)
-            return
-        outside = endpoint_refusals(
-            ((e.name, e.url) for e in fresh.endpoints), context.settings.endpoint_hosts
-        )
-        if outside:
-            # Never heartbeat a URL the installer did not allow; reconcile reports it.
-            logger.warning("keeping the previous heartbeat targets: %s", "; ".join(outside))
-            return
+        taken.follow(current.body, spec, context.settings.endpoint_hosts, logger)
+        fresh = taken.spec
         shell.set_broker_names(expected_brokers(current.name, fresh))
         targets = targets_for(fresh, observations.pods)
         preferred = observations.switchover_target or fresh.preferred_active
@@ -321,7 +318,7 @@ async def _run_engine(
             ", ".join(f"{t.name}={redact_url(t.url)}" for t in targets) or "none yet",
             preferred or "by priority",
         )
-        loop.update(targets, fresh_settings, preferred)
+        loop.update(targets, taken.settings, preferred, paused=taken.paused)
 
     observations.wake, observations.retarget, observations.repoint = loop.wake, retarget, loop.repoint
     # What the heartbeats learn of TLS, for the certificates controller to report (status.tls.served[]).
@@ -355,6 +352,8 @@ async def _run_engine(
                 await heartbeats.refresh_token()
             # A renewed certificate or a changed CA bundle: after the controller's next look.
             await tls.follow(lambda: _current_spec(ref_of().name, spec, parsed), heartbeats)
+            if cluster_paused(ref_of().body) != taken.paused:
+                retarget()  # within a poll of the annotation's change
             if conflict_owner(ref_of(), claims()) is not None:
                 logger.warning("an older BrokerCluster took the pair: stopping heartbeats")
                 break

@@ -12,6 +12,8 @@ Handlers:
 - update of ``spec``: also hand the running engine its new settings;
 - daemon: ``run_cluster_heartbeats``, one per BrokerCluster;
 - pod events: record the pod, wake the engine when the active's pod dies;
+- node events: the nodes being drained (the active moves off first), and the zones a new broker
+  pod is spread over (``placement.NodeZones``, listed once at start);
 - journal claim events: record the claim for the retention policy (``claims``);
 - deletions of Services and PVCs: forget that they were ensured, so the next
   periodic reconcile creates them again; a deletion of the ``-active`` Service's
@@ -28,7 +30,7 @@ the engine's wake-up event belongs to the event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -43,6 +45,7 @@ from broker_operator.controller.crd_check import check_crd_at_start
 from broker_operator.controller.daemon import run_cluster_heartbeats
 from broker_operator.controller.observed import node_draining
 from broker_operator.controller.peering import join_peering, own_identity
+from broker_operator.controller.placement import ZONE_TOPOLOGY
 from broker_operator.controller.reconcile import ClusterRef, pair_of, reconcile_cluster
 from broker_operator.controller.settings import ControllerSettings, peering_priority_from
 
@@ -143,6 +146,16 @@ def _register_startup(registry: kopf.OperatorRegistry) -> None:
         # Below every replica already there: kopf's keep-alives carry this one from now on.
         settings.peering.priority = joined.priority
 
+    @kopf.on.startup(registry=registry)
+    async def list_node_zones(memo: Any, logger: kopf.Logger, **_: Any) -> None:
+        # Before any BrokerCluster handler runs (startup handlers come first): a pod made before the
+        # node watch's first listing was through would see too few zones and miss the zone spread.
+        context = context_from(memo)
+        try:
+            context.node_zones.seed(await context.api.list_nodes(ZONE_TOPOLOGY))
+        except ApiException as error:  # the node watch fills it in; until then, hosts only
+            logger.warning("cannot list nodes for the zone spread: %s %s", error.status, error.reason)
+
 
 def _drives_cluster(*, namespace: str | None, name: str, memo: Any, **_: Any) -> bool:
     """A BrokerCluster handler's filter: this process drives the cluster (its shard, sharding.py)."""
@@ -152,6 +165,21 @@ def _drives_cluster(*, namespace: str | None, name: str, memo: Any, **_: Any) ->
 def _drives_child_of(*, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> bool:
     """A child watch's filter: this process drives the cluster the child is labelled with."""
     return context_from(memo).settings.drives(namespace or "", str(labels.get(names.LABEL_CLUSTER, "")))
+
+
+async def _reconcile_measured(body: kopf.Body, ref: ClusterRef, reconciling: Awaitable[object]) -> None:
+    """Run a reconcile, counted by outcome; and first turn what the validator and the certificates
+    pass wrote into status into gauges (metrics.record_status). At every reconcile (the timer's every
+    ``reconcile_seconds``), since kopf calls no handler for a change of status alone; not once the
+    cluster is being deleted, which would make series that nothing drops any more."""
+    if not body["metadata"].get("deletionTimestamp"):
+        metrics.record_status(metrics.ClusterKey(ref.namespace, ref.name), ref.status)
+    try:
+        await reconciling
+    except Exception:  # kopf logs it and retries; a cancellation is no outcome
+        metrics.RECONCILES.labels("error").inc()
+        raise
+    metrics.RECONCILES.labels("ok").inc()
 
 
 def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: float = 10.0) -> None:
@@ -180,13 +208,17 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
     ) -> None:
         context = context_from(memo)
         ref = _ref(body, status)
-        await reconcile_cluster(
-            context=context,
-            ref=ref,
-            spec=spec,
-            claims=_claims(pair_claims, ref.namespace, spec),
-            status_patch=patch.status,
-            logger=cast(logging.Logger, logger),
+        await _reconcile_measured(
+            body,
+            ref,
+            reconcile_cluster(
+                context=context,
+                ref=ref,
+                spec=spec,
+                claims=_claims(pair_claims, ref.namespace, spec),
+                status_patch=patch.status,
+                logger=cast(logging.Logger, logger),
+            ),
         )
 
     kopf.on.create(*RESOURCE, id="reconcile-on-create", when=_drives_cluster, registry=registry)(reconcile)
@@ -218,14 +250,17 @@ def register_handlers(registry: kopf.OperatorRegistry, *, reconcile_seconds: flo
 
     @kopf.on.delete(*RESOURCE, id="forget-cluster", optional=True, when=_drives_cluster, registry=registry)
     async def forget_cluster(*, body: kopf.Body, memo: Any, **_: Any) -> None:
-        # optional=True: no finalizer. Children go by garbage collection (owner references);
-        # this only drops what the operator remembers about the cluster, best effort.
+        # optional=True: this handler asks for no finalizer of its own, but the BrokerCluster has
+        # kopf's all the same (the heartbeat daemon and the periodic timer require one), so a
+        # deletion waits until kopf has stopped the daemon and run this, then kopf removes it
+        # (docs/operator.md, "Deleting a BrokerCluster"). Children go by garbage collection (owner
+        # references); this only drops what the operator remembers about the cluster, best effort.
         context = context_from(memo)
         meta = body["metadata"]
         context.forget(meta["namespace"], meta["name"])
         # The heartbeat daemon drops the series again once its engine has stopped
         # (daemon.run_cluster_heartbeats); this covers a cluster whose daemon had ended.
-        metrics.forget_cluster(meta["name"])
+        metrics.forget_cluster(metrics.ClusterKey(meta["namespace"], meta["name"]))
 
     @kopf.daemon(
         *RESOURCE, id="heartbeats", when=_drives_cluster, registry=registry, cancellation_timeout=10.0
@@ -328,7 +363,9 @@ def _register_node_watch(registry: kopf.OperatorRegistry) -> None:
         # re-evaluates at once, so its active moves off by a planned switchover while the
         # PodDisruptionBudget holds the eviction back.
         context = context_from(memo)
-        draining = event.get("type") != "DELETED" and node_draining(body)
+        deleted = event.get("type") == "DELETED"
+        context.node_zones.observe(name, None if deleted else body)
+        draining = not deleted and node_draining(body)
         if draining == (name in context.draining_nodes):
             return
         if draining:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker_operator.controller.certificate_report import SERVER, CertificateReport
 from broker_operator.controller.client_tls import read_client_material
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.spec import ClusterSpec
@@ -33,6 +34,14 @@ from broker_operator.tls_client import TlsClient, TlsMaterialError
 from broker_operator.tls_material import ClientTlsMaterial
 
 logger = logging.getLogger(__name__)
+
+
+def serving_serial(report: CertificateReport | None) -> str | None:
+    """The serial of the brokers' serving certificate in the controller's last look, if it read one."""
+    for entry in report.entries if report is not None else ():
+        if entry.name == SERVER and entry.info is not None:
+            return entry.info.serial
+    return None
 
 
 def material_required(context: ControllerContext, spec: ClusterSpec) -> bool:
@@ -84,6 +93,9 @@ class HeartbeatTls:
     async def follow(self, spec: Callable[[], ClusterSpec], heartbeats: HeartbeatClient) -> None:
         """After a newer look by the controller: hand a changed material to the heartbeat client
         (``spec`` is called only then: parsing a spec every poll costs at thousands of clusters)."""
+        check = self.context.certificate_checks.get((self.namespace, self.cluster))
+        if heartbeats.tls is not None and check is not None:
+            heartbeats.tls.expect_serving(serving_serial(check.report))
         if not self.due():
             return
         material = await self.read(spec())

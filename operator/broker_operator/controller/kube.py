@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from broker_operator import metrics
 from broker_operator.controller import names
 from broker_operator.controller.bodies import BrokerClusterBody, OwnerReference, PodBody
 from broker_operator.controller.peering import PeeringConflict
@@ -54,6 +55,7 @@ class KubeApi:
         self._networking = kubernetes.client.NetworkingV1Api(api_client)
         self._discovery = kubernetes.client.DiscoveryV1Api(api_client)
         self._policy = kubernetes.client.PolicyV1Api(api_client)
+        self._storage = kubernetes.client.StorageV1Api(api_client)
         self._extensions = kubernetes.client.ApiextensionsV1Api(api_client)
 
     def lane(self, threads: int, name: str) -> KubeApi:
@@ -63,9 +65,10 @@ class KubeApi:
 
     async def _thread(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # run_in_executor(None, ...) is asyncio's default executor, the one asyncio.to_thread uses.
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, functools.partial(call, *args, **kwargs)
-        )
+        with metrics.kube_request(call, args):  # counted by verb and code (the dashboard's API requests)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, functools.partial(call, *args, **kwargs)
+            )
 
     async def read_cluster(self, namespace: str, name: str) -> BrokerClusterBody:
         body = await self._thread(
@@ -256,6 +259,11 @@ class KubeApi:
             if (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_CLUSTER) == cluster
         ]
 
+    async def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        """The nodes with these labels (the default zone spread lists the zoned ones at start)."""
+        result = await self._thread(_raw_json, self._core.list_node, label_selector=label_selector)
+        return list(result.get("items") or [])
+
     async def set_pod_role(self, namespace: str, pod: str, role: str) -> None:
         patch = {"metadata": {"labels": {names.LABEL_ROLE: role}}}
         try:
@@ -316,6 +324,35 @@ class KubeApi:
                 return False
             raise
         return True
+
+    async def resize_claim(self, namespace: str, claim: str, size: str, resource_version: str | None) -> bool:
+        """Ask for ``size`` on the claim (``spec.resources.requests.storage``), conditional on
+        ``resource_version``; False on a conflict or a claim gone (the watch brings the newer body)."""
+        patch: dict[str, Any] = {"spec": {"resources": {"requests": {"storage": size}}}}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await self._thread(
+                self._core.patch_namespaced_persistent_volume_claim,
+                claim,
+                namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status in {HTTP_NOT_FOUND, HTTP_CONFLICT}:
+                return False
+            raise
+        return True
+
+    async def read_storage_class(self, name: str) -> dict[str, Any] | None:
+        """StorageClass ``name`` (cluster-scoped), or None when there is none of that name."""
+        try:
+            return await self._thread(_raw_json, self._storage.read_storage_class, name)
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
 
     async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -99,6 +99,12 @@ ANNOTATION_MANAGED_ANNOTATIONS: Final = f"{GROUP}/managed-annotations"
 ANNOTATION_MANAGED_LABELS: Final = f"{GROUP}/managed-labels"
 
 
+def cluster_labels(cluster: str) -> dict[str, str]:
+    """Labels every managed pod carries; the headless Service, the spread and the NetworkPolicy
+    select on these, so ``spec.podMetadata.labels`` may not set them (``pod_spec.py``)."""
+    return {LABEL_APP: APP_BROKER, LABEL_MANAGED_BY: MANAGED_BY, LABEL_CLUSTER: cluster}
+
+
 def pod_name(cluster: str, ordinal: int) -> str:
     """Managed pods are ``<cluster>-<ordinal>``; ordinal 0 has priority 0, the highest."""
     return f"{cluster}-{ordinal}"

@@ -20,6 +20,7 @@ from typing import Any
 from broker_contracts import environment
 from broker_operator.controller import names
 from broker_operator.controller.bodies import ClaimBody, PodBody
+from broker_operator.controller.claim_sizes import ResizeRefusal
 from broker_operator.controller.rollout import PodView
 from broker_operator.controller.spec import ClusterSpec
 from broker_operator.core.model import BrokerTarget, PodFacts
@@ -218,6 +219,9 @@ class ClusterObservations:
     slice_version: str | None = None
     # The latest body of every journal claim of the cluster, by name (the retention policy's input).
     claims: dict[str, ClaimBody] = field(default_factory=dict)
+    # Resizes of those claims the API server refused, by claim (claim_growth.py): not asked again
+    # until due, or until spec.storage.size changes.
+    resize_refusals: dict[str, ResizeRefusal] = field(default_factory=dict)
     # Children the reconciler created or found, so that it does not re-create them every pass.
     ensured: set[str] = field(default_factory=set)
     ensured_generation: int | None = None

@@ -21,6 +21,7 @@ from broker_operator.controller.conditions import set_condition as _set_conditio
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.endpoint_hosts import endpoint_refusals
 from broker_operator.controller.observed import ClusterObservations
+from broker_operator.controller.pod_fields import broker_image
 from broker_operator.controller.pod_security import pod_security_refusals
 from broker_operator.controller.readiness import CONDITION_READY
 from broker_operator.controller.spec import ClusterSpec
@@ -116,11 +117,12 @@ def check_pod_security(
         return False
     observations = context.observations_for(ref.namespace, ref.name)
     found = pod_security_refusals(
-        spec.image,
+        broker_image(spec, context.settings.pod_defaults),
         spec.pod_security_context,
         spec.container_security_context,
         level=context.settings.broker_pod_security,
         images=context.settings.broker_images,
+        image_from="spec.image" if spec.image else "the operator's --broker-image",
     )
     if not found:
         observations.reported.pop("PodSecurityRefused", None)

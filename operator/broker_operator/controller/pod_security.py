@@ -130,12 +130,14 @@ def pod_security_refusals(
     *,
     level: str,
     images: BrokerImages,
+    image_from: str = "spec.image",
 ) -> list[str]:
-    """Every reason the operator may not make broker pods of this spec under its settings."""
+    """Every reason the operator may not make broker pods of this spec under its settings;
+    ``image_from`` names where the image came from (the spec, or the operator's --broker-image)."""
     found = []
     if not images.allows(image):
         found.append(
-            f"spec.image ({image}) matches none of the operator's allowed broker images "
+            f"{image_from} ({image}) matches none of the operator's allowed broker images "
             f"({', '.join(images.patterns)}; chart value operator.brokerImages)"
         )
     if level == "restricted":

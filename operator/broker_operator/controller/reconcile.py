@@ -1,11 +1,14 @@
 """Bring one BrokerCluster's children in line with its spec: Secret, certificates (``certificates.py``),
-Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy (``claims.py``).
+Services, NetworkPolicy, PVCs, pods, rollout, and the journal claims' retention policy and size
+(``claims.py``).
 
 Called by the kopf handlers on create, update, resume and on a timer; every
 step is idempotent (create-if-absent, one rollout step at a time), so running
 it twice, or from two operator replicas, does no harm. The phase ``Conflict``
 is decided here, before anything is created: a cluster that loses its pair to
-an older one owns nothing and runs nothing.
+an older one owns nothing and runs nothing. A paused cluster (the annotation
+``broker.failover.dev/pause-reconciliation``, ``pause.py``) gets its conditions reported and no
+child written.
 
 A pass under a CRD older than the operator needs changes nothing (``crd_check.crd_refusal``,
 called first).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
@@ -26,13 +30,16 @@ from kubernetes.client.exceptions import ApiException
 
 from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
 from broker_operator.controller.certificates import ensure_certificates
-from broker_operator.controller.claims import apply_claim_retention
+from broker_operator.controller.claims import maintain_journal_claims
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
 from broker_operator.controller.crd_check import crd_refusal
+from broker_operator.controller.deprecated_fields import warn_deprecated_fields
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
+from broker_operator.controller.pause import report_pause
 from broker_operator.controller.permitted import check_credentials, check_endpoints, check_pod_security
+from broker_operator.controller.placement import describe, zones_for_new_pod
 from broker_operator.controller.readiness import CONDITION_READY, readiness
 from broker_operator.controller.rollout import StepKind, next_rollout_step
 from broker_operator.controller.spec import ClusterSpec, SpecError, parse_spec
@@ -131,6 +138,7 @@ async def _reconcile_under_current_crd(
         return None
     observations.reported.pop("InvalidSpec", None)
     _set_condition(ref, status_patch, CONDITION_SPEC_VALID, ok=True, reason="Valid", message="spec accepted")
+    warn_deprecated_fields(ref, observations)
     generation = ref.body["metadata"].get("generation")
     if generation and ref.status.get("observedGeneration") != generation:
         status_patch["observedGeneration"] = generation
@@ -138,6 +146,27 @@ async def _reconcile_under_current_crd(
     refused = check_endpoints(context, ref, parsed, status_patch, logger)
     refused = check_pod_security(context, ref, parsed, status_patch, logger) or refused
     refused = await check_credentials(context, ref, parsed, status_patch, logger) or refused
+    # Paused (controller/pause.py): what is observed is still reported, and no child is written.
+    if not report_pause(ref, status_patch, observations, parsed, datetime.now(UTC)):
+        refused = await write_children(context, ref, parsed, status_patch, logger, refused=refused)
+    if not refused:
+        report_readiness(ref, status_patch, observations.pods, observations.first_report)
+    await _keep_a_newer_phase(context, ref, status_patch)
+    return parsed
+
+
+async def write_children(
+    context: ControllerContext,
+    ref: ClusterRef,
+    parsed: ClusterSpec,
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    *,
+    refused: bool,
+) -> bool:
+    """Certificates, the children, the NetworkPolicy, the budget, one rollout step, the claims'
+    retention; no pod while a credential or a security check is ``refused``, or once the
+    certificates refuse too (returned: whether they did)."""
     # Before any child: a broker pod in mode Operator mounts <name>-tls, which must exist first.
     refused = await ensure_certificates(context, ref, parsed, status_patch, logger) or refused
     token_problem = await ensure_children(context, ref, parsed, make_pods=not refused)
@@ -159,11 +188,8 @@ async def _reconcile_under_current_crd(
         await ensure_disruption_budget(context, ref, parsed, status_patch)
         if not refused:
             await roll_out(context, ref, parsed, logger)
-        await apply_claim_retention(context, ref, parsed, logger)
-    if not refused:
-        report_readiness(ref, status_patch, observations.pods, observations.first_report)
-    await _keep_a_newer_phase(context, ref, status_patch)
-    return parsed
+        await maintain_journal_claims(context, ref, parsed, status_patch, logger)
+    return refused
 
 
 async def _keep_a_newer_phase(
@@ -254,11 +280,24 @@ async def ensure_children(
                     reason="Created",
                     message=f"created {manifest['kind']}/{manifest['metadata']['name']}",
                 )
+        # Decided now, for this pod's life (placement.py): a node that joins later moves nothing.
+        zones = zones_for_new_pod(
+            context.node_zones, observations.claims.get(names.journal_claim_name(ref.name, ordinal))
+        )
         pod = builders.build_pod(
-            owner, ordinal, spec, active=name == active, serve_tls=context.settings.broker_tls
+            owner,
+            ordinal,
+            spec,
+            active=name == active,
+            serve_tls=context.settings.broker_tls,
+            defaults=context.settings.pod_defaults,
+            zones=zones,
+            log=context.settings.log,
         )
         if await context.api.create(pod):
-            kopf.info(owner, reason="Created", message=f"created Pod/{name} (priority {ordinal})")
+            kopf.info(
+                owner, reason="Created", message=f"created Pod/{name} (priority {ordinal}, {describe(zones)})"
+            )
     return None
 
 
@@ -470,7 +509,9 @@ async def roll_out(
     """Take at most one rollout step: replace a standby, or ask for a switchover off the active."""
     observations = context.observations_for(ref.namespace, ref.name)
     active = ref.status.get("active")
-    desired = builders.template_hash(ref.name, spec, serve_tls=context.settings.broker_tls)
+    desired = builders.template_hash(
+        ref.name, spec, serve_tls=context.settings.broker_tls, defaults=context.settings.pod_defaults
+    )
     step = next_rollout_step(spec.replicas, desired, pod_views(observations.pods), active)
     owner = ref.kopf_body
     if step is None:

@@ -17,9 +17,13 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from broker_contracts.logs import DEFAULT_LOG_SETTINGS, LogSettings, add_log_arguments, log_settings_from
 from broker_operator.controller.endpoint_hosts import EndpointHosts
+from broker_operator.controller.pod_fields import DEFAULT_BROKER_IMAGE, PodDefaults
 from broker_operator.controller.pod_security import POD_SECURITY_LEVELS, BrokerImages
+from broker_operator.controller.pod_spec import DNS_SUBDOMAIN, NAME_MAX
 from broker_operator.controller.sharding import Shard
 
 
@@ -73,6 +77,13 @@ class ControllerSettings:
     # patterns spec.image must match (empty: any). See pod_security.py.
     broker_pod_security: str = "restricted"
     broker_images: BrokerImages = field(default_factory=BrokerImages)
+    # The broker image of every BrokerCluster without spec.image (the chart's brokerImage, so that one
+    # value points every cluster at the user's registry), and the Secrets every broker pod pulls
+    # with, before the cluster's own spec.imagePullSecrets (pod_fields.py). A changed image rolls the
+    # clusters that follow it (the template hash), one pod at a time, standbys first; changed pull
+    # secrets reach the pods made from then on only (a running pod pulls nothing).
+    broker_image: str = DEFAULT_BROKER_IMAGE
+    broker_image_pull_secrets: tuple[str, ...] = ()
     # Whether broker pods serve TLS as spec.tls asks (the certificates mounted, BROKER_TLS_DIR, HTTPS
     # probes; builders.serves_tls), and so whether the operator heartbeats them over mutual TLS
     # (heartbeat_tls.py). On by default (ARCHITECTURE.md "Channels and trust"); --no-broker-tls /
@@ -84,6 +95,14 @@ class ControllerSettings:
     # a Secret deleted or replaced by hand, or renewed by cert-manager (mode Secrets), is seen within
     # it. A renewal, a warning or an expiry falling due is checked at its time whatever this says.
     certificates_recheck_seconds: float = 60.0
+    # Log format and level, for the operator's lines and kopf's (kopf_logging.py), and passed to
+    # the broker pods it makes (builders.with_log_environment).
+    log: LogSettings = DEFAULT_LOG_SETTINGS
+
+    @property
+    def pod_defaults(self) -> PodDefaults:
+        """What these settings give every broker pod (the builders' ``defaults``)."""
+        return PodDefaults(self.broker_image, self.broker_image_pull_secrets)
 
     def token_recheck_for(self, running: int) -> float:
         """Seconds between a cluster's periodic token re-reads while ``running`` clusters run."""
@@ -105,6 +124,19 @@ def parse_pod_labels(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"--pod-labels / OPERATOR_POD_LABELS: {item!r} is not key=value")
         pairs.append((key.strip(), value.strip()))
     return tuple(sorted(pairs))
+
+
+def parse_pull_secrets(text: str) -> tuple[str, ...]:
+    """``a,b`` (OPERATOR_BROKER_IMAGE_PULL_SECRETS) as names, in order, each once; raises ValueError
+    naming one that cannot be a Secret's name."""
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    for name in names:
+        if len(name) > NAME_MAX or not DNS_SUBDOMAIN.match(name):
+            raise ValueError(
+                f"--broker-image-pull-secrets / OPERATOR_BROKER_IMAGE_PULL_SECRETS: {name!r} is not a "
+                "Secret name (lower-case letters, digits, '-' and '.')"
+            )
+    return tuple(dict.fromkeys(names))
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -210,13 +242,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="comma-separated fnmatch patterns spec.image must match; empty: any "
         "(env OPERATOR_BROKER_IMAGES)",
     )
-    parser.add_argument(
-        "--broker-tls",
-        action=argparse.BooleanOptionalAction,
-        default=_flag(env("OPERATOR_BROKER_TLS", "true"), "OPERATOR_BROKER_TLS", parser),
-        help="broker pods serve TLS as their spec.tls asks and are heartbeated over mutual TLS; "
-        "--no-broker-tls: plain HTTP for every BrokerCluster (env OPERATOR_BROKER_TLS; default: true)",
-    )
+    _add_broker_pod_arguments(parser, environ)
     parser.add_argument(
         "--certificates-recheck-seconds",
         type=float,
@@ -224,6 +250,7 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         help="how often each cluster's certificate Secrets are read again while nothing is due "
         "(env OPERATOR_CERTIFICATES_RECHECK_SECONDS)",
     )
+    add_log_arguments(parser)
     args = parser.parse_args(argv)
     try:
         endpoint_hosts = (
@@ -272,9 +299,51 @@ def parse_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Co
         endpoint_hosts=endpoint_hosts,
         broker_pod_security=args.broker_pod_security,
         broker_images=BrokerImages.parse(args.broker_images.split(",")),
+        **_pod_defaults(args, parser),
         broker_tls=args.broker_tls,
         certificates_recheck_seconds=args.certificates_recheck_seconds,
+        log=log_settings_from(parser, args, environ),
     )
+
+
+def _add_broker_pod_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """The flags of what the operator gives every broker pod: the image and pull secrets unless its
+    spec says otherwise (``PodDefaults``), and TLS as its spec asks, or not at all."""
+    parser.add_argument(
+        "--broker-tls",
+        action=argparse.BooleanOptionalAction,
+        default=_flag(environ.get("OPERATOR_BROKER_TLS", "true"), "OPERATOR_BROKER_TLS", parser),
+        help="broker pods serve TLS as their spec.tls asks and are heartbeated over mutual TLS; "
+        "--no-broker-tls: plain HTTP for every BrokerCluster (env OPERATOR_BROKER_TLS; default: true)",
+    )
+    parser.add_argument(
+        "--broker-image",
+        default=environ.get("OPERATOR_BROKER_IMAGE", "").strip() or DEFAULT_BROKER_IMAGE,
+        help="the broker image of BrokerClusters without spec.image (env OPERATOR_BROKER_IMAGE; "
+        f"default: {DEFAULT_BROKER_IMAGE})",
+    )
+    parser.add_argument(
+        "--broker-image-pull-secrets",
+        default=environ.get("OPERATOR_BROKER_IMAGE_PULL_SECRETS", ""),
+        help="comma-separated Secret names every broker pod pulls its image with, before its "
+        "BrokerCluster's spec.imagePullSecrets (env OPERATOR_BROKER_IMAGE_PULL_SECRETS); default: none",
+    )
+
+
+def _pod_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``--broker-image`` and ``--broker-image-pull-secrets``, checked, as ``ControllerSettings`` fields."""
+    image = args.broker_image.strip()
+    if not image or any(c.isspace() for c in image):
+        parser.error(
+            f"--broker-image / OPERATOR_BROKER_IMAGE ({args.broker_image!r}) must be an image reference"
+        )
+    try:
+        return {
+            "broker_image": image,
+            "broker_image_pull_secrets": parse_pull_secrets(args.broker_image_pull_secrets),
+        }
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def peering_priority_from(started: float | None = None, tie_break: int | None = None) -> int:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from broker_operator.controller import active_service, builders, names
+from broker_operator.controller import active_service, names
 from broker_operator.controller.epochs import allocate_epoch
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations, facts_for, main_port
@@ -129,7 +129,7 @@ class KubernetesClusterShell:
                 "%s/%s: looking for controllers' EndpointSlices failed", self._namespace, self._cluster
             )
 
-    def _endpoint(self, active: str | None, url: str | None) -> builders.ActiveEndpoint | None:
+    def _endpoint(self, active: str | None, url: str | None) -> active_service.ActiveEndpoint | None:
         """The address the engine activated ``active`` at (its URL), with the pod's identity."""
         if active is None or url is None:
             return None
@@ -139,8 +139,8 @@ class KubernetesClusterShell:
         pod = self._observations.pods.get(active)
         if pod is None or pod.get("status", {}).get("podIP") != address:
             # Not the pod the engine activated (replaced since): the address alone, no identity.
-            return builders.ActiveEndpoint(pod=active, address=address)
-        return builders.ActiveEndpoint(
+            return active_service.ActiveEndpoint(pod=active, address=address)
+        return active_service.ActiveEndpoint(
             pod=active,
             address=address,
             port=main_port(pod),

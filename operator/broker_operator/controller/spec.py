@@ -15,7 +15,13 @@ against it; the heartbeat and failback fields are parsed by the engine's own
 seconds for the interval, timeout and lease), so there is one
 parser of them, and ``ClusterSpec.heartbeat`` is what it returned. ``spec.tls`` and
 ``spec.activeService`` have modules of their own (``tls_spec.py``, ``active_service_spec.py``),
-in the same form.
+in the same form, and so do the pod knobs of issue 42 (``pod_spec.py``: pull secrets, spread
+constraints, priority class, pod labels and annotations, ServiceAccount).
+
+``spec.image`` has no default in the CRD: absent, the pods run the operator's ``--broker-image``
+(``pod_fields.py``), so that one setting of the chart points every BrokerCluster at the user's
+registry. The CRD's former default, which the API server wrote into every BrokerCluster created
+before, counts as absent for the same reason (``FORMER_DEFAULT_IMAGE``).
 
 This module reads and checks; it does not talk to Kubernetes and does not
 decide anything about failover.
@@ -30,12 +36,17 @@ from typing import Any, Final, cast
 
 from broker_operator.controller import names
 from broker_operator.controller.active_service_spec import ActiveServiceSpec, parse_active_service
+from broker_operator.controller.pod_spec import PodSpec, parse_pod, plain_copy
 from broker_operator.controller.secret_refs import SecretRef, read_secret_ref
 from broker_operator.controller.tls_spec import TlsSpec, parse_tls
 from broker_operator.core import spec_fields as fields
 from broker_operator.core.model import HeartbeatSettings, SettingsError
 
-DEFAULT_IMAGE: Final = fields.IMAGE.default
+# spec.image's schema default until issue 42: the API server stored it in every BrokerCluster made
+# before, so it is read as "not set" (the operator's --broker-image), or those clusters would never
+# follow the chart's image. Nobody means this local-only name as a deliberate choice of their own.
+FORMER_DEFAULT_IMAGE: Final = "localhost/broker-failover/broker:0.1.0"
+IMAGE_MAX: Final = 512
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _URL: Final = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 
@@ -114,9 +125,9 @@ class ClusterSpec:
     company: str
     replicas: int  # 0 in endpoints mode
     endpoints: tuple[Endpoint, ...]
-    image: str
+    image: str | None  # None: the operator's --broker-image (pod_fields.broker_image)
     image_pull_policy: str
-    resources: Mapping[str, Any]
+    resources: Mapping[str, Any]  # as written; without requests and limits, pod_fields' default requests
     storage_size: str
     storage_class: str | None
     claim_retention: ClaimRetention
@@ -140,7 +151,7 @@ class ClusterSpec:
     container_security_context: Mapping[str, Any] | None = None
     # Where the pods may run: spec.affinity, spec.nodeSelector and spec.tolerations as written;
     # None: absent. Without spec.affinity the operator spreads one cluster's brokers over nodes
-    # (builders.default_affinity); a given one replaces that default whole.
+    # (placement.default_affinity); a given one replaces that default whole.
     affinity: Mapping[str, Any] | None = None
     node_selector: Mapping[str, Any] | None = None
     tolerations: tuple[Mapping[str, Any], ...] | None = None
@@ -150,6 +161,8 @@ class ClusterSpec:
     # (active_service_spec.py): the <name>-active Service's shape. Both default as the CRD does.
     tls: TlsSpec = field(default_factory=TlsSpec)
     active_service: ActiveServiceSpec = field(default_factory=ActiveServiceSpec)
+    # The pod knobs (pod_spec.py), each as written; their defaults are the operator's.
+    pod: PodSpec = field(default_factory=PodSpec)
 
     @property
     def endpoints_mode(self) -> bool:
@@ -221,7 +234,7 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         company=company,
         replicas=replicas,
         endpoints=endpoints,
-        image=str(spec.get("image") or fields.IMAGE.default),
+        image=_image(spec.get("image"), problems),
         image_pull_policy=fields.IMAGE_PULL_POLICY.read(spec, problems),
         resources=dict(spec.get("resources") or {}),
         storage_size=str(storage.get("size") or fields.STORAGE_SIZE.default),
@@ -253,10 +266,24 @@ def parse_spec(cluster: str, spec: Mapping[str, Any]) -> ClusterSpec:
         drain_without_standby=fields.DRAIN_WITHOUT_STANDBY.read(spec, problems),
         tls=parse_tls(_mapping(spec, "tls", problems), problems),
         active_service=parse_active_service(_mapping(spec, "activeService", problems), problems),
+        pod=parse_pod(spec, problems),
     )
     if problems:
         raise SpecError(cluster, problems)
     return parsed
+
+
+def _image(value: object, problems: list[str]) -> str | None:
+    """``spec.image``, or None for the operator's own (absent, or the CRD's former default)."""
+    if value is None or value == FORMER_DEFAULT_IMAGE:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > IMAGE_MAX:
+        problems.append(
+            f"spec.image ({value!r}) must be an image reference of at most {IMAGE_MAX} characters; "
+            "leave it out for the operator's --broker-image"
+        )
+        return None
+    return value
 
 
 def _mapping(spec: Mapping[str, Any], field: str, problems: list[str]) -> Mapping[str, Any]:
@@ -346,7 +373,7 @@ def _peers(
         for name, value in given.items():
             if not isinstance(value, Mapping):
                 problems.append(f"{path}.{name} must be an object, got {value!r}")
-        checked.append(_plain(given))
+        checked.append(plain_copy(given))
     return tuple(checked)
 
 
@@ -372,7 +399,7 @@ def _kubernetes_object(
     if not isinstance(value, Mapping):
         problems.append(f"spec.{field} must be an object (a Kubernetes {kind}), got {value!r}; {when_absent}")
         return None
-    return cast(Mapping[str, Any], _plain(value))
+    return cast(Mapping[str, Any], plain_copy(value))
 
 
 def _tolerations(spec: Mapping[str, Any], problems: list[str]) -> tuple[Mapping[str, Any], ...] | None:
@@ -383,16 +410,7 @@ def _tolerations(spec: Mapping[str, Any], problems: list[str]) -> tuple[Mapping[
     if not isinstance(value, list | tuple) or not all(isinstance(item, Mapping) for item in value):
         problems.append(f"spec.tolerations must be a list of Kubernetes Tolerations (objects), got {value!r}")
         return None
-    return tuple(cast(Mapping[str, Any], _plain(item)) for item in value)
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-ready copy (plain dicts and lists) of a mapping read from a kopf body."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    return tuple(cast(Mapping[str, Any], plain_copy(item)) for item in value)
 
 
 def _connection(

@@ -30,9 +30,7 @@ from broker_operator.core.decisions import (
     choose_next_active,
     epoch_usable,
     next_epoch,
-    phase_of,
     retry_delay,
-    status_of,
     step,
 )
 from broker_operator.core.knowledge import ClusterConfig, EngineState, MoveKind, initial_state
@@ -45,6 +43,7 @@ from broker_operator.core.model import (
     SettingsError,
 )
 from broker_operator.core.planned_moves import failback_target
+from broker_operator.core.reported import phase_of, status_of
 from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase
 
 __all__ = [

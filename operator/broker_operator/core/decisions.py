@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from broker_contracts.soap import UNAVAILABILITY_CODE_MAX_LEN, BrokerState
 from broker_operator.core.actions import (
     Action,
     AllocateEpoch,
@@ -52,8 +51,9 @@ from broker_operator.core.knowledge import (
 )
 from broker_operator.core.model import FailbackMode, PodFacts
 from broker_operator.core.observe import observe
+from broker_operator.core.pause import hold_failover, hold_move, may_activate
 from broker_operator.core.planned_moves import consider_planned_move
-from broker_operator.core.status import BrokerStatus, ClusterStatus, LastFailover, Phase, format_time
+from broker_operator.core.reported import shown_answer
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,13 @@ def step(
     state = apply_pod_facts(state, pod_facts)
     for observation in observations:
         state = observe(state, config, observation, now)
-    state = _check_active(state, config, now)
-    state = consider_planned_move(state, config, now)
+    cause = failover_cause(state, config, now)
+    if config.paused:  # no failover and no planned move: core/pause.py
+        state = hold_failover(state, cause)
+    else:
+        state = replace(state, held_failover=None) if state.held_failover is not None else state
+        state = _fail_over(state, config, now, cause) if cause is not None else state
+        state = consider_planned_move(state, config, now)
     plan = _Plan(state, now)
     _progress_move(plan, config)
     _renew_active(plan, config)
@@ -197,10 +202,11 @@ def epoch_usable(state: EngineState, candidate: str) -> bool:
     return broker is None or broker.reported_epoch <= state.epoch
 
 
-def _check_active(state: EngineState, config: ClusterConfig, now: float) -> EngineState:
-    """Start a failover when the active is gone from the spec, dead, or failed too often."""
+def failover_cause(state: EngineState, config: ClusterConfig, now: float) -> tuple[str, str] | None:
+    """(reason, what happened) when the active must be failed over now: it is gone from the spec,
+    dead, or failed too often; None otherwise (or with no active)."""
     if state.active is None:
-        return state
+        return None
     broker = state.broker(state.active)
     threshold = config.settings.failure_threshold
     if broker is None or not broker.in_spec:
@@ -217,8 +223,16 @@ def _check_active(state: EngineState, config: ClusterConfig, now: float) -> Engi
         reason = broker.code or "HEARTBEAT_FAILED"
         detail = f"failed {broker.failures} heartbeats in a row (last: {broker.message or broker.state})"
     else:
-        return state
+        return None
+    return reason, detail
+
+
+def _fail_over(state: EngineState, config: ClusterConfig, now: float, cause: tuple[str, str]) -> EngineState:
+    """Start a failover away from the active, for ``cause`` (:func:`failover_cause`)."""
+    reason, detail = cause
     old = state.active
+    assert old is not None  # a cause is found only for an active
+    broker = state.broker(old)
     if broker is not None:
         state = state.with_broker(old, failures=0, ready_since=None, state="Unavailable", code=reason[:30])
     move = Move(
@@ -258,9 +272,12 @@ def _progress_move(plan: _Plan, config: ClusterConfig) -> None:
     if candidate is None:
         plan.state = _walk_exhausted(state, config, move, now)
         return
+    if not may_activate(state, config, candidate):
+        plan.state = hold_move(state, move)  # paused: the move waits (core/pause.py)
+        return
     plan.candidate = candidate
     if not epoch_usable(state, candidate):
-        if now >= state.epoch_retry_at:
+        if now >= state.epoch_retry_at and not config.paused:
             plan.actions.append(AllocateEpoch(state.epoch, next_epoch(state)))
         plan.state = state
         return
@@ -372,8 +389,10 @@ def _fence_and_probe(plan: _Plan, config: ClusterConfig) -> None:
                 broker = replace(known, next_probe_at=due)
                 plan.heartbeat(broker, active=False, epoch=state.epoch)
         brokers.append(broker)
-    # Brokers gone from the spec are forgotten once they are known not active.
-    plan.state = replace(state, brokers=tuple(b for b in brokers if b.in_spec or b.needs_fencing(now)))
+    # Brokers gone from the spec are forgotten once they are known not active; never the active
+    # (out of the spec while a pause holds its failover).
+    kept = (b for b in brokers if b.in_spec or b.name == state.active or b.needs_fencing(now))
+    plan.state = replace(state, brokers=tuple(kept))
 
 
 def _point_service(plan: _Plan, config: ClusterConfig) -> None:
@@ -436,65 +455,3 @@ def _wake_at(state: EngineState, config: ClusterConfig, now: float) -> float:
             times.append(broker.ready_since + settings.failback_stable_seconds)
     future = [t for t in times if t > now]
     return min(future) if future else now + settings.interval_seconds
-
-
-def phase_of(state: EngineState, config: ClusterConfig) -> Phase:
-    move = state.move
-    if move is not None and state.active is None:
-        if move.rounds > 1:
-            return Phase.UNAVAILABLE
-        return Phase.PENDING if move.kind is MoveKind.STARTUP else Phase.FAILING_OVER
-    if state.active is None:
-        return Phase.UNAVAILABLE
-    standbys = [b for b in state.brokers if b.in_spec and b.name != state.active]
-    return Phase.HEALTHY if all(b.ready for b in standbys) else Phase.DEGRADED
-
-
-def shown_answer(broker: BrokerKnowledge) -> tuple[str, str | None, str | None]:
-    """(state, code, message) as status shows a broker: its failed activation's answer, if any.
-
-    A refused activation is followed by a fence (``active=false``, answered ``Inactive``)
-    and standby probes, and while no broker is active those later answers would hide why:
-    the broker stays shown ``Unavailable`` with the code it gave its activation until a
-    broker is active again (``observe.complete_move`` clears it) or its process changes.
-    A dead container is shown as such whatever it answered before.
-    """
-    if broker.activation_code is not None and not broker.dead:
-        return BrokerState.UNAVAILABLE.value, broker.activation_code, broker.activation_message
-    return broker.state, broker.code, broker.message
-
-
-def status_of(state: EngineState, config: ClusterConfig) -> ClusterStatus:
-    """The status fields the engine owns, as they should read now."""
-    last = state.last_move
-    return ClusterStatus(
-        phase=phase_of(state, config).value,
-        active=state.active,
-        epoch=state.epoch,
-        active_epoch=state.active_epoch if state.active is not None else None,
-        brokers=tuple(
-            BrokerStatus(
-                name=b.name,
-                priority=b.priority,
-                state=shown,
-                unavailability_code=code[:UNAVAILABILITY_CODE_MAX_LEN] if code else None,
-                unavailability_message=message,
-                last_heartbeat_time=format_time(b.last_reply_at + state.wall_offset)
-                if b.last_reply_at is not None
-                else None,
-            )
-            for b in state.brokers
-            if b.in_spec
-            for shown, code, message in (shown_answer(b),)
-        ),
-        last_failover=LastFailover(
-            time=format_time(last.completed_wall),
-            from_=last.from_,
-            to=last.to,
-            reason=last.reason,
-            duration_ms=last.duration_ms,
-        )
-        if last is not None
-        else None,
-        failovers=state.failovers,
-    )

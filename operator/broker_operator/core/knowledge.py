@@ -52,6 +52,8 @@ class ClusterConfig:
     # Where in each period this cluster's periodic heartbeats fall, as a fraction of it (see
     # ``next_on_phase``); None: one period after the event that scheduled them.
     phase: float | None = None
+    # Reconciliation paused (the annotation, ``core/pause.py``): no term begins or ends meanwhile.
+    paused: bool = False
 
     @classmethod
     def of(
@@ -61,6 +63,8 @@ class ClusterConfig:
         settings: HeartbeatSettings,
         preferred_active: str | None = None,
         phase: float | None = None,
+        *,
+        paused: bool = False,
     ) -> ClusterConfig:
         names = [t.name for t in targets]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -69,7 +73,7 @@ class ClusterConfig:
         if phase is not None and not 0.0 <= phase < 1.0:
             raise ValueError(f"BrokerCluster {cluster}: phase {phase} is not in [0, 1)")
         ordered = tuple(sorted(targets, key=lambda t: (t.priority, t.name)))
-        return cls(cluster, ordered, settings, preferred_active or None, phase)
+        return cls(cluster, ordered, settings, preferred_active or None, phase, paused)
 
     def target(self, name: str) -> BrokerTarget | None:
         return next((t for t in self.targets if t.name == name), None)
@@ -221,6 +225,8 @@ class EngineState:
     epoch_ended: bool = False
     # The active's node is being drained and no standby could take over: said once per drain.
     drain_blocked_reported: bool = False
+    # Why the failover a pause holds back is needed (core/pause.py), None when none is held.
+    held_failover: str | None = None
 
     def resumes_holder(self, name: str) -> bool:
         """Whether ``name`` is a restarted engine's start move's first candidate: the recorded

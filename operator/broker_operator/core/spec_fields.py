@@ -154,7 +154,6 @@ REPLICAS: Final = IntegerField("replicas", 1, 9)
 DEFAULT_REPLICAS: Final = 2
 ENDPOINT_PRIORITY: Final = IntegerField("endpoints[].priority", 0, 1000)
 
-IMAGE: Final = TextField("image", "localhost/broker-failover/broker:0.1.0")
 IMAGE_PULL_POLICY: Final = ChoiceField("imagePullPolicy", ("Always", "IfNotPresent", "Never"), "IfNotPresent")
 STORAGE_SIZE: Final = TextField("storage.size", "1Gi")
 # Retain first and default: a journal may hold acknowledged messages, held messages and the
@@ -214,6 +213,14 @@ CA_VALIDITY_DAYS: Final = IntegerField("tls.certificates.caValidityDays", 366, 3
 BACKEND_CLIENTS_CA_KEY: Final = TextField("tls.backendClients.caSecretRef.key", "ca.crt")
 UPSTREAM_CA_KEY: Final = TextField("tls.upstreamCASecretRef.key", "ca.crt")
 
+# spec.topologySpreadConstraints[] (issue 42): the bounds the CRD states of a core/v1 constraint's
+# required fields; the rest of each entry is core/v1's, which the API server checks on the pod.
+# 100: far above any skew that means something for at most 9 brokers.
+TOPOLOGY_MAX_SKEW: Final = IntegerField("topologySpreadConstraints[].maxSkew", 1, 100)
+WHEN_UNSATISFIABLE: Final = OptionalChoiceField(
+    "topologySpreadConstraints[].whenUnsatisfiable", ("DoNotSchedule", "ScheduleAnyway")
+)
+
 # The <name>-active Service's shape (the backend's address). externalTrafficPolicy and nodePort have
 # no default: a ClusterIP Service must carry neither, and absent on the other types means the API
 # server's (Cluster; a node port it picks).
@@ -231,16 +238,16 @@ EXTERNAL_TRAFFIC_POLICY: Final = OptionalChoiceField(
 # outside its own when the operator writes the Service (the event names it).
 NODE_PORT: Final = IntegerField("activeService.nodePort", 30000, 32767)
 
-# In the design's spec, but read by nothing yet: the chart runs one validator CronJob for every
-# cluster, on its own value (validator.schedule). Listed so that the check against the CRD is whole.
-MESSAGE_LOG_SCHEDULE: Final = TextField("messageLog.schedule", "*/15 * * * *")
+# In the design's spec, but deprecated and ignored (issue 42): the chart runs one validator
+# CronJob for every cluster, on its own value (validator.schedule). No default since then, so it is
+# not a constrained field; controller/deprecated_fields.py reads it only to say so.
+MESSAGE_LOG_SCHEDULE_PATH: Final = "messageLog.schedule"
 
 FIELDS: Final[
     tuple[IntegerField | NumberField | ChoiceField | OptionalChoiceField | TextField | BooleanField, ...]
 ] = (
     REPLICAS,
     ENDPOINT_PRIORITY,
-    IMAGE,
     IMAGE_PULL_POLICY,
     STORAGE_SIZE,
     WHEN_SCALED,
@@ -260,9 +267,10 @@ FIELDS: Final[
     MAX_DELIVERIES,
     ON_POISON,
     MESSAGE_LOG_MOUNT,
-    MESSAGE_LOG_SCHEDULE,
     NETWORK_POLICY_ENABLED,
     DRAIN_WITHOUT_STANDBY,
+    TOPOLOGY_MAX_SKEW,
+    WHEN_UNSATISFIABLE,
     TLS_MODE,
     TLS_CLUSTER_DOMAIN,
     CERTIFICATE_VALIDITY_DAYS,
@@ -276,5 +284,6 @@ FIELDS: Final[
 )
 """Every field of the spec with a default, a minimum/maximum or an enum in the CRD."""
 
-NOT_READ_BY_THE_OPERATOR: Final = (MESSAGE_LOG_SCHEDULE.path,)
-"""CRD fields that ``parse_spec`` does not read; every other field of the CRD's spec it reads."""
+NOT_READ_BY_THE_OPERATOR: Final = (MESSAGE_LOG_SCHEDULE_PATH,)
+"""CRD fields that ``parse_spec`` does not read (deprecated ones, only looked at for their warning);
+every other field of the CRD's spec it reads."""

@@ -35,6 +35,7 @@ from zeep.transports import Transport
 
 import broker_contracts
 from broker_contracts.soap import AUTH_HEADER, AUTH_SCHEME, NAMESPACE, FaultCode, HeldMessage
+from broker_operator.heartbeat_soap import fault_code
 from broker_operator.kubectl_plugin.admin_tls import AdminTls, VerifiedAsAdapter
 from broker_operator.kubectl_plugin.errors import PluginError
 
@@ -116,7 +117,7 @@ class BrokerAdmin:
         try:
             return getattr(self._service, operation)(**arguments)
         except zeep.exceptions.Fault as fault:
-            code = _fault_code(fault)
+            code = fault_code(fault)
             hint = _FAULT_HINTS.get(code, "")
             raise BrokerAdminError(
                 f"{operation} refused by broker {self.broker} ({self.url}): {code}: {fault.message}{hint}",
@@ -192,16 +193,6 @@ def _held(entry: Any) -> HeldMessage:
         last_error=str(entry.lastError or ""),
         held_since=since.isoformat() if isinstance(since, datetime) else str(since),
     )
-
-
-def _fault_code(fault: zeep.exceptions.Fault) -> str:
-    """The BrokerFault ``code`` from a fault's detail, or the SOAP faultcode."""
-    detail = fault.detail
-    if detail is not None:
-        code = detail.find(f".//{{{NAMESPACE}}}code")
-        if code is not None and code.text:
-            return str(code.text)
-    return str(fault.code)
 
 
 def _closed_unanswered(error: requests.exceptions.ConnectionError) -> bool:

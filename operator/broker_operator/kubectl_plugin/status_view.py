@@ -113,10 +113,27 @@ def cluster_document(
             for c in status.get("conditions") or []
         ],
         "conflictsWith": status.get("conflictsWith"),
+        "reconciliationPaused": _paused_document(status),
         "heldTotal": _held_total(brokers) if held is not None else None,
         "brokers": brokers,
         "tls": _tls_document(status.get("tls"), now),
     }
+
+
+# The operator's condition while broker.failover.dev/pause-reconciliation is "true" (docs/pause.md).
+CONDITION_PAUSED: Final = "ReconciliationPaused"
+
+
+def _paused_document(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Since when, and why, reconciliation is paused (the condition while True); None otherwise."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == CONDITION_PAUSED and condition.get("status") == "True":
+            return {
+                "since": condition.get("lastTransitionTime"),
+                "reason": condition.get("reason"),
+                "message": condition.get("message"),
+            }
+    return None
 
 
 def _tls_document(tls: object, now: datetime) -> dict[str, Any] | None:
@@ -163,6 +180,7 @@ def render_cluster(document: Mapping[str, Any], now: datetime) -> str:
         ("Cluster", f"{document['name']} (namespace {document['namespace']})"),
         ("Pair", f"account {document['account']}, company {document['company']}"),
         ("Phase", str(document["phase"] or "(no status yet)")),
+        *_paused_rows(document, now),
         ("Active", _active_line(document)),
         ("Failovers", _failover_line(document, now)),
         ("Ordering", _ordering_line(document, now)),
@@ -189,6 +207,17 @@ def render_cluster(document: Mapping[str, Any], now: datetime) -> str:
         lines += ["", "Held counts missing:", *(f"  {m}" for m in missing)]
     lines += certificate_lines(document.get("tls"))
     return "\n".join(lines)
+
+
+def _paused_rows(document: Mapping[str, Any], now: datetime) -> list[tuple[str, str]]:
+    """A ``Paused`` row while reconciliation is paused: a person must see that the operator will
+    not fail over, before anything else about the brokers."""
+    paused = document.get("reconciliationPaused")
+    if not paused:
+        return []
+    since = paused.get("since")
+    when = f"since {since} ({format_age(age_seconds(since, now))} ago)" if since else "yes"
+    return [("Paused", f"PAUSED {when}, {paused.get('reason')}: {paused.get('message')}")]
 
 
 def format_left(seconds: float | None) -> str:
@@ -285,6 +314,7 @@ def cluster_summary(body: BrokerClusterBody, now: datetime) -> dict[str, Any]:
     ready = sum(1 for b in document["brokers"] if b["state"] in ("Active", "Inactive"))
     return {
         **{k: document[k] for k in ("name", "namespace", "phase", "active", "epoch", "failovers")},
+        "paused": document["reconciliationPaused"] is not None,
         "brokersReady": f"{ready}/{len(document['brokers'])}",
         "ordering": (document["ordering"] or {}).get("result"),
         "lastFailover": document["lastFailover"],
@@ -298,7 +328,7 @@ def render_cluster_list(summaries: Sequence[Mapping[str, Any]], now: datetime, w
     rows = [
         [
             str(s["name"]),
-            str(s["phase"] or NONE),
+            str(s["phase"] or NONE) + (" (paused)" if s.get("paused") else ""),
             str(s["active"] or NONE),
             NONE if s["epoch"] is None else str(s["epoch"]),
             str(s["brokersReady"]),

@@ -46,7 +46,7 @@ from broker_simulators.backend import build_envelope
 from broker_simulators.local_processes import ProcessSet, RunningProcess, free_port, loopback_host
 from local_cluster.broker_certificates import write_secret_volume
 from tests.integration.broker.tls_helpers import BACKEND_TOKEN, OPERATOR_TOKEN, TlsConnection, call, once
-from tests.unit.controller.test_certificates_shell import SecretStore, body, context_for, reconcile
+from tests.unit.controller.certificate_passes import SecretStore, body, context_for, reconcile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -58,10 +58,12 @@ def recorded_healthy(shell: ProcessShell, active: str) -> bool:
     )
 
 
+# The loops of these tests run outside Kubernetes: no namespace (ClusterLoop's default).
+ACME = {"brokercluster_namespace": "", "brokercluster": "acme-1000"}
+
+
 def failovers_counted() -> float:
-    sample = REGISTRY.get_sample_value(
-        "broker_failover_failovers_total", {"cluster": "acme-1000", "kind": "Failover"}
-    )
+    sample = REGISTRY.get_sample_value("broker_failover_failovers_total", {**ACME, "kind": "Failover"})
     return sample or 0.0
 
 
@@ -80,10 +82,8 @@ async def test_kill9_with_pod_facts_fails_over_at_once(cluster: BrokerTrio) -> N
     assert {"ActiveUnavailable", "Failover"} <= set(shell.reasons())
     assert loop.status.phase == "Degraded"  # b0 is gone
     assert failovers_counted() == counted_before + 1
-    assert REGISTRY.get_sample_value("broker_failover_epoch", {"cluster": "acme-1000"}) == 2
-    assert (
-        REGISTRY.get_sample_value("broker_failover_phase", {"cluster": "acme-1000", "phase": "Degraded"}) == 1
-    )
+    assert REGISTRY.get_sample_value("broker_failover_epoch", ACME) == 2
+    assert REGISTRY.get_sample_value("broker_failover_phase", {**ACME, "phase": "Degraded"}) == 1
 
 
 async def test_a_held_status_write_does_not_hold_the_failover(cluster: BrokerTrio) -> None:

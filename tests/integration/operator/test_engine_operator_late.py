@@ -46,7 +46,8 @@ class HeldUpClient(HeartbeatClient):
 
 def heartbeats_counted(outcome: str) -> float:
     sample = REGISTRY.get_sample_value(
-        "broker_failover_heartbeats_total", {"cluster": "acme-1000", "outcome": outcome}
+        "broker_failover_heartbeats_total",
+        {"brokercluster_namespace": "", "brokercluster": "acme-1000", "outcome": outcome},
     )
     return sample or 0.0
 

@@ -128,7 +128,7 @@ async def running_operator(
         kopf.operator(
             registry=registry,
             settings=settings,
-            namespaces=[NAMESPACE],
+            namespaces=list(context.settings.namespaces),  # NAMESPACE unless a test names more
             standalone=True,
             memo=kopf.Memo({MEMO_KEY: context}),
             stop_flag=stop,
@@ -206,3 +206,14 @@ async def serve_brokers(heartbeat: BrokerHandler) -> tuple[aiohttp.web.AppRunner
     port = free_port("127.0.0.1")
     await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, port
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """The events the code posts through ``kopf.info`` and ``kopf.warn``, as (type, reason, message)."""
+    posted: list[tuple[str, str, str]] = []
+    for name, kind in (("info", "Normal"), ("warn", "Warning")):
+        monkeypatch.setattr(
+            kopf, name, lambda body, *, reason, message, k=kind: posted.append((k, reason, message))
+        )
+    return posted

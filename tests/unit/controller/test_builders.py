@@ -7,7 +7,14 @@ import json
 from typing import Any
 
 from broker_contracts.token_verifier import token_verifier
-from broker_operator.controller import active_service_shape, builders, names, network_policy, verifiers
+from broker_operator.controller import (
+    active_service,
+    active_service_shape,
+    builders,
+    names,
+    network_policy,
+    verifiers,
+)
 from broker_operator.controller.spec import parse_spec
 
 OWNER: dict[str, Any] = {
@@ -97,7 +104,7 @@ def test_every_child_but_a_retained_claim_is_owned_by_the_cluster() -> None:
         builders.build_journal_claim(OWNER, 0, deleted),
         builders.build_headless_service(OWNER),
         active_service_shape.build_active_service(OWNER),
-        builders.build_active_endpoint_slice(OWNER, None, 1),
+        active_service.build_active_endpoint_slice(OWNER, None, 1),
         verifiers.build_token_secret(OWNER),
         verifiers.build_backend_token_secret(OWNER),
     ]
@@ -116,8 +123,10 @@ def test_active_service_selects_nothing_its_slice_names_the_active_under_its_epo
     service = active_service_shape.build_active_service(OWNER)
     assert service["metadata"]["name"] == "orders-active"
     assert "selector" not in service["spec"]  # the operator writes its endpoints
-    endpoint = builders.ActiveEndpoint(pod="orders-1", address="10.244.0.7", port=8080, uid="u-7", node="n1")
-    slice_ = builders.build_active_endpoint_slice(OWNER, endpoint, 7)
+    endpoint = active_service.ActiveEndpoint(
+        pod="orders-1", address="10.244.0.7", port=8080, uid="u-7", node="n1"
+    )
+    slice_ = active_service.build_active_endpoint_slice(OWNER, endpoint, 7)
     labels, annotations = slice_["metadata"]["labels"], slice_["metadata"]["annotations"]
     assert slice_["metadata"]["name"] == "orders-active"
     assert labels["kubernetes.io/service-name"] == "orders-active"
@@ -127,7 +136,7 @@ def test_active_service_selects_nothing_its_slice_names_the_active_under_its_epo
     (only,) = slice_["endpoints"]
     assert only["addresses"] == ["10.244.0.7"] and only["conditions"]["ready"] is True
     assert only["targetRef"] == {"kind": "Pod", "namespace": "erp", "name": "orders-1", "uid": "u-7"}
-    nobody = builders.build_active_endpoint_slice(OWNER, None, 8)
+    nobody = active_service.build_active_endpoint_slice(OWNER, None, 8)
     assert nobody["endpoints"] == [] and nobody["metadata"]["annotations"]["broker.failover.dev/epoch"] == "8"
     headless = builders.build_headless_service(OWNER)
     assert headless["spec"]["clusterIP"] == "None"
@@ -220,6 +229,7 @@ def test_the_handover_cap_reaches_the_pod_but_not_its_template_hash() -> None:
     assert builders.template_hash("orders", base) == builders.template_hash("orders", longer)
     container = builders.broker_container("orders", base)
     container["env"] = [e for e in container["env"] if e["name"] != "BROKER_MAX_LEASE_SECONDS"]
+    container["resources"] = {}  # the default requests are out of the hash too (issue 42)
     earlier = {
         "container": container,
         "volumes": builders.pod_volumes("orders", 0, base),
@@ -488,6 +498,7 @@ def test_a_given_affinity_replaces_the_spread_and_scheduling_fields_roll_the_pod
     assert len({builders.template_hash("orders", spec) for spec in variants}) == len(variants)
     container = builders.broker_container("orders", base)
     container["env"] = [e for e in container["env"] if e["name"] != "BROKER_MAX_LEASE_SECONDS"]  # issue 40
+    container["resources"] = {}  # issue 42
     without_scheduling = {
         "container": container,
         "volumes": builders.pod_volumes("orders", 0, base),

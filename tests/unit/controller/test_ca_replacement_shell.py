@@ -1,5 +1,5 @@
 """The CA key replacement in the reconcile pass, against the in-memory Secret store of
-``test_certificates_shell``: every transition (Done -> Trusting -> Reissuing -> Retiring -> Done)
+``certificate_passes``: every transition (Done -> Trusting -> Reissuing -> Retiring -> Done)
 with what it writes, the event and ``status.tls.caReplacement``; and that no stale or missing
 observation (a broker that has not loaded the bundle, a handshake before the reissue, the
 heartbeats still presenting the old client certificate, no engine at all) ever issues a leaf of the
@@ -11,14 +11,13 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from broker_operator.controller import ca_replacement as replacing
 from broker_operator.controller.context import ControllerContext
 from broker_operator.pki import bundle_certificates, bundle_version, certificate_info, verifies
-from tests.unit.controller.test_certificates_shell import (
+from tests.unit.controller.certificate_passes import (
     NOW,
     SecretStore,
     body,
@@ -28,16 +27,6 @@ from tests.unit.controller.test_certificates_shell import (
 
 BROKERS = ("orders-0", "orders-1")
 Events = list[tuple[str, str, str]]
-
-
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> Events:
-    posted: Events = []
-    for name, kind in (("info", "Normal"), ("warn", "Warning")):
-        monkeypatch.setattr(
-            kopf, name, lambda body, *, reason, message, k=kind: posted.append((k, reason, message))
-        )
-    return posted
 
 
 def data(store: SecretStore, name: str) -> dict[str, bytes]:

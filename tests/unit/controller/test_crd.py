@@ -67,6 +67,9 @@ def test_printer_columns_are_the_issues() -> None:
         "ACTIVE": ".status.active",
         "EPOCH": ".status.epoch",
         "ORDERING": ".status.ordering.result",
+        # The controller's condition, so the column shows what the operator honours, not the
+        # annotation a person typed (docs/pause.md).
+        "PAUSED": '.status.conditions[?(@.type=="ReconciliationPaused")].status',
         "AGE": ".metadata.creationTimestamp",
     }
 

@@ -1,22 +1,23 @@
 """``heartbeat_tls.HeartbeatTls``: the engine's client material follows the certificates controller.
 
 The controller's real passes (``ensure_certificates``) write real certificates into the in-memory
-Secret store of ``test_certificates_shell``; the heartbeat client is the real one (no connection is
+Secret store of ``certificate_passes``; the heartbeat client is the real one (no connection is
 opened: only its TLS source is looked at)."""
 
 from __future__ import annotations
 
+import base64
+import time
 from typing import Any
 
 from broker_operator.controller import names
 from broker_operator.controller.context import ControllerContext
-from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required
+from broker_operator.controller.heartbeat_tls import HeartbeatTls, material_required, serving_serial
 from broker_operator.controller.settings import ControllerSettings
 from broker_operator.controller.spec import parse_spec
 from broker_operator.heartbeat_client import HeartbeatClient
-from tests.unit.controller.test_certificates_shell import SecretStore, body, events, expire_cache, reconcile
-
-__all__ = ["events"]  # the fixture, used by name below
+from broker_operator.pki import certificate_info
+from tests.unit.controller.certificate_passes import SecretStore, body, expire_cache, reconcile
 
 SPEC = parse_spec("orders", body()["spec"])
 
@@ -100,3 +101,25 @@ def test_material_is_required_only_where_the_pods_serve_tls() -> None:
     assert not material_required(_context(store, broker_tls=False), SPEC)
     assert not material_required(_context(store), disabled)
     assert not material_required(_context(store), endpoints)
+
+
+async def test_the_client_is_told_which_serial_the_brokers_secret_holds(events: list[Any]) -> None:
+    """``follow`` hands the serving serial of the controller's last look to the TLS client, which
+    then hurries a fresh handshake with a broker still serving another (tls_client's catch-up)."""
+    store = SecretStore()
+    context, manifest = _context(store), body()
+    await reconcile(context, manifest)
+    check = context.certificate_checks[("shop", "orders")]
+    tls = HeartbeatTls(context, "shop", "orders")
+    await tls.read(SPEC)
+    heartbeats = _client()
+    heartbeats.use_tls(tls.client())
+    assert heartbeats.tls is not None
+    serial = serving_serial(check.report)
+    secret = store.secrets[names.tls_secret_name("orders")]
+    assert serial == certificate_info(base64.b64decode(secret["data"]["tls.crt"])).serial
+    await tls.follow(lambda: SPEC, heartbeats)
+    heartbeats.tls._handshake_done("orders-0.orders.shop.svc.cluster.local", serial)
+    assert not heartbeats.tls._behind(time.monotonic())
+    heartbeats.tls._handshake_done("orders-1.orders.shop.svc.cluster.local", "01")  # an older leaf
+    assert heartbeats.tls._behind(time.monotonic())

@@ -90,3 +90,45 @@ def test_a_broker_tls_environment_value_that_is_not_a_boolean_is_refused(
     with pytest.raises(SystemExit):
         parse_settings([], {"OPERATOR_BROKER_TLS": "sometimes"})
     assert "OPERATOR_BROKER_TLS ('sometimes') must be true or false" in capsys.readouterr().err
+
+
+def test_the_broker_image_and_its_pull_secrets_are_settings_for_every_cluster() -> None:
+    # The chart's brokerImage and imagePullSecrets (issue 42): one registry for every BrokerCluster.
+    default = parse_settings([], {})
+    assert default.broker_image == "localhost/broker-failover/broker:0.1.0"  # the CRD's former default
+    assert default.broker_image_pull_secrets == ()
+    env = {
+        "OPERATOR_BROKER_IMAGE": "registry.example.com/broker-failover/broker:0.1.0",
+        "OPERATOR_BROKER_IMAGE_PULL_SECRETS": "regcred, mirror.pull,,regcred",
+    }
+    settings = parse_settings([], env)
+    assert settings.broker_image == "registry.example.com/broker-failover/broker:0.1.0"
+    assert settings.broker_image_pull_secrets == ("regcred", "mirror.pull")  # in order, each once
+    assert settings.pod_defaults.image == settings.broker_image
+    flags = ["--broker-image", "mirror.example.com/broker:1", "--broker-image-pull-secrets", "other"]
+    from_flags = parse_settings(flags, env)
+    assert (from_flags.broker_image, from_flags.broker_image_pull_secrets) == (
+        "mirror.example.com/broker:1",
+        ("other",),
+    )
+    # Set but empty (a chart value left blank): the default image, no pull secrets.
+    blank = parse_settings([], {"OPERATOR_BROKER_IMAGE": " ", "OPERATOR_BROKER_IMAGE_PULL_SECRETS": ""})
+    assert (blank.broker_image, blank.broker_image_pull_secrets) == (default.broker_image, ())
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"OPERATOR_BROKER_IMAGE_PULL_SECRETS": "regcred,Reg_Cred"},
+            "OPERATOR_BROKER_IMAGE_PULL_SECRETS: 'Reg_Cred' is not a Secret name",
+        ),
+        ({"OPERATOR_BROKER_IMAGE": "a b"}, "--broker-image / OPERATOR_BROKER_IMAGE ('a b') must be an image"),
+    ],
+)
+def test_a_broker_image_setting_that_cannot_work_is_refused(
+    environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([], environ)
+    assert message in capsys.readouterr().err

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker_operator.controller.spec import DEFAULT_IMAGE, ClaimRetention, SecretRef, SpecError, parse_spec
+from broker_operator.controller.spec import ClaimRetention, SecretRef, SpecError, parse_spec
 from broker_operator.core.model import HeartbeatSettings
 
 
@@ -19,7 +19,7 @@ def test_defaults_are_the_designs() -> None:
     spec = parse_spec("orders", minimal())
     assert spec.replicas == 2
     assert spec.endpoints == ()
-    assert spec.image == DEFAULT_IMAGE
+    assert spec.image is None  # the operator's --broker-image (pod_fields.broker_image)
     heartbeat = spec.heartbeat
     assert (heartbeat.interval_seconds, heartbeat.timeout_seconds, heartbeat.failure_threshold) == (1, 1, 2)
     assert (heartbeat.lease_seconds, heartbeat.standby_probe_seconds) == (10, 10)

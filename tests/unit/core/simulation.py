@@ -239,8 +239,17 @@ class World:
                 self.brokers[name] = self.by_url[url] = fresh
             targets.append(BrokerTarget(name, url, NAMES_POOL.index(name)))
         self.config = ClusterConfig.of(
-            config.cluster, targets, config.settings, config.preferred_active, config.phase
+            config.cluster,
+            targets,
+            config.settings,
+            config.preferred_active,
+            config.phase,
+            paused=config.paused,
         )
+
+    def set_paused(self, paused: bool) -> None:
+        """The pause annotation set (or removed) on the BrokerCluster: ``core/pause.py``."""
+        self.config = replace(self.config, paused=paused)
 
     def pod_facts(self) -> dict[str, PodFacts]:
         if not self.pod_mode:
@@ -422,12 +431,19 @@ class World:
                     assert action.broker in allowed, (
                         f"active=true to {action.broker}: neither the active ({state.active}) nor candidate"
                     )
+                    if self.config.paused:
+                        # While paused only the active, or a restarted engine's recorded active, at
+                        # the epoch it holds (core/pause.py): no term begins.
+                        assert action.broker == state.active or state.resumes_holder(action.broker), (
+                            f"active=true to {action.broker} while paused (active {state.active})"
+                        )
                     assert action.epoch in self.engine_epochs, (
                         f"active=true to {action.broker} with epoch {action.epoch}, never granted to"
                         f" this engine (grants: {self.grants}, inherited up to {self.stored_epochs[0]})"
                     )
                 latency = max(latency, self._heartbeat(action))
             elif isinstance(action, AllocateEpoch):
+                assert not self.config.paused, f"epoch {action.epoch} allocated while paused"
                 latency = max(latency, RTT)
                 if self.refuse_next_allocations > 0:
                     # Another writer got there between our read and our write: a 409.
@@ -516,6 +532,10 @@ class World:
         others = [b.name for b in self.processes() if b is not broker and b.acts_as_active(self.now)]
         assert not others, f"{broker.name} activated at t={self.now:.3f} while {others} still active"
         epoch = broker.term.epoch
+        # A pause begins no term: at most the one the broker held goes on (a restart's resumed holder).
+        assert not self.config.paused or (broker.name, epoch) in self.terms, (
+            f"{broker.name} activated with epoch {epoch} while paused"
+        )
         owner = self.epoch_owner.setdefault(epoch, broker.name)
         assert owner == broker.name, f"epoch {epoch} given to both {owner} and {broker.name}"
         self.activations.append((self.now, broker.name, epoch))

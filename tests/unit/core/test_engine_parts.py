@@ -56,24 +56,39 @@ def sample(name: str, labels: dict[str, str]) -> float | None:
 
 
 def test_cluster_series_count_as_labels_would_and_create_series_only_when_used() -> None:
-    cluster = "series-test"
-    series = metrics.ClusterSeries(cluster)
+    key = metrics.ClusterKey("erp", "series-test")
+    which = {"brokercluster_namespace": "erp", "brokercluster": "series-test"}
+    series = metrics.ClusterSeries(key)
     try:
-        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "active"}) is None
-        series.heartbeat("active", 0.002)
-        series.heartbeat("active", 0.002)
-        series.heartbeat("failed", 1.0)
-        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "active"}) == 2
-        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "failed"}) == 1
-        assert sample("broker_failover_heartbeat_failures_total", {"cluster": cluster}) == 1
-        assert sample("broker_failover_heartbeats_total", {"cluster": cluster, "outcome": "inactive"}) is None
+        assert sample("broker_failover_heartbeats_total", {**which, "outcome": "active"}) is None
+        # The failover counters exist from the start, at 0, so that increase() sees the first one.
+        assert sample("broker_failover_failovers_total", {**which, "kind": "Failover"}) == 0
+        series.heartbeat("active", 0.002, "b0")
+        series.heartbeat("active", 0.002, "b0")
+        series.heartbeat("failed", 1.0, "b1")
+        assert sample("broker_failover_heartbeats_total", {**which, "outcome": "active"}) == 2
+        assert sample("broker_failover_heartbeats_total", {**which, "outcome": "failed"}) == 1
+        assert sample("broker_failover_heartbeat_failures_total", {**which, "broker": "b1"}) == 1
+        assert sample("broker_failover_heartbeat_failures_total", {**which, "broker": "b0"}) is None
+        assert sample("broker_failover_heartbeats_total", {**which, "outcome": "inactive"}) is None
         series.epoch(4)
-        assert sample("broker_failover_epoch", {"cluster": cluster}) == 4
+        assert sample("broker_failover_epoch", which) == 4
         series.epoch(5)
-        assert sample("broker_failover_epoch", {"cluster": cluster}) == 5
+        assert sample("broker_failover_epoch", which) == 5
+        series.phase("Degraded")
+        assert sample("broker_failover_phase", {**which, "phase": "Degraded"}) == 1
+        assert sample("broker_failover_phase", {**which, "phase": "Healthy"}) == 0
+        series.failover("Failover", 0.4)
+        assert sample("broker_failover_failovers_total", {**which, "kind": "Failover"}) == 1
     finally:
-        metrics.forget_cluster(cluster)
-    assert sample("broker_failover_epoch", {"cluster": cluster}) is None
+        metrics.forget_cluster(key)
+    left = [
+        s
+        for family in REGISTRY.collect()
+        for s in family.samples
+        if s.labels.get("brokercluster") == "series-test"
+    ]
+    assert left == []
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_parses_a_reply_with_codes(client: HeartbeatClient) -> None:
         "<unavailabilityCode>STALE_EPOCH</unavailabilityCode><unavailabilityMessage>old</unavailabilityMessage>"
         "<epoch>9</epoch></HeartbeatResponse>"
     )
-    parsed = client._parse(TARGET, 200, reply(body), "text/xml")
+    parsed = client._reply(TARGET, 200, reply(body), "text/xml")
     assert parsed.state is BrokerState.UNAVAILABLE
     assert (parsed.unavailability_code, parsed.unavailability_message, parsed.epoch) == (
         "STALE_EPOCH",
@@ -78,7 +78,7 @@ def test_fault_names_the_broker_code(client: HeartbeatClient) -> None:
         "</detail></soap:Fault>"
     )
     with pytest.raises(HeartbeatError, match="UNAUTHENTICATED") as error:
-        client._parse(TARGET, 500, reply(body), "text/xml")
+        client._reply(TARGET, 500, reply(body), "text/xml")
     assert error.value.reached
 
 
@@ -94,7 +94,7 @@ def test_fault_names_the_broker_code(client: HeartbeatClient) -> None:
 )
 def test_hostile_or_broken_replies_are_errors(client: HeartbeatClient, content: bytes) -> None:
     with pytest.raises(HeartbeatError) as error:
-        client._parse(TARGET, 200, content, "text/xml")
+        client._reply(TARGET, 200, content, "text/xml")
     assert error.value.reached  # it got there: an active=true may have renewed the lease
 
 

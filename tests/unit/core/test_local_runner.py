@@ -6,14 +6,24 @@ command for real); these check the parts that decide what the runner accepts.
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 
 import pytest
+import yaml
 
+from broker_operator.core.pause import PAUSE_ANNOTATION
 from broker_operator.core.status import ClusterStatus
 from broker_operator.engine import EpochConflict
-from broker_operator.local_runner import LocalShell, ManifestError, StateFile, parse_manifest, read_manifest
+from broker_operator.local_runner import (
+    LocalShell,
+    ManifestError,
+    StateFile,
+    _follow_manifest,
+    parse_manifest,
+    read_manifest,
+)
 
 GOOD = {
     "apiVersion": "broker.failover.dev/v1alpha1",
@@ -103,3 +113,39 @@ def test_corrupt_state_file_is_refused_not_reset(tmp_path: Path) -> None:
     path.write_text('{"epoch": -3}')
     with pytest.raises(ManifestError, match="non-negative"):
         StateFile(path).load()
+
+
+def test_the_pause_annotation_pauses_and_its_other_edits_wait_for_the_resume(tmp_path: Path) -> None:
+    """As in the operator (docs/pause.md): the runner's engine keeps its spec while paused."""
+    paused = {**GOOD, "metadata": {"name": "acme-1000", "annotations": {PAUSE_ANNOTATION: "true"}}}
+    assert parse_manifest(paused).paused and not parse_manifest(GOOD).paused
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(yaml.safe_dump(GOOD), encoding="utf-8")
+    updates: list[tuple[str | None, bool | None]] = []
+
+    class Loop:
+        def update(self, targets: object, settings: object, preferred: str | None, *, paused: bool) -> None:
+            updates.append((preferred, paused))
+
+    async def follow() -> None:
+        engine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        following = asyncio.ensure_future(
+            _follow_manifest(manifest, Loop(), engine, parse_manifest(GOOD))  # type: ignore[arg-type]
+        )
+
+        async def edit(document: dict[str, object], count: int) -> None:
+            await asyncio.sleep(0.05)
+            manifest.write_text(yaml.safe_dump(document), encoding="utf-8")
+            for _ in range(50):
+                if len(updates) >= count:
+                    return
+                await asyncio.sleep(0.1)
+
+        edited = {**paused, "spec": {**GOOD["spec"], "preferredActive": "east"}}  # type: ignore[dict-item]
+        await edit(edited, 1)
+        await edit({**edited, "metadata": {"name": "acme-1000"}}, 2)
+        engine.set_result(None)
+        await following
+
+    asyncio.run(follow())
+    assert updates == [("west", True), ("east", False)]

@@ -218,7 +218,15 @@ class FailoverMachine(RuleBasedStateMachine):
     def change_preferred(self, data: st.DataObject) -> None:
         preferred = data.draw(st.none() | st.sampled_from(sorted(self.world.brokers)))
         config = self.world.config
-        self.world.config = type(config).of(config.cluster, config.targets, config.settings, preferred)
+        self.world.config = type(config).of(
+            config.cluster, config.targets, config.settings, preferred, paused=config.paused
+        )
+
+    @rule(on=st.booleans())
+    def pause_reconciliation(self, on: bool) -> None:
+        # The annotation set or removed (core/pause.py): while set, the world refuses any epoch
+        # allocation, any active=true but the active's or the resumed holder's, and any new term.
+        self.world.set_paused(on)
 
     @rule(
         names=st.lists(st.sampled_from(NAMES_POOL), unique=True, max_size=4),
@@ -259,6 +267,7 @@ class FailoverMachine(RuleBasedStateMachine):
             return
         world = self.world
         world.operator_late = False
+        world.set_paused(False)  # resumed: the engine must converge as after any fault
         for broker in world.brokers.values():
             broker.partitioned = broker.slow = broker.activation_fails = False
             world.resume(broker.name)

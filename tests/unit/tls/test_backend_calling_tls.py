@@ -3,7 +3,8 @@
 A stand-in broker serves TLS on 127.0.0.1 and requires a client certificate; it records the
 subject each request came with and which connection it came on. The simulator must verify the
 stand-in against ``--broker-ca-file``, present its certificate, keep one connection per lane
-across bundles, and, when the CA is wrong, keep retrying with its backoff while saying so once.
+across bundles, and, when the CA is wrong, keep retrying with its backoff while saying so once;
+when the CA file then changes, take it up while sending, with no restart.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import pytest
 from aiohttp import web
 
 from broker_contracts.soap import AcceptStatus
-from broker_contracts.tls import ClientCertificates, peer_subject, render_subject, server_context
+from broker_contracts.tls import TLS_CA_FILE, ClientCertificates, peer_subject, render_subject, server_context
 from broker_service import soap_codec
 from broker_simulators.backend import BackendSettings, BackendSimulator, parse_args
 from broker_simulators.calling_tls import BrokerClientTls, describe_send_failure
 from broker_simulators.local_processes import free_port
-from local_cluster.broker_certificates import CertificateFiles
+from local_cluster.broker_certificates import CertificateFiles, write_secret_volume
 from tests.unit.tls.conftest import UnitPki
 
 
@@ -94,9 +95,7 @@ def simulator_for(url: str, tls: BrokerClientTls) -> BackendSimulator:
 
 
 async def stop(simulator: BackendSimulator) -> None:
-    for lane in simulator._lanes:
-        lane.cancel()
-    await asyncio.gather(*simulator._lanes, return_exceptions=True)
+    await simulator.stop_sending()
 
 
 async def test_https_brokers_are_verified_sent_a_client_certificate_and_kept_alive(
@@ -148,6 +147,45 @@ async def test_a_broker_certificate_from_another_ca_is_retried_with_backoff_and_
     )
 
 
+async def test_a_broker_ca_file_that_changes_is_followed_while_sending_with_no_restart(
+    unit_pki: UnitPki, stand_in: tuple[TlsStandIn, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SAP's admin imports the brokers' new CA into STRUST: here the CA file gains the stand-in's CA
+    (as the operator writes both CAs into ``ca.crt`` during a CA key replacement)."""
+    service, url = stand_in
+    volume = tmp_path / "broker-ca"
+    write_secret_volume(volume, {TLS_CA_FILE: unit_pki.other_ca.cert.read_bytes()})  # not the broker's CA
+    tls = BrokerClientTls(
+        volume / TLS_CA_FILE, unit_pki.client.cert, unit_pki.client.key, reload_seconds=0.05
+    )
+    simulator = simulator_for(url, tls)
+    caplog.set_level(logging.WARNING)
+    simulator.start_sending()
+    try:
+        async with asyncio.timeout(20):
+            while simulator.faults.get("ClientConnectorCertificateError", 0) < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            # Half a file (a careless copy): a warning, once; the trust in use stays.
+            write_secret_volume(volume, {TLS_CA_FILE: unit_pki.ca.cert.read_bytes()[:300]})
+            while simulator.status()["brokerTrustReloadFailures"] == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            assert simulator.accepted == 0 and service.seen == []
+            both = unit_pki.other_ca.cert.read_bytes() + unit_pki.ca.cert.read_bytes()
+            write_secret_volume(volume, {TLS_CA_FILE: both})
+            while simulator.accepted < 40:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        await stop(simulator)
+
+    status = simulator.status()
+    assert (status["brokerTrustReloads"], status["brokerTrustReloadFailures"]) == (1, 1)
+    assert len(service.seen) == 10  # every bundle, over the new trust
+    assert len({port for _, port in service.seen}) == 1  # and then kept alive as before
+    unloadable = [r.getMessage() for r in caplog.records if "cannot be loaded" in r.getMessage()]
+    assert len(unloadable) == 1, unloadable
+    assert "does not hold whole PEM blocks" in unloadable[0]
+
+
 def test_the_flags_load_their_files_at_start_and_go_in_pairs(
     unit_pki: UnitPki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -155,6 +193,11 @@ def test_the_flags_load_their_files_at_start_and_go_in_pairs(
     settings = parse_args(["--broker-ca-file", str(unit_pki.ca.cert), *client], {})
     assert settings.broker_tls == BrokerClientTls(unit_pki.ca.cert, unit_pki.client.cert, unit_pki.client.key)
     assert parse_args([], {}).broker_tls == BrokerClientTls()  # https:// against the system's store
+    assert parse_args(["--tls-reload-seconds", "0.5"], {}).broker_tls.reload_seconds == 0.5
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(SystemExit):
+            parse_args(["--tls-reload-seconds", bad], {})
+        assert "--tls-reload-seconds" in capsys.readouterr().err
 
     with pytest.raises(SystemExit):
         parse_args(["--client-cert-file", str(unit_pki.client.cert)], {})

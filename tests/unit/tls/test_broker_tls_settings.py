@@ -104,6 +104,23 @@ def test_a_directory_that_cannot_be_served_is_refused_naming_the_file(
 def test_the_reload_interval_is_bounded(env: dict[str, str], tls_dir: Path, value: str) -> None:
     text = _refused(["--tls-dir", str(tls_dir), "--tls-reload-seconds", value], env)
     assert f"--tls-reload-seconds / BROKER_TLS_RELOAD_SECONDS = '{value}'" in text
+    # Without --tls-dir too: the upstream bundle is read again on the same interval.
+    text = _refused(["--tls-reload-seconds", value], env)
+    assert f"--tls-reload-seconds / BROKER_TLS_RELOAD_SECONDS = '{value}'" in text
+
+
+def test_the_reload_interval_applies_to_the_upstream_bundle_without_tls_dir(
+    env: dict[str, str], unit_pki: UnitPki
+) -> None:
+    settings = parse_settings(
+        ["--upstream-ca-file", str(unit_pki.ca.cert), "--tls-reload-seconds", "0.5"], env
+    )
+    assert (settings.tls, settings.upstream_ca_file, settings.tls_reload_seconds) == (
+        None,
+        unit_pki.ca.cert,
+        0.5,
+    )
+    assert parse_settings([], env).tls_reload_seconds == 10
 
 
 def test_client_certificates_need_tls_and_subjects_need_their_ca(

@@ -22,7 +22,7 @@ import pytest
 from broker_contracts.tls import MINIMUM_VERSION, ClientCertificates, server_context
 from broker_operator.core import BrokerTarget
 from broker_operator.heartbeat_client import HeartbeatClient, HeartbeatError
-from broker_operator.tls_client import TlsClient, TlsMaterialError, client_ssl_context
+from broker_operator.tls_client import CATCH_UP_SECONDS, TlsClient, TlsMaterialError, client_ssl_context
 from broker_operator.tls_material import ClientTlsMaterial
 from local_cluster.broker_certificates import CertificateFiles
 from tests.unit.tls.conftest import UnitPki
@@ -73,6 +73,46 @@ def test_a_new_context_only_for_a_new_version_or_after_the_fresh_handshake_perio
     assert client.update(rotated) is True
     assert client.context() is not periodic and client.version == rotated.version
     assert client.contexts_built == 3
+
+
+def test_while_a_broker_serves_an_old_serial_contexts_renew_every_ten_seconds(unit_pki: UnitPki) -> None:
+    """The controller says which serial the Secret holds; a broker whose last handshake served
+    another one gets a fresh handshake every CATCH_UP_SECONDS, not every 5 minutes, until it
+    serves it; a broker not handshaken for two periods (gone) is no reason to hurry."""
+    now = [0.0]
+    client = TlsClient(material(unit_pki), fresh_handshake_seconds=300, clock=lambda: now[0])
+    first = client.context()
+    # What the real handshake hook reports (test_served_status drives it with real handshakes).
+    client._handshake_done("orders-0.test", "0a1b")
+    client._handshake_done("orders-1.test", "0a1b")
+    client.expect_serving("a1b")  # the same serial, another spelling: nothing to catch up
+    now[0] = CATCH_UP_SECONDS
+    assert client.context() is first
+    client.expect_serving("0c0d")  # renewed: the brokers still serve 0a1b on kept-alive connections
+    now[0] = CATCH_UP_SECONDS - 0.5  # not yet ten seconds since the context was built
+    assert client.context() is first
+    now[0] = CATCH_UP_SECONDS
+    second = client.context()
+    assert second is not first
+    client._handshake_done("orders-0.test", "0c0d")  # one has reloaded, the other not yet
+    now[0] = 2 * CATCH_UP_SECONDS
+    third = client.context()
+    assert third is not second
+    client._handshake_done("orders-1.test", "0C0D")  # both serve it: back to the 5-minute period
+    now[0] = 3 * CATCH_UP_SECONDS
+    assert client.context() is third
+    # A broker that served the old serial once and was never heard of again (scaled away) stops
+    # counting two periods after its last handshake.
+    client._handshake_done("orders-2.test", "0a1b")
+    now[0] = 4 * CATCH_UP_SECONDS
+    fourth = client.context()
+    assert fourth is not third
+    now[0] = 4 * CATCH_UP_SECONDS + 600.0  # orders-0 and -1 would re-handshake here in real life
+    client._handshake_done("orders-0.test", "0c0d")
+    client._handshake_done("orders-1.test", "0c0d")
+    fifth = client.context()  # the 5-minute period
+    now[0] += CATCH_UP_SECONDS
+    assert client.context() is fifth  # orders-2's record is older than two periods
 
 
 def test_a_material_that_does_not_load_keeps_the_current_context(

@@ -171,3 +171,17 @@ def test_a_first_load_that_fails_is_an_error_naming_the_file(unit_pki: UnitPki, 
     directory.key.write_bytes(unit_pki.rotated.key.read_bytes())
     with pytest.raises(TlsFilesError, match="the key is not the certificate's"):
         _listener(directory)
+
+
+def test_a_trust_bundle_without_a_ca_keeps_the_served_context_and_says_why(
+    unit_pki: UnitPki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = _write(tmp_path / "tls", unit_pki.server, [unit_pki.ca.cert])
+    listener = _listener(directory)
+    caplog.set_level(logging.WARNING, logger="broker_contracts.tls.reloading")
+    # contexts.py raises this one itself: an ssl.SSLError without OpenSSL's reason attribute.
+    _write(directory.path, unit_pki.rotated, [unit_pki.server.cert])  # a leaf is no CA
+    assert listener.check() is False
+    assert (listener.serial, listener.failures, listener.reloads) == (_serial(unit_pki.server), 1, 0)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert f"{directory.ca} holds no CA certificate" in warning and "('" not in warning
