@@ -54,6 +54,8 @@ from local_cluster.relay_tls import (
 from local_cluster.sealed_cluster import SealedCluster
 
 CHART = REPO_ROOT / "charts" / "broker-failover"
+CRD_FILE = REPO_ROOT / "crds" / "broker.failover.dev_brokerclusters.yaml"
+CRD_NAME = "brokerclusters.broker.failover.dev"
 EXAMPLE = REPO_ROOT / "examples" / "brokercluster-pods.yaml"
 CLUSTER_NAME = "orders"  # the example's name; its account/company are acme/1000
 MESSAGE_LOG_CLAIM = "broker-message-logs"  # the example's spec.messageLog.claimName
@@ -458,6 +460,19 @@ def relay_brokercluster(tls: RelayTls, spec: dict[str, Any] | None = None) -> di
     return dict(brokercluster)
 
 
+def apply_crd(cluster: SealedCluster) -> None:
+    """The BrokerCluster CRD, applied once another test's deletion of it has finished (an apply to a
+    CRD being deleted is lost with it), and Established."""
+
+    def not_being_deleted() -> bool:
+        crd = cluster.get_json("default", "crd", CRD_NAME) or {}
+        return not crd.get("metadata", {}).get("deletionTimestamp")
+
+    wait_until("an earlier test's deletion of the CRD to finish", not_being_deleted, 120)
+    cluster.kubectl("apply", "-f", str(CRD_FILE))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+
 def deploy_relay(
     cluster: SealedCluster,
     namespace: str,
@@ -523,7 +538,10 @@ def deploy_relay(
     )
     kubectl("apply", "-f", "-", input=json.dumps(message_log_claim()))
     release = f"bf-{namespace}"
-    values = {"operator.watchNamespaces": f"{{{namespace}}}", **(helm_values or {})}
+    apply_crd(cluster)
+    # Many releases share the test cluster's one CRD, and helm lets one release own it: the CRD is
+    # applied above, and each release leaves it out (charts/README.md, "CRDs").
+    values = {"crds.create": "false", "operator.watchNamespaces": f"{{{namespace}}}", **(helm_values or {})}
     if not tls.broker:
         # A backend calling http:// needs brokers that serve it: the operator's opt-out.
         values.setdefault("operator.brokerTls", "false")

@@ -120,6 +120,8 @@ def test_an_install_from_a_private_registry_runs_its_images_with_the_pull_secret
     sealed_cluster.helm(
         "install", "bf", str(CHART),
         "--namespace", namespace,
+        # The module's CRD (the crd fixture) is kubectl's, shared with other modules: not this release's.
+        "--set", "crds.create=false",
         "--set", f"image.registry={REGISTRY}",
         "--set", f"imagePullSecrets={{{PULL_SECRET}}}",
         "--set", f"priorityClassName={priority_class}",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker_operator.controller.claim_sizes import ClassVerdict
+from broker_operator.controller.crd_check import InstalledCrd
 from broker_operator.controller.kube import KubeApi
 from broker_operator.controller.observed import ClusterObservations
 from broker_operator.controller.placement import NodeZones
@@ -84,6 +85,9 @@ class ControllerContext:
     # StorageClass name -> its last read (claim_growth.py): read again only when due, so a class
     # that does not allow expansion costs one read per few minutes, not one per reconcile.
     storage_classes: dict[str, StorageClassCheck] = field(default_factory=dict)
+    # The installed CRD's revision against the one this operator needs (crd_check.py): one read
+    # per reconcile period for every cluster.
+    crd: InstalledCrd = field(default_factory=InstalledCrd)
 
     def __post_init__(self) -> None:
         if self.engine_api is None:

@@ -41,6 +41,7 @@ from broker_operator.controller import names
 from broker_operator.controller.bodies import ClaimBody, PodBody
 from broker_operator.controller.conflicts import PairClaim, pair_key
 from broker_operator.controller.context import context_from
+from broker_operator.controller.crd_check import check_crd_at_start
 from broker_operator.controller.daemon import run_cluster_heartbeats
 from broker_operator.controller.observed import node_draining
 from broker_operator.controller.peering import join_peering, own_identity
@@ -109,12 +110,17 @@ def _ref(body: Mapping[str, Any], status: Mapping[str, Any]) -> ClusterRef:
 
 
 def _register_startup(registry: kopf.OperatorRegistry) -> None:
-    """kopf's settings, then (with peering) this replica's early peering record; in this order."""
+    """kopf's settings, the installed CRD's revision, then (with peering) this replica's early
+    peering record; in this order."""
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         # Startup handlers run before kopf starts its peering keep-alives and watches.
         configure_kopf(settings, peering=context_from(memo).settings)
+
+    @kopf.on.startup(registry=registry)
+    async def check_installed_crd(memo: Any, **_: Any) -> None:
+        await check_crd_at_start(context_from(memo))
 
     @kopf.on.startup(registry=registry)
     async def announce_peer(

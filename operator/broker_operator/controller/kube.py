@@ -56,6 +56,7 @@ class KubeApi:
         self._discovery = kubernetes.client.DiscoveryV1Api(api_client)
         self._policy = kubernetes.client.PolicyV1Api(api_client)
         self._storage = kubernetes.client.StorageV1Api(api_client)
+        self._extensions = kubernetes.client.ApiextensionsV1Api(api_client)
 
     def lane(self, threads: int, name: str) -> KubeApi:
         """The same client with ``threads`` threads of its own, so that its calls never queue behind
@@ -138,6 +139,20 @@ class KubeApi:
             )
         items = cast(Mapping[str, Any], result).get("items") or []
         return cast(Mapping[str, Any], items[0]) if items else None
+
+    async def read_crd_metadata(self, name: str) -> Mapping[str, Any] | None:
+        """The metadata of the CustomResourceDefinition ``name``, or None: listed by name (the chart
+        grants kopf's list, not get), as metadata alone (the BrokerCluster CRD is 60 kB of schema)."""
+        listing = await self._thread(
+            _raw_json,
+            self._extensions.list_custom_resource_definition,
+            field_selector=f"metadata.name={name}",
+            _headers={"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+        )
+        items = listing.get("items") or []
+        # The selector is checked here too: an API server that ignores it returns every CRD.
+        found = [item for item in items if (item.get("metadata") or {}).get("name") == name]
+        return cast(Mapping[str, Any], found[0]["metadata"]) if found else None
 
     async def write_peer(
         self,

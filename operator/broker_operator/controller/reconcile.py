@@ -10,6 +10,9 @@ an older one owns nothing and runs nothing. A paused cluster (the annotation
 ``broker.failover.dev/pause-reconciliation``, ``pause.py``) gets its conditions reported and no
 child written.
 
+A pass under a CRD older than the operator needs changes nothing (``crd_check.crd_refusal``,
+called first).
+
 What it does not do: heartbeat brokers or choose the active (the engine in
 the heartbeat daemon does), or write the engine's status fields.
 """
@@ -31,6 +34,7 @@ from broker_operator.controller.claims import maintain_journal_claims
 from broker_operator.controller.conditions import set_condition as _set_condition
 from broker_operator.controller.conflicts import PairClaim, conflicting_owner
 from broker_operator.controller.context import ControllerContext
+from broker_operator.controller.crd_check import crd_refusal
 from broker_operator.controller.deprecated_fields import warn_deprecated_fields
 from broker_operator.controller.observed import ClusterObservations, pod_node, pod_ready, pod_views
 from broker_operator.controller.pause import report_pause
@@ -80,6 +84,22 @@ async def reconcile_cluster(
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
 ) -> ClusterSpec | None:
     """One reconciliation pass; puts what changed into ``status_patch``; returns the spec if valid."""
+    if await crd_refusal(context, ref, status_patch, logger):
+        return None  # an old CRD prunes what the spec asks for: change nothing (crd_check.py)
+    return await _reconcile_under_current_crd(
+        context=context, ref=ref, spec=spec, claims=claims, status_patch=status_patch, logger=logger
+    )
+
+
+async def _reconcile_under_current_crd(
+    *,
+    context: ControllerContext,
+    ref: ClusterRef,
+    spec: Mapping[str, Any],
+    claims: Iterable[PairClaim],
+    status_patch: MutableMapping[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> ClusterSpec | None:
     observations = context.observations_for(ref.namespace, ref.name)
     owner = conflict_owner(ref, claims)
     account, company = pair_of(spec)
