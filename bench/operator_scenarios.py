@@ -43,7 +43,8 @@ SCENARIOS = ("upgrade", "restart", "kill")
 GRACE_SECONDS = 30.0  # a pod's default terminationGracePeriodSeconds
 HEALTHY_TIMEOUT_SECONDS = 120.0  # the chart's startup probe allows 90 s
 ACTIVE_HEARTBEATS = re.compile(
-    r'^broker_failover_heartbeats_total\{brokercluster_namespace="[^"]*",brokercluster="([^"]+)",'
+    # prometheus_client writes label names sorted: brokercluster, brokercluster_namespace, outcome.
+    r'^broker_failover_heartbeats_total\{brokercluster="([^"]+)",brokercluster_namespace="[^"]*",'
     r'outcome="active"\}',
     re.M,
 )

@@ -695,8 +695,9 @@ def assert_deleted_services_come_back(sealed_cluster: SealedCluster, namespace: 
 
 
 def orders_in(namespace: str) -> str:
-    """The labels of BrokerCluster ``orders``'s series in the operator's /metrics."""
-    return f'brokercluster_namespace="{namespace}",brokercluster="orders"'
+    """The labels of BrokerCluster ``orders``'s series in the operator's /metrics (prometheus_client
+    writes label names sorted)."""
+    return f'brokercluster="orders",brokercluster_namespace="{namespace}"'
 
 
 def test_a_cluster_runs_owned_brokers_and_fails_over_after_kill_9(
