@@ -24,32 +24,12 @@ from broker_contracts.tls import (
 )
 from broker_contracts.tls.reloading import MAX_FILE_BYTES
 from local_cluster.broker_certificates import CertificateFiles, tls_secret, write_secret_volume
-from tests.unit.tls.conftest import UnitPki
+from tests.unit.tls.conftest import UnitPki, memory_handshake
 
 
 def _handshake(server_side: ssl.SSLContext, client_side: ssl.SSLContext) -> str:
     """The serial the client is served, or the handshake's ``ssl.SSLError``."""
-    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
-    server = server_side.wrap_bio(server_in, server_out, server_side=True)
-    client = client_side.wrap_bio(client_in, client_out, server_hostname="broker.test")
-    done = {"client": False, "server": False}
-    for _ in range(20):  # a TLS 1.3 handshake takes two round trips; more is a bug
-        for name, side in (("client", client), ("server", server)):
-            if not done[name]:
-                try:
-                    side.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        server_in.write(client_out.read())
-        client_in.write(server_out.read())
-        if all(done.values()):
-            break
-    # Under TLS 1.3 the server judges the client's certificate after the client is done: read once.
-    client.write(b"x")
-    server_in.write(client_out.read())
-    assert server.read(1) == b"x"
-    certificate = client.getpeercert()
+    certificate = memory_handshake(server_side, client_side).getpeercert()
     assert certificate
     return str(certificate["serialNumber"])
 

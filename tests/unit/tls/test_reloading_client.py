@@ -25,33 +25,9 @@ from broker_contracts.tls import (
 )
 from broker_contracts.tls.reloading_client import _Calling
 from local_cluster.broker_certificates import write_secret_volume
-from tests.unit.tls.conftest import UnitPki
+from tests.unit.tls.conftest import UnitPki, memory_handshake
 
 LOGGER = "broker_contracts.tls.reloading_client"
-
-
-def _handshake(server_side: ssl.SSLContext, client_side: ssl.SSLContext) -> None:
-    """One handshake and one byte over memory BIOs; raises the refusing side's ``ssl.SSLError``."""
-    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
-    server = server_side.wrap_bio(server_in, server_out, server_side=True)
-    client = client_side.wrap_bio(client_in, client_out, server_hostname="broker.test")
-    done = {"client": False, "server": False}
-    for _ in range(20):  # a TLS 1.3 handshake takes two round trips; more is a bug
-        for name, side in (("client", client), ("server", server)):
-            if not done[name]:
-                try:
-                    side.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        server_in.write(client_out.read())
-        client_in.write(server_out.read())
-        if all(done.values()):
-            break
-    # Under TLS 1.3 the server judges the client's certificate after the client is done: read once.
-    client.write(b"x")
-    server_in.write(client_out.read())
-    assert server.read(1) == b"x"
 
 
 @pytest.fixture
@@ -72,7 +48,7 @@ def test_a_bundle_swapped_in_like_the_kubelet_does_is_used_by_new_connections(
     client = ReloadingClientContext("upstream", ca_file=volume / TLS_CA_FILE)
     first = client.current
     with pytest.raises(ssl.SSLCertVerificationError):
-        _handshake(server, first)
+        memory_handshake(server, first)
     assert client.check() is False
     assert client.current is first
     # The server's CA beside the old one, as during a CA replacement: one ..data swap.
@@ -80,9 +56,9 @@ def test_a_bundle_swapped_in_like_the_kubelet_does_is_used_by_new_connections(
     assert client.check() is True
     assert (client.reloads, client.failures) == (1, 0)
     assert client.trust_bundle_version == bundle_version(_bundle(unit_pki.other_ca.cert, unit_pki.ca.cert))
-    _handshake(server, client.current)
+    memory_handshake(server, client.current)
     with pytest.raises(ssl.SSLCertVerificationError):  # the context handed out before never changed
-        _handshake(server, first)
+        memory_handshake(server, first)
     assert client.check() is False
     assert client.reloads == 1
 
@@ -112,7 +88,7 @@ def test_a_file_replaced_atomically_is_taken_and_the_same_contents_are_not_rebui
     os.replace(staging, path)  # rename(2): a reader sees the old file or the new one
     assert client.check() is True
     assert len(builds) == 2 and client.current is builds[1].context
-    _handshake(server, client.current)
+    memory_handshake(server, client.current)
     assert client.check() is False and len(builds) == 2
 
 
@@ -137,7 +113,7 @@ def test_files_that_do_not_load_keep_the_context_in_use_and_warn_once_each(
         for _ in range(3):
             assert client.check() is False
         assert client.current is first
-        _handshake(server, client.current)
+        memory_handshake(server, client.current)
     warnings = [record.getMessage() for record in caplog.records]
     assert len(warnings) == len(broken), warnings
     assert "does not hold whole PEM blocks" in warnings[0]
@@ -154,7 +130,7 @@ def test_files_that_do_not_load_keep_the_context_in_use_and_warn_once_each(
     write_secret_volume(volume, {TLS_CA_FILE: _bundle(unit_pki.other_ca.cert, unit_pki.ca.cert)})
     assert client.check() is True
     assert client.current is not first
-    _handshake(server, client.current)
+    memory_handshake(server, client.current)
 
 
 def test_a_renewed_client_certificate_is_presented_on_new_connections(
@@ -179,13 +155,13 @@ def test_a_renewed_client_certificate_is_presented_on_new_connections(
     )
     assert client.certificate_serial == certificate_serial(unit_pki.rotated.cert.read_text())
     with pytest.raises(ssl.SSLError):  # not of the CA the server takes
-        _handshake(requiring, client.current)
+        memory_handshake(requiring, client.current)
     write_secret_volume(
         volume, {"tls.crt": unit_pki.client.cert.read_bytes(), "tls.key": unit_pki.client.key.read_bytes()}
     )
     assert client.check() is True
     assert client.certificate_serial == certificate_serial(unit_pki.client.cert.read_text())
-    _handshake(requiring, client.current)
+    memory_handshake(requiring, client.current)
 
 
 def test_at_start_files_that_do_not_load_are_an_error_naming_the_file(
