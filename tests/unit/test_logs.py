@@ -14,7 +14,6 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -32,19 +31,7 @@ from broker_contracts.logs import (
 SECRET = "S3cret-logs-9c1f7a"
 
 
-@pytest.fixture(autouse=True)
-def restored_logging() -> Iterator[None]:
-    """configure_logging changes process-wide state; every test leaves it as it found it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    excepthook, thread_hook = sys.excepthook, threading.excepthook
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        sys.excepthook, threading.excepthook = excepthook, thread_hook
-        logging.captureWarnings(False)
+pytestmark = pytest.mark.usefixtures("restored_logging")  # tests/unit/conftest.py
 
 
 def configured(format: str = "json", level: str = "INFO", **options: object) -> io.StringIO:

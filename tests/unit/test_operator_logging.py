@@ -12,9 +12,6 @@ import asyncio
 import io
 import json
 import logging
-import sys
-import threading
-from collections.abc import Iterator
 
 import kopf
 import pytest
@@ -32,18 +29,7 @@ BODY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def restored_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    excepthook, thread_hook = sys.excepthook, threading.excepthook
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        sys.excepthook, threading.excepthook = excepthook, thread_hook
-        logging.captureWarnings(False)
+pytestmark = pytest.mark.usefixtures("restored_logging")  # tests/unit/conftest.py
 
 
 async def log_through_kopf(format: str, level: str) -> tuple[str, list[tuple[str, str, str]]]:
